@@ -1,0 +1,103 @@
+"""The one exception tree of asupervisor.
+
+Every error the library raises on purpose is a ``SupervisorError``. Callers
+catch the branch they can act on::
+
+    SupervisorError
+    ├── SpecError (also ValueError)          bad AppDef or run options; lists every problem
+    ├── InvalidHandleError (also ValueError) a handle string that does not parse
+    ├── UnknownBackendError (also KeyError)  no backend registered under that name
+    ├── UnknownAppError (also LookupError)   the handle names no app this backend knows
+    ├── WaitTimeout (also TimeoutError)      ``wait(timeout=...)`` ran out
+    └── BackendError                         the backend failed; ``transient`` says if a retry may help
+        └── SubmitError                      launching failed; nothing was left running
+
+Native exceptions (``OSError``, subprocess failures, ...) are translated at the
+backend boundary so callers never see them leak through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+__all__ = [
+    "BackendError",
+    "InvalidHandleError",
+    "Problem",
+    "SpecError",
+    "SubmitError",
+    "SupervisorError",
+    "UnknownAppError",
+    "UnknownBackendError",
+    "WaitTimeout",
+]
+
+
+class SupervisorError(Exception):
+    """Root of every error asupervisor raises on purpose."""
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One validation finding: ``field`` is a path such as ``roles[1].num_replicas``."""
+
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+class SpecError(SupervisorError, ValueError):
+    """An AppDef or run options failed validation.
+
+    Validation collects every problem before raising, so one round trip tells a
+    user everything to fix; ``problems`` keeps them machine-readable.
+    """
+
+    def __init__(self, problems: Iterable[Problem], context: str = "invalid app") -> None:
+        self.problems: tuple[Problem, ...] = tuple(problems)
+        self.context = context
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"{context}: {len(self.problems)} problem(s)\n{lines}")
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return tuple(p.field for p in self.problems)
+
+
+class InvalidHandleError(SupervisorError, ValueError):
+    """A string is not of the form ``{backend}://{session}/{app_id}``."""
+
+
+class UnknownBackendError(SupervisorError, KeyError):
+    """No backend is registered under the requested name."""
+
+    def __str__(self) -> str:
+        # KeyError quotes its argument; keep the sentence readable.
+        return str(self.args[0]) if self.args else "unknown backend"
+
+
+class UnknownAppError(SupervisorError, LookupError):
+    """The handle is well formed but its app does not exist (any more)."""
+
+
+class WaitTimeout(SupervisorError, TimeoutError):
+    """``wait`` gave up before the app reached a terminal state."""
+
+
+class BackendError(SupervisorError):
+    """A backend operation failed.
+
+    ``transient`` is True when retrying the same call later may succeed (a busy
+    controller, a full process table); False when it will fail the same way.
+    """
+
+    def __init__(self, message: str, *, transient: bool) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+class SubmitError(BackendError):
+    """Launching an app failed; whatever had started was stopped again."""

@@ -1,0 +1,90 @@
+"""asupervisor: an asyncio-native job supervisor.
+
+Launch multi-role, multi-replica apps (TorchX's data model) and follow them
+through explicit state machines::
+
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app, "local", cfg={"log_dir": "/tmp/x"})
+        status = await sv.wait(handle)
+
+Everything public is re-exported here; ``tests/unit/test_public_api.py`` pins it.
+"""
+
+from supervisor.errors import (
+    BackendError,
+    InvalidHandleError,
+    Problem,
+    SpecError,
+    SubmitError,
+    SupervisorError,
+    UnknownAppError,
+    UnknownBackendError,
+    WaitTimeout,
+)
+from supervisor.fsm.states import AppState, ReplicaState
+from supervisor.logs import Stream
+from supervisor.runopts import ResolvedCfg, RunOpt, RunOpts
+from supervisor.specs import (
+    NULL_RESOURCE,
+    AppDef,
+    AppHandle,
+    BindMount,
+    DeviceMount,
+    Resource,
+    RetryPolicy,
+    Role,
+    VolumeMount,
+    macros,
+    make_handle,
+    parse_handle,
+)
+from supervisor.status import (
+    AppStatus,
+    DescribeAppResponse,
+    ListAppResponse,
+    ReplicaStatus,
+    RoleStatus,
+    Transition,
+)
+from supervisor.supervisor import DryRunInfo, Supervisor
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "NULL_RESOURCE",
+    "AppDef",
+    "AppHandle",
+    "AppState",
+    "AppStatus",
+    "BackendError",
+    "BindMount",
+    "DescribeAppResponse",
+    "DeviceMount",
+    "DryRunInfo",
+    "InvalidHandleError",
+    "ListAppResponse",
+    "Problem",
+    "ReplicaState",
+    "ReplicaStatus",
+    "ResolvedCfg",
+    "Resource",
+    "RetryPolicy",
+    "Role",
+    "RoleStatus",
+    "RunOpt",
+    "RunOpts",
+    "SpecError",
+    "Stream",
+    "SubmitError",
+    "Supervisor",
+    "SupervisorError",
+    "Transition",
+    "UnknownAppError",
+    "UnknownBackendError",
+    "VolumeMount",
+    "WaitTimeout",
+    "__version__",
+    "macros",
+    "make_handle",
+    "parse_handle",
+]

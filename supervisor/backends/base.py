@@ -1,0 +1,203 @@
+"""The contract between the Supervisor and a backend, and the backend registry.
+
+A backend turns an AppDef into a printable request (``dryrun``, pure), carries
+out requests and actions (``launch``, ``AppRuntime.stop``/``restart``), and
+reports what it observes as normalized events through an ``EventSink``. It
+never decides an app's state. Apps it launched are followed by their actor;
+apps launched elsewhere (another process, an earlier run) are answered from
+the backend's own records (``describe``, ``list``, ``cancel``, ``log_target``).
+
+Backends are looked up by name: built-ins first, then the
+``asupervisor.backends`` entry-point group, so a third party adds one with a
+line in its own pyproject. Each Supervisor has its own registry instance.
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any, ClassVar
+
+from anyio.abc import TaskGroup
+
+from supervisor.errors import UnknownBackendError
+from supervisor.events import ReplicaEvent, ReplicaKey
+from supervisor.runopts import ResolvedCfg, RunOpts
+from supervisor.specs import AppDef, AppHandle
+from supervisor.status import AppStatus, DescribeAppResponse, ListAppResponse, Transition
+from supervisor.validate import Capabilities
+
+__all__ = [
+    "AppCancelRequested",
+    "AppRuntime",
+    "Backend",
+    "BackendContext",
+    "BackendRegistry",
+    "DryrunContext",
+    "EventSink",
+    "LogTarget",
+    "Request",
+]
+
+ENTRY_POINT_GROUP = "asupervisor.backends"
+
+BUILTIN_BACKENDS: Mapping[str, str] = {
+    "local": "supervisor.backends.local:LocalBackend",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class AppCancelRequested:
+    """A cancel arrived through the backend itself (another process, the scheduler)."""
+
+    reason: str = "cancelled by request"
+
+
+EventSink = Callable[[ReplicaEvent | AppCancelRequested], None]
+"""Where a backend posts events; never blocks (it is the app actor's mailbox)."""
+
+
+@dataclass(frozen=True)
+class BackendContext:
+    """What every backend of one Supervisor shares.
+
+    ``task_group`` is the Supervisor's: background work a backend starts lives
+    and dies with the Supervisor.
+    """
+
+    session: str
+    state_dir: Path
+    task_group: TaskGroup
+
+
+@dataclass(frozen=True)
+class DryrunContext:
+    """Everything ``dryrun`` may depend on besides the app and options, so it stays pure."""
+
+    session: str
+    app_id: str
+    cwd: str
+    gpu_count: int = 0
+
+
+@dataclass(frozen=True)
+class Request:
+    """What ``dryrun`` produced; backends subclass it. ``str()`` shows it to people."""
+
+    backend: str
+    session: str
+    app_id: str
+    app: AppDef
+    cfg: ResolvedCfg
+
+    def to_json(self) -> dict[str, Any]:
+        return {"backend": self.backend, "session": self.session, "app_id": self.app_id}
+
+
+@dataclass(frozen=True)
+class LogTarget:
+    """Where one replica's logs are and how to tell that no more will come."""
+
+    directory: Path
+    is_finished: Callable[[], Awaitable[bool]]
+    watch_dirs: Sequence[Path] = field(default_factory=tuple)
+
+
+class AppRuntime(abc.ABC):
+    """A launched app as its backend sees it; driven only by the app's actor."""
+
+    @abc.abstractmethod
+    async def stop(self, keys: Sequence[ReplicaKey], reason: str) -> None:
+        """Stop replicas; each answers with an ``Exited`` event."""
+
+    @abc.abstractmethod
+    async def restart(self, attempts: Sequence[tuple[ReplicaKey, int]], reason: str) -> None:
+        """Stop what runs of these replicas, then launch each as the given attempt."""
+
+    @abc.abstractmethod
+    async def record(
+        self, status: AppStatus, transitions: Sequence[Transition], final: bool
+    ) -> None:
+        """Keep the app's state where other processes can read it (may be a no-op)."""
+
+    @abc.abstractmethod
+    def log_target(self, role: str, replica_id: int) -> LogTarget: ...
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Release what the runtime holds once the app is terminal."""
+
+
+class Backend(abc.ABC):
+    name: ClassVar[str]
+
+    def __init__(self, context: BackendContext) -> None:
+        self.context = context
+
+    @classmethod
+    @abc.abstractmethod
+    def run_opts(cls) -> RunOpts: ...
+
+    @property
+    @abc.abstractmethod
+    def capabilities(self) -> Capabilities: ...
+
+    @abc.abstractmethod
+    def dryrun(self, app: AppDef, cfg: ResolvedCfg, ctx: DryrunContext) -> Request:
+        """Pure: the exact request, deterministic for the same inputs."""
+
+    @abc.abstractmethod
+    async def launch(self, request: Request, sink: EventSink) -> AppRuntime:
+        """Start the request; side effects happen here. Raises SubmitError and leaves nothing."""
+
+    @abc.abstractmethod
+    async def describe(self, handle: AppHandle) -> DescribeAppResponse | None:
+        """An app this process does not follow; None if it does not exist."""
+
+    @abc.abstractmethod
+    async def list(self) -> list[ListAppResponse]: ...
+
+    @abc.abstractmethod
+    async def cancel(self, handle: AppHandle) -> bool:
+        """Ask for an app this process does not follow to be cancelled; False if unknown."""
+
+    @abc.abstractmethod
+    async def log_target(
+        self, handle: AppHandle, role: str, replica_id: int
+    ) -> LogTarget | None: ...
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook, empty on purpose
+        """Release backend-wide resources; called once when the Supervisor closes."""
+
+
+BackendFactory = Callable[[BackendContext], Backend]
+
+
+class BackendRegistry:
+    """Name -> backend factory, resolved lazily so unused backends are never imported."""
+
+    def __init__(self, extra: Mapping[str, BackendFactory | str] | None = None) -> None:
+        self._specs: dict[str, BackendFactory | str] = dict(BUILTIN_BACKENDS)
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            self._specs.setdefault(ep.name, ep.value)
+        self._specs.update(extra or {})
+
+    def names(self) -> list[str]:
+        return sorted(self._specs)
+
+    def factory(self, name: str) -> BackendFactory:
+        spec = self._specs.get(name)
+        if spec is None:
+            raise UnknownBackendError(
+                f"no backend named {name!r}; known: {', '.join(self.names())}"
+            )
+        if isinstance(spec, str):
+            module, _, attr = spec.partition(":")
+            loaded: BackendFactory = getattr(importlib.import_module(module), attr)
+            self._specs[name] = loaded
+            return loaded
+        return spec

@@ -1,0 +1,379 @@
+"""The ``local`` backend: each replica a process group on this machine.
+
+A replica's exit is final for that attempt; restarts are new attempts the app's
+FSM asks for. Every app keeps its records under its app directory
+(``store.py``) so the CLI in another process can read its status and logs and
+ask for a cancel, which this backend notices through inotify.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+from asyncinotify import Inotify, Mask
+
+from supervisor.backends.base import (
+    AppCancelRequested,
+    AppRuntime,
+    Backend,
+    BackendContext,
+    DryrunContext,
+    EventSink,
+    LogTarget,
+    Request,
+)
+from supervisor.backends.local.process import ReplicaProcess, signal_name
+from supervisor.backends.local.reaper_client import Reaper
+from supervisor.backends.local.request import LocalRequest, ReplicaLaunch, local_run_opts, render
+from supervisor.backends.local.store import CANCEL_REQUEST, AppStore, Index, Owner
+from supervisor.errors import SubmitError
+from supervisor.events import Exited, ReplicaKey, Started, Submitted
+from supervisor.fsm.states import AppState
+from supervisor.logs import LogSink
+from supervisor.runopts import ResolvedCfg, RunOpts
+from supervisor.specs import AppDef, AppHandle, RetryPolicy, make_handle
+from supervisor.status import AppStatus, DescribeAppResponse, ListAppResponse, Transition
+from supervisor.validate import Capabilities
+
+__all__ = ["LocalBackend"]
+
+SPAWN_FAILED_CODE = 127
+
+
+@dataclass
+class _Slot:
+    launch: ReplicaLaunch
+    attempt: int = 0
+    proc: ReplicaProcess | None = None
+    done: anyio.Event | None = None
+    stopped: bool = False
+    lock: anyio.Lock = field(default_factory=anyio.Lock)
+
+
+class LocalRuntime(AppRuntime):
+    def __init__(self, backend: LocalBackend, request: LocalRequest, sink: EventSink) -> None:
+        self._backend = backend
+        self.request = request
+        self.emit = sink
+        self.store = AppStore(Path(request.app_dir))
+        self._owner = backend.owner
+        self._slots: dict[ReplicaKey, _Slot] = {
+            (r.role, r.replica_id): _Slot(r) for r in request.replicas
+        }
+        self._logs = {
+            key: backend.log_sink.open(Path(slot.launch.log_dir))
+            for key, slot in self._slots.items()
+        }
+
+    async def start(self) -> None:
+        record = {
+            "handle": make_handle("local", self.request.session, self.request.app_id),
+            "app": self.request.app.to_json(),
+            "request": self.request.to_json(),
+            "owner": self._owner.to_json(),
+        }
+        dirs = [Path(s.launch.log_dir) for s in self._slots.values()]
+        try:
+            await anyio.to_thread.run_sync(self.store.create, dirs, record)
+            await anyio.to_thread.run_sync(
+                self._backend.index.add, self.request.session, self.request.app_id, self.store.app_dir
+            )
+        except OSError as e:
+            raise SubmitError(f"cannot create {self.store.app_dir}: {e}", transient=False) from e
+        self._backend.watch_cancel(self)
+        for key, slot in self._slots.items():
+            self.emit(Submitted(role=key[0], replica_id=key[1]))
+            self._spawn(key, slot)
+
+    def _spawn(self, key: ReplicaKey, slot: _Slot) -> None:
+        launch = slot.launch
+        env = {**os.environ, **launch.env, "ASUPERVISOR_ATTEMPT": str(slot.attempt)}
+        if launch.path_prepend:
+            env["PATH"] = launch.path_prepend + os.pathsep + env.get("PATH", os.defpath)
+        log = self._logs[key]
+        try:
+            proc = ReplicaProcess(
+                launch.argv, cwd=launch.cwd, env=env, sink=self._backend.log_sink, log=log
+            )
+        except OSError as e:
+            msg = f"cannot start {launch.argv[0]!r}: {e.strerror or e}"
+            self._backend.log_sink.write(log, "stderr", f"asupervisor: {msg}\n".encode(), 0.0)
+            self.emit(
+                Exited(
+                    role=key[0],
+                    replica_id=key[1],
+                    attempt=slot.attempt,
+                    exit_code=SPAWN_FAILED_CODE,
+                    msg=f"{key[0]}/{key[1]}: {msg}",
+                )
+            )
+            return
+        self._backend.reaper.register(proc.pid, proc.pgid)
+        slot.proc = proc
+        slot.done = anyio.Event()
+        self.emit(
+            Started(
+                role=key[0],
+                replica_id=key[1],
+                attempt=slot.attempt,
+                hostname=socket.gethostname(),
+                pid=proc.pid,
+            )
+        )
+        self._backend.task_group.start_soon(self._follow, key, slot, proc, slot.done, slot.attempt)
+
+    async def _follow(
+        self, key: ReplicaKey, slot: _Slot, proc: ReplicaProcess, done: anyio.Event, attempt: int
+    ) -> None:
+        try:
+            code = await proc.follow()
+            self._backend.reaper.unregister(proc.pid)
+            await self._backend.log_sink.flush()
+            error = ""
+            if code != 0:
+                error = await anyio.to_thread.run_sync(
+                    self.store.read_error_file, Path(slot.launch.log_dir)
+                )
+            if slot.proc is proc:
+                slot.proc = None
+            self.emit(
+                Exited(
+                    role=key[0],
+                    replica_id=key[1],
+                    attempt=attempt,
+                    exit_code=code,
+                    signal=signal_name(code),
+                    structured_error_msg=error,
+                )
+            )
+        finally:
+            done.set()
+
+    async def stop(self, keys: Sequence[ReplicaKey], reason: str) -> None:
+        async with anyio.create_task_group() as tg:
+            for key in keys:
+                tg.start_soon(self._stop_one, key)
+
+    async def _stop_one(self, key: ReplicaKey) -> None:
+        slot = self._slots[key]
+        slot.stopped = True
+        proc = slot.proc
+        if proc is not None and not proc.exited.is_set():
+            await proc.terminate(self.request.stop_grace)
+        elif not slot.lock.locked():
+            # Nothing runs and no restart is under way to report it: answer here.
+            self.emit(Exited(role=key[0], replica_id=key[1], attempt=slot.attempt, exit_code=None))
+
+    async def restart(self, attempts: Sequence[tuple[ReplicaKey, int]], reason: str) -> None:
+        async with anyio.create_task_group() as tg:
+            for key, attempt in attempts:
+                tg.start_soon(self._restart_one, key, attempt)
+
+    async def _restart_one(self, key: ReplicaKey, attempt: int) -> None:
+        slot = self._slots[key]
+        async with slot.lock:
+            slot.attempt = attempt
+            proc, done = slot.proc, slot.done
+            if proc is not None and done is not None:
+                await proc.terminate(self.request.stop_grace)
+                await done.wait()
+            if slot.stopped:
+                self.emit(Exited(role=key[0], replica_id=key[1], attempt=attempt, exit_code=None))
+                return
+            await anyio.to_thread.run_sync(
+                lambda: (Path(slot.launch.log_dir) / "error.json").unlink(missing_ok=True)
+            )
+            self._spawn(key, slot)
+
+    async def record(
+        self, status: AppStatus, transitions: Sequence[Transition], final: bool
+    ) -> None:
+        await anyio.to_thread.run_sync(
+            self.store.write_state, status, list(transitions), final, self._owner
+        )
+
+    def log_target(self, role: str, replica_id: int) -> LogTarget:
+        return self._backend.make_log_target(self.store, role, replica_id)
+
+    def kill_all(self) -> None:
+        for slot in self._slots.values():
+            slot.stopped = True
+            if slot.proc is not None:
+                slot.proc.kill_now()
+
+    async def aclose(self) -> None:
+        self._backend.unwatch_cancel(self)
+        for slot in self._slots.values():
+            if slot.done is not None:
+                await slot.done.wait()
+
+
+class LocalBackend(Backend):
+    name = "local"
+
+    def __init__(self, context: BackendContext) -> None:
+        super().__init__(context)
+        self.task_group = context.task_group
+        self.log_sink = LogSink()
+        self.reaper = Reaper()
+        self.index = Index(context.state_dir)
+        self.owner = Owner.current()
+        self._runtimes: set[LocalRuntime] = set()
+        self._inotify: Inotify | None = None
+        self._inotify_scope = anyio.CancelScope()
+        self._watches: dict[int, LocalRuntime] = {}
+
+    @classmethod
+    def run_opts(cls) -> RunOpts:
+        return local_run_opts()
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            backend="local",
+            retry_policies=frozenset(RetryPolicy),
+            mounts=False,
+            max_replicas_per_role=None,
+            requires_image=False,
+        )
+
+    def default_log_dir(self) -> Path:
+        return self.context.state_dir / "logs"
+
+    def dryrun(self, app: AppDef, cfg: ResolvedCfg, ctx: DryrunContext) -> LocalRequest:
+        return render(app, cfg, ctx, self.default_log_dir())
+
+    async def launch(self, request: Request, sink: EventSink) -> LocalRuntime:
+        if not isinstance(request, LocalRequest):
+            raise TypeError(f"the local backend cannot run a {type(request).__name__}")
+        runtime = LocalRuntime(self, request, sink)
+        self._runtimes.add(runtime)
+        await runtime.start()
+        return runtime
+
+    # ---------------------------------------------------------- cancel requests
+    def watch_cancel(self, runtime: LocalRuntime) -> None:
+        if self._inotify is None:
+            self._inotify = Inotify()
+            self.task_group.start_soon(self._read_inotify, self._inotify)
+        watch = self._inotify.add_watch(runtime.store.app_dir, Mask.CREATE | Mask.MOVED_TO)
+        self._watches[watch.wd] = runtime
+
+    def unwatch_cancel(self, runtime: LocalRuntime) -> None:
+        self._runtimes.discard(runtime)
+        if self._inotify is None:
+            return
+        for watch in list(self._inotify.watches.values()):
+            if self._watches.get(watch.wd) is runtime:
+                del self._watches[watch.wd]
+                self._inotify.rm_watch(watch)
+
+    async def _read_inotify(self, inotify: Inotify) -> None:
+        with self._inotify_scope:
+            async for event in inotify:
+                if event.name is None or str(event.name) != CANCEL_REQUEST or event.watch is None:
+                    continue
+                runtime = self._watches.get(event.watch.wd)
+                if runtime is not None:
+                    runtime.emit(AppCancelRequested(reason="cancelled by another process"))
+
+    # ------------------------------------------------------ apps of other processes
+    async def _store_for(self, handle: AppHandle) -> AppStore | None:
+        app_dir = await anyio.to_thread.run_sync(self.index.lookup, handle.session, handle.app_id)
+        return AppStore(app_dir) if app_dir is not None else None
+
+    @staticmethod
+    def _read_status(store: AppStore) -> tuple[AppStatus, dict[str, object]] | None:
+        app = store.read_app()
+        state = store.read_state()
+        if app is None:
+            return None
+        if state is None:
+            return AppStatus(AppState.SUBMITTED, msg="no state recorded yet"), app
+        status, owner = state
+        if not status.is_terminal and not owner.alive():
+            status = AppStatus(
+                state=AppState.UNKNOWN,
+                num_restarts=status.num_restarts,
+                msg=f"the supervising process (pid {owner.pid}) ended without "
+                "recording a final state",
+                roles=status.roles,
+            )
+        return status, app
+
+    async def describe(self, handle: AppHandle) -> DescribeAppResponse | None:
+        store = await self._store_for(handle)
+        if store is None:
+            return None
+        found = await anyio.to_thread.run_sync(self._read_status, store)
+        if found is None:
+            return None
+        status, app = found
+        roles = AppDef.from_json(app["app"]).roles  # type: ignore[arg-type]
+        return DescribeAppResponse.from_status(handle.app_id, status, roles)
+
+    async def list(self) -> list[ListAppResponse]:
+        def scan() -> list[ListAppResponse]:
+            out = []
+            for session, app_id, app_dir in self.index.entries():
+                found = self._read_status(AppStore(app_dir))
+                if found is None:
+                    continue
+                status, app = found
+                name = app["app"]["name"]  # type: ignore[index]
+                out.append(
+                    ListAppResponse(
+                        app_id=app_id,
+                        state=status.state,
+                        app_handle=make_handle("local", session, app_id),
+                        name=str(name),
+                    )
+                )
+            return out
+
+        return await anyio.to_thread.run_sync(scan)
+
+    async def cancel(self, handle: AppHandle) -> bool:
+        store = await self._store_for(handle)
+        if store is None:
+            return False
+        found = await anyio.to_thread.run_sync(self._read_status, store)
+        if found is None:
+            return False
+        status, _ = found
+        if status.is_terminal or status.state is AppState.UNKNOWN:
+            return True  # nothing left to stop
+        await anyio.to_thread.run_sync(store.request_cancel)
+        return True
+
+    def make_log_target(self, store: AppStore, role: str, replica_id: int) -> LogTarget:
+        async def finished() -> bool:
+            found = await anyio.to_thread.run_sync(self._read_status, store)
+            return found is None or found[0].is_terminal or found[0].state is AppState.UNKNOWN
+
+        return LogTarget(
+            directory=store.app_dir / role / str(replica_id),
+            is_finished=finished,
+            watch_dirs=(store.app_dir,),
+        )
+
+    async def log_target(self, handle: AppHandle, role: str, replica_id: int) -> LogTarget | None:
+        store = await self._store_for(handle)
+        return None if store is None else self.make_log_target(store, role, replica_id)
+
+    async def aclose(self) -> None:
+        for runtime in list(self._runtimes):
+            runtime.kill_all()
+        for runtime in list(self._runtimes):
+            await runtime.aclose()
+        self._inotify_scope.cancel()
+        if self._inotify is not None:
+            self._inotify.close()
+            self._inotify = None
+        await self.reaper.aclose()
+        await self.log_sink.aclose()

@@ -1,0 +1,201 @@
+"""Pure rendering of an AppDef into local process launches (the local ``dryrun``).
+
+Everything a replica's process needs is decided here and frozen in the
+request: argv, working directory, the environment *overlay* (applied over
+the supervisor's environment at spawn time, so that the request stays a
+pure function of its inputs), GPU assignment and log locations.
+
+Environment each replica sees, beyond the role's own ``env``:
+
+=============================  ==========================================
+``ASUPERVISOR_APP_ID``         the app id
+``ASUPERVISOR_SESSION``        the Supervisor's session name
+``ASUPERVISOR_ROLE``           the replica's role name
+``ASUPERVISOR_REPLICA_ID``     its index within the role (0-based)
+``ASUPERVISOR_NUM_REPLICAS``   how many replicas the role has
+``ASUPERVISOR_RANK0_HOST``     host of the app's first replica
+``ASUPERVISOR_ATTEMPT``        0, then 1, 2, ... after restarts (set at spawn)
+``TORCHX_RANK0_HOST``          same as ASUPERVISOR_RANK0_HOST (``${rank0_env}``)
+``TORCHELASTIC_ERROR_FILE``    where the replica may write a structured error
+``PET_LOG_DIR``                the replica's log directory
+``PYTHONUNBUFFERED``           ``1``, so Python output reaches the logs at once
+=============================  ==========================================
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from supervisor.backends.base import DryrunContext, Request
+from supervisor.runopts import ResolvedCfg, RunOpt, RunOpts
+from supervisor.specs import AppDef, macros
+
+__all__ = ["RANK0_ENV", "LocalRequest", "ReplicaLaunch", "local_run_opts", "render"]
+
+RANK0_ENV = "TORCHX_RANK0_HOST"
+DEFAULT_STOP_GRACE = 5.0
+
+
+def local_run_opts() -> RunOpts:
+    return RunOpts(
+        [
+            RunOpt(
+                name="log_dir",
+                type=str,
+                default=None,
+                help="directory for logs and state; apps go to {log_dir}/{session}/{app_id} "
+                "(default: <state dir>/logs)",
+            ),
+            RunOpt(
+                name="prepend_cwd",
+                type=bool,
+                default=False,
+                help="put the working directory first on each replica's PATH",
+            ),
+            RunOpt(
+                name="auto_set_cuda_visible_devices",
+                type=bool,
+                default=False,
+                help="give each replica asking for GPUs its own contiguous block of devices "
+                "through CUDA_VISIBLE_DEVICES, when enough exist",
+            ),
+            RunOpt(
+                name="stop_grace",
+                type=float,
+                default=DEFAULT_STOP_GRACE,
+                help="seconds between SIGTERM and SIGKILL when stopping a replica",
+            ),
+        ]
+    )
+
+
+@dataclass(frozen=True)
+class ReplicaLaunch:
+    role: str
+    replica_id: int
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: str
+    log_dir: str
+    path_prepend: str | None = None
+
+    @property
+    def error_file(self) -> str:
+        return str(Path(self.log_dir) / "error.json")
+
+    def command_line(self) -> str:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
+        path = f"PATH={shlex.quote(self.path_prepend)}:$PATH " if self.path_prepend else ""
+        return f"cd {shlex.quote(self.cwd)} && {path}{env} {shlex.join(self.argv)}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "role": self.role,
+            "replica_id": self.replica_id,
+            "argv": list(self.argv),
+            "env": dict(self.env),
+            "cwd": self.cwd,
+            "log_dir": self.log_dir,
+            "path_prepend": self.path_prepend,
+        }
+
+
+@dataclass(frozen=True)
+class LocalRequest(Request):
+    app_dir: str = ""
+    stop_grace: float = DEFAULT_STOP_GRACE
+    replicas: tuple[ReplicaLaunch, ...] = field(default_factory=tuple)
+
+    def __str__(self) -> str:
+        lines = [
+            f"local app {self.app_id} (session {self.session})",
+            f"  app dir: {self.app_dir}",
+        ]
+        for r in self.replicas:
+            lines.append(f"  {r.role}/{r.replica_id}: {r.command_line()}")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **super().to_json(),
+            "app_dir": self.app_dir,
+            "stop_grace": self.stop_grace,
+            "replicas": [r.to_json() for r in self.replicas],
+        }
+
+
+def _gpu_blocks(app: AppDef, gpu_count: int) -> dict[tuple[str, int], str]:
+    """Contiguous device blocks, in role order, only when every request fits."""
+    wanted = [
+        ((role.name, k), role.resource.gpu)
+        for role in app.roles
+        for k in range(role.num_replicas)
+        if role.resource.gpu > 0
+    ]
+    if not wanted or sum(g for _, g in wanted) > gpu_count:
+        return {}
+    blocks: dict[tuple[str, int], str] = {}
+    nxt = 0
+    for key, g in wanted:
+        blocks[key] = ",".join(str(d) for d in range(nxt, nxt + g))
+        nxt += g
+    return blocks
+
+
+def render(app: AppDef, cfg: ResolvedCfg, ctx: DryrunContext, default_log_dir: Path) -> LocalRequest:
+    log_root = Path(cfg.get_str("log_dir") or default_log_dir)
+    app_dir = log_root / ctx.session / ctx.app_id
+    auto_gpus = cfg.get_bool("auto_set_cuda_visible_devices", False)
+    gpus = _gpu_blocks(app, ctx.gpu_count) if auto_gpus else {}
+    launches = []
+    for role in app.roles:
+        for k in range(role.num_replicas):
+            values = macros.Values(
+                img_root=role.image or ctx.cwd,
+                app_id=ctx.app_id,
+                replica_id=str(k),
+                rank0_env=RANK0_ENV,
+            )
+            resolved = values.apply(role)
+            replica_dir = app_dir / role.name / str(k)
+            env: dict[str, str] = {"PYTHONUNBUFFERED": "1", **resolved.env}
+            env.update(
+                {
+                    "ASUPERVISOR_APP_ID": ctx.app_id,
+                    "ASUPERVISOR_SESSION": ctx.session,
+                    "ASUPERVISOR_ROLE": role.name,
+                    "ASUPERVISOR_REPLICA_ID": str(k),
+                    "ASUPERVISOR_NUM_REPLICAS": str(role.num_replicas),
+                    "ASUPERVISOR_RANK0_HOST": "localhost",
+                    RANK0_ENV: "localhost",
+                    "TORCHELASTIC_ERROR_FILE": str(replica_dir / "error.json"),
+                    "PET_LOG_DIR": str(replica_dir),
+                }
+            )
+            if (role.name, k) in gpus:
+                env["CUDA_VISIBLE_DEVICES"] = gpus[(role.name, k)]
+            launches.append(
+                ReplicaLaunch(
+                    role=role.name,
+                    replica_id=k,
+                    argv=(resolved.entrypoint, *resolved.args),
+                    env=env,
+                    cwd=ctx.cwd,
+                    log_dir=str(replica_dir),
+                    path_prepend=ctx.cwd if cfg.get_bool("prepend_cwd", False) else None,
+                )
+            )
+    return LocalRequest(
+        backend="local",
+        session=ctx.session,
+        app_id=ctx.app_id,
+        app=app,
+        cfg=cfg,
+        app_dir=str(app_dir),
+        stop_grace=cfg.get_float("stop_grace", DEFAULT_STOP_GRACE),
+        replicas=tuple(launches),
+    )

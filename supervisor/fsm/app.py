@@ -1,0 +1,326 @@
+"""The decision core of one app: its replica machines, its app machine, its policy.
+
+``AppFSM`` ingests normalized events and user commands, fires the triggers
+the tables allow, and answers with the actions a backend must carry out
+(stop these replicas, restart those). It does no I/O and knows no backend;
+the app actor in ``supervisor.supervisor`` is its only caller, which makes it
+the single writer of these machines.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from supervisor.events import (
+    Exited,
+    Lost,
+    Queued,
+    ReplicaEvent,
+    ReplicaKey,
+    Requeued,
+    Started,
+    Submitted,
+)
+from supervisor.fsm.ingest import Drop, plan
+from supervisor.fsm.machines import (
+    AppModel,
+    ReplicaModel,
+    StopReason,
+    build_app_machine,
+    build_replica_machine,
+    fire,
+)
+from supervisor.fsm.rules import ExitOutcome, derive_app_state, exit_outcome
+from supervisor.fsm.states import TERMINAL, AppState, ReplicaState
+from supervisor.fsm.tables import APP_TRANSITIONS, REPLICA_TRANSITIONS
+from supervisor.specs import RetryPolicy
+from supervisor.status import AppStatus, ReplicaStatus, RoleStatus, Transition
+
+__all__ = ["Action", "AppFSM", "RestartReplicas", "RoleSpec", "StopReplicas"]
+
+
+@dataclass(frozen=True, slots=True)
+class RoleSpec:
+    """The part of a Role the decisions depend on."""
+
+    name: str
+    num_replicas: int
+    max_retries: int = 0
+    retry_policy: RetryPolicy = RetryPolicy.APPLICATION
+
+
+@dataclass(frozen=True, slots=True)
+class StopReplicas:
+    """Stop these replicas; each answers with an ``Exited`` event (code None if nothing ran)."""
+
+    keys: tuple[ReplicaKey, ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RestartReplicas:
+    """Stop whatever runs of these replicas, then launch them again as the given attempt."""
+
+    attempts: tuple[tuple[ReplicaKey, int], ...]
+    reason: str
+
+
+Action = StopReplicas | RestartReplicas
+
+_APP_FINALS = ("submit", "queue", "start", "succeed", "fail", "cancel", "requeue", "lose")
+
+
+def describe_exit(exit_code: int | None, signal: str | None) -> str:
+    if signal:
+        return f"killed by {signal}"
+    if exit_code is None:
+        return "stopped before it ran"
+    return f"exited with code {exit_code}"
+
+
+class AppFSM:
+    def __init__(
+        self, roles: Sequence[RoleSpec], *, clock: Callable[[], float] = time.time
+    ) -> None:
+        self._clock = clock
+        self.roles = {r.name: r for r in roles}
+        self.replicas: dict[ReplicaKey, ReplicaModel] = {
+            (r.name, k): ReplicaModel(r.name, k) for r in roles for k in range(r.num_replicas)
+        }
+        self._replica_machine = build_replica_machine(list(self.replicas.values()))
+        self.app = AppModel()
+        self._app_machine = build_app_machine(self.app)
+        self.history: list[Transition] = []
+        self.dropped: dict[str, int] = {}
+        self.role_restarts = {r.name: 0 for r in roles}
+        self.num_restarts = 0
+        self.cancel_requested = False
+        self.msg = ""
+        self.structured_error_msg = ""
+        self._snapshot: AppStatus | None = None
+        self._failed = False
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def state(self) -> AppState:
+        return self.app.state
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.app.state.name in TERMINAL
+
+    def live_keys(self) -> list[ReplicaKey]:
+        return [k for k, r in self.replicas.items() if r.state.name not in TERMINAL]
+
+    def snapshot(self) -> AppStatus:
+        """The current status; rebuilt only after a change, so reads are cheap."""
+        if self._snapshot is None:
+            roles = []
+            for role in self.roles.values():
+                reps = tuple(
+                    ReplicaStatus(
+                        id=m.replica_id,
+                        state=m.state,
+                        role=m.role,
+                        hostname=m.hostname,
+                        structured_error_msg=m.structured_error_msg,
+                        exit_code=m.exit_code,
+                        signal=m.signal,
+                        restarts=m.restarts,
+                        msg=m.msg,
+                    )
+                    for m in (self.replicas[(role.name, k)] for k in range(role.num_replicas))
+                )
+                roles.append(RoleStatus(role.name, reps))
+            self._snapshot = AppStatus(
+                state=self.app.state,
+                num_restarts=self.num_restarts,
+                msg=self.msg,
+                structured_error_msg=self.structured_error_msg,
+                roles=tuple(roles),
+            )
+        return self._snapshot
+
+    # ----------------------------------------------------------------- commands
+    async def apply(self, event: ReplicaEvent) -> list[Action]:
+        """Ingest one backend event; return what the backend must do next."""
+        self._snapshot = None
+        model = self.replicas.get(event.key)
+        if model is None:
+            self._drop("unknown replica")
+            return []
+        if event.attempt < model.attempt:
+            self._drop("stale attempt")
+            return []
+        actions: list[Action] = []
+        if isinstance(event, Submitted):
+            await self._advance(model, ReplicaState.SUBMITTED, ("submit",), event)
+        elif isinstance(event, Queued):
+            await self._advance(model, ReplicaState.PENDING, ("queue",), event)
+        elif isinstance(event, Started):
+            if await self._advance(model, ReplicaState.RUNNING, ("start",), event):
+                model.hostname = event.hostname
+        elif isinstance(event, Lost):
+            if await self._advance(model, ReplicaState.UNKNOWN, ("lose",), event, event.reason):
+                model.msg = event.reason
+        elif isinstance(event, Requeued):
+            actions += await self._on_requeued(model, event)
+        elif isinstance(event, Exited):
+            actions += await self._on_exited(model, event)
+        await self._update_app(event.at)
+        return actions
+
+    async def cancel(self) -> list[Action]:
+        """The user's cancel: stop every live replica; idempotent."""
+        if self.is_terminal or self.cancel_requested:
+            return []
+        self.cancel_requested = True
+        self.msg = "cancelled by request"
+        to_stop: list[ReplicaKey] = []
+        at = self._clock()
+        for key, model in self.replicas.items():
+            if model.state.name in TERMINAL:
+                continue
+            model.stop_reason = StopReason.CANCEL
+            if model.state is ReplicaState.UNSUBMITTED:
+                await self._fire(model, "cancel", at, "cancelled before submission")
+            else:
+                to_stop.append(key)
+        await self._update_app(at)
+        return [StopReplicas(tuple(to_stop), "cancelled by request")] if to_stop else []
+
+    # ---------------------------------------------------------------- internals
+    async def _on_requeued(self, model: ReplicaModel, event: Requeued) -> list[Action]:
+        if event.attempt <= model.attempt and model.attempt > 0:
+            self._drop("duplicate")
+            return []
+        if await self._advance(model, ReplicaState.PENDING, ("requeue",), event, event.reason):
+            new_attempt = max(event.attempt, model.attempt + 1)
+            gained = new_attempt - model.attempt
+            model.attempt = new_attempt
+            model.restarts += gained
+            model.msg = event.reason
+            self.num_restarts += gained
+        return []
+
+    async def _on_exited(self, model: ReplicaModel, event: Exited) -> list[Action]:
+        if model.state.name in TERMINAL:
+            self._drop("absorbed")
+            return []
+        role = self.roles[model.role]
+        outcome = exit_outcome(
+            event.exit_code,
+            stopping=model.stop_reason is not None,
+            retries_left=self.role_restarts[role.name] < role.max_retries,
+        )
+        model.exit_code = event.exit_code
+        model.signal = event.signal
+        model.structured_error_msg = event.structured_error_msg
+        what = f"{model.role}/{model.replica_id} {describe_exit(event.exit_code, event.signal)}"
+        model.msg = event.msg or what
+        if outcome is ExitOutcome.RESTART:
+            return await self._restart(model, role, event.at, what)
+        target = {
+            ExitOutcome.SUCCEEDED: ReplicaState.SUCCEEDED,
+            ExitOutcome.CANCELLED: ReplicaState.CANCELLED,
+            ExitOutcome.FAILED: ReplicaState.FAILED,
+        }[outcome]
+        await self._advance(model, target, (outcome.value,), event, model.msg)
+        if outcome is not ExitOutcome.FAILED:
+            return []
+        if not self._failed:
+            self._failed = True
+            self.msg = what
+            self.structured_error_msg = event.structured_error_msg
+        others = []
+        for key, other in self.replicas.items():
+            if other.state.name not in TERMINAL and other.stop_reason is None:
+                other.stop_reason = StopReason.GANG
+                others.append(key)
+        return [StopReplicas(tuple(others), f"{what}; stopping the app")] if others else []
+
+    async def _restart(
+        self, failed: ReplicaModel, role: RoleSpec, at: float, what: str
+    ) -> list[Action]:
+        if role.retry_policy is RetryPolicy.REPLICA:
+            scope = [failed]
+        elif role.retry_policy is RetryPolicy.ROLE:
+            scope = [m for m in self.replicas.values() if m.role == role.name]
+        else:
+            scope = list(self.replicas.values())
+        scope = [m for m in scope if m.state.name not in TERMINAL and m.stop_reason is None]
+        self.role_restarts[role.name] += 1
+        self.num_restarts += 1
+        reason = (
+            f"{what}; restart {self.role_restarts[role.name]}/{role.max_retries} "
+            f"({role.retry_policy.value})"
+        )
+        attempts = []
+        for m in scope:
+            m.attempt += 1
+            m.restarts += 1
+            if m.state in (ReplicaState.RUNNING, ReplicaState.UNKNOWN):
+                await self._fire(m, "restart", at, reason)
+            attempts.append(((m.role, m.replica_id), m.attempt))
+        self._snapshot = None
+        return [RestartReplicas(tuple(attempts), reason)]
+
+    async def _advance(
+        self,
+        model: ReplicaModel,
+        target: ReplicaState,
+        finals: tuple[str, ...],
+        event: ReplicaEvent,
+        msg: str = "",
+    ) -> bool:
+        step = plan(REPLICA_TRANSITIONS, model.state.name, target.name, finals)
+        if isinstance(step, Drop):
+            self._drop(step.reason)
+            return False
+        for trig in step.triggers:
+            await self._fire(model, trig, event.at, msg)
+        return True
+
+    async def _fire(self, model: ReplicaModel, trigger: str, at: float, msg: str) -> None:
+        source = model.state.name
+        await fire(model, trigger)
+        self._record(at, source, model.state.name, trigger, model, msg)
+
+    async def _update_app(self, at: float) -> None:
+        target = derive_app_state((m.state for m in self.replicas.values()), self.cancel_requested)
+        step = plan(APP_TRANSITIONS, self.app.state.name, target.name, _APP_FINALS)
+        if isinstance(step, Drop):
+            return
+        for trig in step.triggers:
+            source = self.app.state.name
+            await fire(self.app, trig)
+            self._record(at, source, self.app.state.name, trig, None, self.msg)
+
+    def _record(
+        self,
+        at: float,
+        source: str,
+        dest: str,
+        trigger: str,
+        model: ReplicaModel | None,
+        msg: str,
+    ) -> None:
+        self._snapshot = None
+        self.history.append(
+            Transition(
+                seq=len(self.history),
+                at=at,
+                source=source,
+                dest=dest,
+                trigger=trigger,
+                role=model.role if model else None,
+                replica_id=model.replica_id if model else None,
+                attempt=model.attempt if model else 0,
+                msg=msg,
+            )
+        )
+
+    def _drop(self, reason: str) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1

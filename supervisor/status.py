@@ -1,0 +1,219 @@
+"""Immutable snapshots handed to users: statuses, transitions, describe and list answers.
+
+Field names follow TorchX (``AppStatus``, ``RoleStatus``, ``ReplicaStatus``,
+``DescribeAppResponse``, ``ListAppResponse``) with additions where TorchX
+loses information: each replica's exit code, signal and restart count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from supervisor.fsm.states import TERMINAL, AppState, ReplicaState
+from supervisor.specs import Role
+
+__all__ = [
+    "AppStatus",
+    "DescribeAppResponse",
+    "ListAppResponse",
+    "ReplicaStatus",
+    "RoleStatus",
+    "Transition",
+]
+
+
+@dataclass(frozen=True)
+class ReplicaStatus:
+    id: int
+    state: ReplicaState
+    role: str
+    hostname: str = ""
+    structured_error_msg: str = ""
+    exit_code: int | None = None
+    signal: str | None = None
+    restarts: int = 0
+    msg: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "state": self.state.name,
+            "role": self.role,
+            "hostname": self.hostname,
+            "structured_error_msg": self.structured_error_msg,
+            "exit_code": self.exit_code,
+            "signal": self.signal,
+            "restarts": self.restarts,
+            "msg": self.msg,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ReplicaStatus:
+        return cls(
+            id=d["id"],
+            state=ReplicaState[d["state"]],
+            role=d["role"],
+            hostname=d.get("hostname", ""),
+            structured_error_msg=d.get("structured_error_msg", ""),
+            exit_code=d.get("exit_code"),
+            signal=d.get("signal"),
+            restarts=d.get("restarts", 0),
+            msg=d.get("msg", ""),
+        )
+
+
+@dataclass(frozen=True)
+class RoleStatus:
+    role: str
+    replicas: Sequence[ReplicaStatus] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"role": self.role, "replicas": [r.to_json() for r in self.replicas]}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> RoleStatus:
+        return cls(d["role"], tuple(ReplicaStatus.from_json(r) for r in d["replicas"]))
+
+
+@dataclass(frozen=True)
+class AppStatus:
+    state: AppState
+    num_restarts: int = 0
+    msg: str = ""
+    structured_error_msg: str = ""
+    ui_url: str | None = None
+    roles: Sequence[RoleStatus] = ()
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state.name in TERMINAL
+
+    def replica(self, role: str, replica_id: int) -> ReplicaStatus | None:
+        for rs in self.roles:
+            if rs.role == role:
+                for r in rs.replicas:
+                    if r.id == replica_id:
+                        return r
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "state": self.state.name,
+            "num_restarts": self.num_restarts,
+            "msg": self.msg,
+            "structured_error_msg": self.structured_error_msg,
+            "ui_url": self.ui_url,
+            "roles": [r.to_json() for r in self.roles],
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> AppStatus:
+        return cls(
+            state=AppState[d["state"]],
+            num_restarts=d.get("num_restarts", 0),
+            msg=d.get("msg", ""),
+            structured_error_msg=d.get("structured_error_msg", ""),
+            ui_url=d.get("ui_url"),
+            roles=tuple(RoleStatus.from_json(r) for r in d.get("roles", [])),
+        )
+
+    def __str__(self) -> str:
+        lines = [f"AppStatus: {self.state.name} (restarts: {self.num_restarts})"]
+        if self.msg:
+            lines.append(f"  msg: {self.msg}")
+        for rs in self.roles:
+            for r in rs.replicas:
+                extra = []
+                if r.hostname:
+                    extra.append(f"host={r.hostname}")
+                if r.exit_code is not None:
+                    extra.append(f"exit={r.exit_code}")
+                if r.signal:
+                    extra.append(f"signal={r.signal}")
+                if r.restarts:
+                    extra.append(f"restarts={r.restarts}")
+                lines.append(f"  {rs.role}/{r.id}: {r.state.name} {' '.join(extra)}".rstrip())
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One state change, at app level (``role`` is None) or of one replica."""
+
+    seq: int
+    at: float
+    source: str
+    dest: str
+    trigger: str
+    role: str | None = None
+    replica_id: int | None = None
+    attempt: int = 0
+    msg: str = ""
+
+    @property
+    def scope(self) -> str:
+        return "app" if self.role is None else f"{self.role}/{self.replica_id}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "at": self.at,
+            "source": self.source,
+            "dest": self.dest,
+            "trigger": self.trigger,
+            "role": self.role,
+            "replica_id": self.replica_id,
+            "attempt": self.attempt,
+            "msg": self.msg,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Transition:
+        return cls(**dict(d))
+
+
+@dataclass(frozen=True)
+class DescribeAppResponse:
+    app_id: str
+    state: AppState = AppState.UNSUBMITTED
+    num_restarts: int = 0
+    msg: str = ""
+    structured_error_msg: str = ""
+    ui_url: str | None = None
+    roles_statuses: Sequence[RoleStatus] = ()
+    roles: Sequence[Role] = field(default_factory=tuple)
+
+    @classmethod
+    def from_status(
+        cls, app_id: str, status: AppStatus, roles: Sequence[Role]
+    ) -> DescribeAppResponse:
+        return cls(
+            app_id=app_id,
+            state=status.state,
+            num_restarts=status.num_restarts,
+            msg=status.msg,
+            structured_error_msg=status.structured_error_msg,
+            ui_url=status.ui_url,
+            roles_statuses=tuple(status.roles),
+            roles=tuple(roles),
+        )
+
+    def to_status(self) -> AppStatus:
+        return AppStatus(
+            state=self.state,
+            num_restarts=self.num_restarts,
+            msg=self.msg,
+            structured_error_msg=self.structured_error_msg,
+            ui_url=self.ui_url,
+            roles=tuple(self.roles_statuses),
+        )
+
+
+@dataclass(frozen=True)
+class ListAppResponse:
+    app_id: str
+    state: AppState
+    app_handle: str = ""
+    name: str = ""

@@ -1,0 +1,320 @@
+"""The public face: ``Supervisor`` owns the task group, the backends and the app actors.
+
+It is the only module that imports both ``fsm`` and ``backends``. Apps it
+launched are answered from their actor's memory (``status`` never does I/O);
+any other handle is answered by its backend's own records, so a second
+process (the CLI) can follow, cancel and read the logs of apps it did not
+start.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import secrets
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from re import Pattern
+from types import TracebackType
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from supervisor.actor import AppActor
+from supervisor.backends.base import (
+    Backend,
+    BackendContext,
+    BackendRegistry,
+    DryrunContext,
+    LogTarget,
+    Request,
+)
+from supervisor.errors import InvalidHandleError, UnknownAppError, WaitTimeout
+from supervisor.logs import Stream, iter_log_lines, parse_streams
+from supervisor.runopts import ResolvedCfg, RunOpts
+from supervisor.specs import AppDef, AppHandle, make_app_id, make_handle, parse_handle
+from supervisor.status import AppStatus, DescribeAppResponse, ListAppResponse, Transition
+from supervisor.validate import validate
+
+__all__ = ["DryRunInfo", "Supervisor", "default_state_dir"]
+
+FOREIGN_WAIT_MAX_INTERVAL = 1.0
+
+
+def default_state_dir() -> Path:
+    """``$ASUPERVISOR_HOME``, else ``$XDG_STATE_HOME/asupervisor``, else ``~/.local/state/asupervisor``."""
+    explicit = os.environ.get("ASUPERVISOR_HOME")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_STATE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".local" / "state"
+    return base / "asupervisor"
+
+
+def _default_session() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "default"
+
+
+def _gpu_count() -> int:
+    """NVIDIA devices the driver lists; a directory read, no subprocess."""
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
+
+
+@dataclass(frozen=True)
+class DryRunInfo:
+    """What ``dryrun`` returns and ``schedule`` consumes; ``str()`` shows the request."""
+
+    backend: str
+    app: AppDef
+    cfg: ResolvedCfg
+    request: Request
+
+    @property
+    def app_id(self) -> str:
+        return self.request.app_id
+
+    def __str__(self) -> str:
+        return str(self.request)
+
+
+class Supervisor:
+    """Launches apps on backends and follows them; use as ``async with Supervisor() as sv``.
+
+    Closing stops every replica this Supervisor started that is still running.
+    """
+
+    def __init__(
+        self,
+        session: str | None = None,
+        *,
+        state_dir: str | Path | None = None,
+        backends: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.session = session if session is not None else _default_session()
+        if not self.session or "/" in self.session:
+            raise InvalidHandleError(f"session {self.session!r} must be non-empty without '/'")
+        self.state_dir = Path(state_dir) if state_dir is not None else default_state_dir()
+        self._registry = BackendRegistry(backends)
+        self._backends: dict[str, Backend] = {}
+        self._actors: dict[str, AppActor] = {}
+        self._stack: AsyncExitStack | None = None
+        self._tg: TaskGroup | None = None
+        self._gpus: int | None = None
+        self._closed = False
+
+    # --------------------------------------------------------------- lifecycle
+    async def __aenter__(self) -> Supervisor:
+        self._stack = AsyncExitStack()
+        self._tg = await self._stack.enter_async_context(anyio.create_task_group())
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await self.close()
+        finally:
+            stack, self._stack = self._stack, None
+            if stack is not None:
+                await stack.__aexit__(exc_type, exc, tb)
+
+    async def close(self) -> None:
+        """Cancel the apps still running here, wait for them to stop, release backends."""
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            for actor in self._actors.values():
+                actor.request_cancel("the supervisor closed")
+            for actor in self._actors.values():
+                await actor.done.wait()
+            for backend in self._backends.values():
+                await backend.aclose()
+            if self._tg is not None:
+                self._tg.cancel_scope.cancel()
+
+    def _task_group(self) -> TaskGroup:
+        if self._tg is None or self._closed:
+            raise RuntimeError("use the Supervisor inside `async with Supervisor(...) as sv:`")
+        return self._tg
+
+    def backend(self, name: str) -> Backend:
+        found = self._backends.get(name)
+        if found is None:
+            factory = self._registry.factory(name)
+            context = BackendContext(self.session, self.state_dir, self._task_group())
+            found = self._backends[name] = factory(context)
+        return found
+
+    def run_opts(self, backend: str) -> RunOpts:
+        factory = self._registry.factory(backend)
+        opts: RunOpts = factory.run_opts()  # type: ignore[attr-defined]
+        return opts
+
+    def backends(self) -> list[str]:
+        return self._registry.names()
+
+    # ------------------------------------------------------------------- verbs
+    def dryrun(
+        self,
+        app: AppDef,
+        backend: str,
+        cfg: Mapping[str, object] | None = None,
+        *,
+        app_id: str | None = None,
+    ) -> DryRunInfo:
+        """Validate and render the request; no side effects. ``app`` is never mutated."""
+        impl = self.backend(backend)
+        resolved = impl.run_opts().resolve(cfg)
+        validate(app, impl.capabilities)
+        if self._gpus is None:
+            self._gpus = _gpu_count()
+        ctx = DryrunContext(
+            session=self.session,
+            app_id=app_id or make_app_id(app.name, secrets.token_hex(4)),
+            cwd=os.getcwd(),
+            gpu_count=self._gpus,
+        )
+        return DryRunInfo(backend, app, resolved, impl.dryrun(app, resolved, ctx))
+
+    async def schedule(self, info: DryRunInfo) -> str:
+        """Launch a dry-run request; returns the handle once the launch was recorded."""
+        tg = self._task_group()
+        impl = self.backend(info.backend)
+        handle = make_handle(info.backend, self.session, info.request.app_id)
+        if handle in self._actors:
+            raise UnknownAppError(f"{handle} was already scheduled")
+        actor = AppActor(handle, info.request)
+        runtime = await impl.launch(info.request, actor.post)
+        self._actors[handle] = actor
+        tg.start_soon(actor.run, runtime, tg)
+        await actor.settle()
+        return handle
+
+    async def submit(
+        self, app: AppDef, backend: str, cfg: Mapping[str, object] | None = None
+    ) -> str:
+        return await self.schedule(self.dryrun(app, backend, cfg))
+
+    def status(self, handle: str) -> AppStatus | None:
+        """A snapshot of an app this Supervisor follows; no I/O. None for any other handle."""
+        actor = self._actors.get(handle)
+        return actor.status() if actor is not None else None
+
+    async def describe(self, handle: str) -> DescribeAppResponse | None:
+        parsed = parse_handle(handle)
+        actor = self._actors.get(handle)
+        if actor is not None:
+            return DescribeAppResponse.from_status(
+                parsed.app_id, actor.status(), actor.request.app.roles
+            )
+        return await self.backend(parsed.backend).describe(parsed)
+
+    async def exists(self, handle: str) -> bool:
+        return await self.describe(handle) is not None
+
+    async def list(self, backend: str) -> list[ListAppResponse]:
+        return await self.backend(backend).list()
+
+    async def cancel(self, handle: str) -> None:
+        """Ask for the app to stop; returns at once. Cancelling twice, or a finished app, is fine."""
+        actor = self._actors.get(handle)
+        if actor is not None:
+            actor.request_cancel()
+            return
+        parsed = parse_handle(handle)
+        if not await self.backend(parsed.backend).cancel(parsed):
+            raise UnknownAppError(f"no app {handle}")
+
+    async def wait(self, handle: str, timeout: float | None = None) -> AppStatus:
+        """Return the final status once the app is terminal (event-driven for apps launched here)."""
+        with anyio.move_on_after(timeout) as scope:
+            status = await self._wait(handle)
+        if scope.cancelled_caught:
+            raise WaitTimeout(f"{handle} was not terminal after {timeout} s")
+        return status
+
+    async def _wait(self, handle: str) -> AppStatus:
+        actor = self._actors.get(handle)
+        if actor is not None:
+            await actor.done.wait()
+            return actor.status()
+        # Another process follows this app: read its records until they say it ended.
+        interval = 0.05
+        while True:
+            found = await self.describe(handle)
+            if found is None:
+                raise UnknownAppError(f"no app {handle}")
+            status = found.to_status()
+            if status.is_terminal or status.state.name == "UNKNOWN":
+                return status
+            await anyio.sleep(interval)
+            interval = min(interval * 2, FOREIGN_WAIT_MAX_INTERVAL)
+
+    async def watch(self, handle: str) -> AsyncIterator[Transition]:
+        """Every transition of an app launched here, app and replica level, in order, to the end."""
+        actor = self._actors.get(handle)
+        if actor is None:
+            raise UnknownAppError(f"{handle} is not followed by this Supervisor")
+        async for t in actor.transitions():
+            yield t
+
+    async def log_iter(
+        self,
+        handle: str,
+        role_name: str,
+        k: int = 0,
+        regex: str | Pattern[str] | None = None,
+        since: datetime | float | None = None,
+        until: datetime | float | None = None,
+        should_tail: bool = False,
+        streams: Stream | str | None = None,
+    ) -> AsyncIterator[str]:
+        """Lines of one replica's output, each with its ``\\n``; see logs.iter_log_lines."""
+        stream = parse_streams(streams)
+        target, finished = await self._log_target(handle, role_name, k)
+        async for line in iter_log_lines(
+            target.directory,
+            stream=stream,
+            regex=regex,
+            since=since,
+            until=until,
+            should_tail=should_tail,
+            is_finished=target.is_finished,
+            extra_watch_dirs=target.watch_dirs,
+            finished_event=finished,
+        ):
+            yield line
+
+    async def _log_target(
+        self, handle: str, role: str, k: int
+    ) -> tuple[LogTarget, anyio.Event | None]:
+        parsed: AppHandle = parse_handle(handle)
+        actor = self._actors.get(handle)
+        if actor is not None and actor.runtime is not None:
+            if actor.status().replica(role, k) is None:
+                raise UnknownAppError(f"{handle} has no replica {role}/{k}")
+            done = actor.done
+
+            async def finished() -> bool:
+                return done.is_set()
+
+            base = actor.runtime.log_target(role, k)
+            return LogTarget(base.directory, finished, base.watch_dirs), done
+        target = await self.backend(parsed.backend).log_target(parsed, role, k)
+        if target is None:
+            raise UnknownAppError(f"no app {handle}")
+        return target, None

@@ -48,12 +48,28 @@ OptValue = str | int | float | bool | tuple[str, ...] | None
 _CONTEXT: Final = "invalid run options"
 _DECLARATION_CONTEXT: Final = "invalid run option declaration"
 
-_short = reprlib.Repr()
+
+class _BriefRepr(reprlib.Repr):
+    """``reprlib`` limits, but a failing ``__repr__`` gives ``<TypeName>`` (no address)."""
+
+    def repr_instance(self, x: object, level: int) -> str:
+        try:
+            text = repr(x)
+        except Exception:
+            return f"<{type(x).__name__}>"
+        if len(text) > self.maxother:
+            half = (self.maxother - 3) // 2
+            return f"{text[:half]}...{text[len(text) - half :]}"
+        return text
+
+
+_short = _BriefRepr()
 _short.maxstring = 40
 _short.maxother = 40
 _short.maxlist = 4
 _short.maxtuple = 4
 _short.maxdict = 4
+_short.maxlevel = 2
 
 
 def _brief(value: object) -> str:

@@ -62,7 +62,22 @@ class Capabilities:
 _ROLE_NAME: Final = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 _MOUNT_TYPES: Final = (BindMount, VolumeMount, DeviceMount)
 
-_short = reprlib.Repr()
+
+class _BriefRepr(reprlib.Repr):
+    """``reprlib`` limits, but a failing ``__repr__`` gives ``<TypeName>`` (no address)."""
+
+    def repr_instance(self, x: object, level: int) -> str:
+        try:
+            text = repr(x)
+        except Exception:
+            return f"<{type(x).__name__}>"
+        if len(text) > self.maxother:
+            half = (self.maxother - 3) // 2
+            return f"{text[:half]}...{text[len(text) - half :]}"
+        return text
+
+
+_short = _BriefRepr()
 _short.maxstring = 40
 _short.maxother = 40
 _short.maxlist = 4
@@ -140,9 +155,7 @@ class _Checker:
             return
         for key in value:
             if not isinstance(key, str):
-                self.add(
-                    f"{path}[{_key(key)}]", f"key must be a string, got {type(key).__name__}"
-                )
+                self.add(f"{path}[{_key(key)}]", f"key must be a string, got {type(key).__name__}")
 
     def check_count(
         self, path: str, value: object, *, minimum: int, unset_ok: bool = False

@@ -1,5 +1,8 @@
 """When each byte of a log arrived: a fixed-record, append-only side index.
 
+This module also names the files of a replica's log directory, the one
+layout writer and readers must agree on.
+
 Putting times into the log text would change what the program printed;
 keeping them beside it leaves ``stdout.log`` byte-exact. Records are fixed
 size so a reader can pick up exactly where it stopped and ignore a record
@@ -16,15 +19,18 @@ import struct
 from bisect import bisect_right
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Final
 
 __all__ = [
     "COMBINED_ID",
+    "FILE_NAMES",
     "INDEX_NAME",
     "RECORD",
     "STDERR_ID",
     "STDOUT_ID",
     "IndexAppender",
     "TimestampIndex",
+    "write_all",
 ]
 
 INDEX_NAME = "timestamps.bin"
@@ -32,6 +38,13 @@ STDOUT_ID = 0
 STDERR_ID = 1
 COMBINED_ID = 2
 _STREAM_COUNT = 3
+
+#: The file of each stream id inside a replica's log directory.
+FILE_NAMES: Final[dict[int, str]] = {
+    STDOUT_ID: "stdout.log",
+    STDERR_ID: "stderr.log",
+    COMBINED_ID: "combined.log",
+}
 
 #: stream id, end offset in that stream's file after the write, time.time() of arrival.
 RECORD = struct.Struct("<BQd")

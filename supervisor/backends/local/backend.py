@@ -226,6 +226,7 @@ class LocalBackend(Backend):
         self._runtimes: set[LocalRuntime] = set()
         self._inotify: Inotify | None = None
         self._inotify_scope = anyio.CancelScope()
+        self._inotify_stopped = anyio.Event()
         self._watches: dict[int, LocalRuntime] = {}
 
     @classmethod
@@ -268,19 +269,22 @@ class LocalBackend(Backend):
         self._runtimes.discard(runtime)
         if self._inotify is None:
             return
-        for watch in list(self._inotify.watches.values()):
+        for watch in list(self._inotify.watches):
             if self._watches.get(watch.wd) is runtime:
                 del self._watches[watch.wd]
                 self._inotify.rm_watch(watch)
 
     async def _read_inotify(self, inotify: Inotify) -> None:
-        with self._inotify_scope:
-            async for event in inotify:
-                if event.name is None or str(event.name) != CANCEL_REQUEST or event.watch is None:
-                    continue
-                runtime = self._watches.get(event.watch.wd)
-                if runtime is not None:
-                    runtime.emit(AppCancelRequested(reason="cancelled by another process"))
+        try:
+            with self._inotify_scope:
+                async for event in inotify:
+                    if event.name is None or event.watch is None:
+                        continue
+                    runtime = self._watches.get(event.watch.wd)
+                    if runtime is not None and str(event.name) == CANCEL_REQUEST:
+                        runtime.emit(AppCancelRequested(reason="cancelled by another process"))
+        finally:
+            self._inotify_stopped.set()
 
     # ------------------------------------------------------ apps of other processes
     async def _store_for(self, handle: AppHandle) -> AppStore | None:
@@ -371,8 +375,12 @@ class LocalBackend(Backend):
             runtime.kill_all()
         for runtime in list(self._runtimes):
             await runtime.aclose()
-        self._inotify_scope.cancel()
         if self._inotify is not None:
+            # Let the reader unregister its fd before the fd is closed: a closed
+            # number is soon reused (by a pidfd), and a late unregister would
+            # silently drop the new owner's watch.
+            self._inotify_scope.cancel()
+            await self._inotify_stopped.wait()
             self._inotify.close()
             self._inotify = None
         await self.reaper.aclose()

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Mapping
+from typing import Literal
 
 import anyio
 
@@ -22,6 +23,8 @@ from supervisor.logs import LogSink, ReplicaLog
 __all__ = ["ReplicaProcess", "signal_name"]
 
 DRAIN_TIMEOUT = 2.0
+
+StreamName = Literal["stdout", "stderr"]
 
 
 def signal_name(returncode: int) -> str | None:
@@ -71,7 +74,7 @@ class ReplicaProcess:
         self.pid = self._popen.pid
         self.pgid = self.pid  # start_new_session makes it the group leader
         self._pidfd = os.pidfd_open(self.pid)
-        self._pipes = {"stdout": r_out, "stderr": r_err}
+        self._pipes: dict[StreamName, int] = {"stdout": r_out, "stderr": r_err}
         for fd in self._pipes.values():
             os.set_blocking(fd, False)
         self.returncode: int | None = None
@@ -92,18 +95,18 @@ class ReplicaProcess:
             # The leader is a zombie until reaped, so its pgid cannot be reused
             # yet: anything it left behind in its group is killed now.
             self._kill_group(signal.SIGKILL)
-            self.returncode = self._popen.wait()
+            code = self.returncode = self._popen.wait()
             self.exited.set()
             with anyio.move_on_after(DRAIN_TIMEOUT):
                 await self._pipes_closed.wait()
             tg.cancel_scope.cancel()
         for stream, fd in list(self._pipes.items()):
             os.close(fd)
-            self._sink.end_stream(self._log, stream)  # type: ignore[arg-type]
+            self._sink.end_stream(self._log, stream)
         self._pipes.clear()
-        return self.returncode
+        return code
 
-    async def _pump(self, stream: str, fd: int) -> None:
+    async def _pump(self, stream: StreamName, fd: int) -> None:
         while True:
             await anyio.wait_readable(fd)
             try:
@@ -114,10 +117,10 @@ class ReplicaProcess:
                 data = b""
             if not data:
                 break
-            self._sink.write(self._log, stream, data, time.time())  # type: ignore[arg-type]
+            self._sink.write(self._log, stream, data, time.time())
         del self._pipes[stream]
         os.close(fd)
-        self._sink.end_stream(self._log, stream)  # type: ignore[arg-type]
+        self._sink.end_stream(self._log, stream)
         if not self._pipes:
             self._pipes_closed.set()
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.backends.base import DryrunContext, Request
-from supervisor.runopts import ResolvedCfg, RunOpt, RunOpts
+from supervisor.runopts import OptType, ResolvedCfg, RunOpt, RunOpts
 from supervisor.specs import AppDef, macros
 
 __all__ = ["RANK0_ENV", "LocalRequest", "ReplicaLaunch", "local_run_opts", "render"]
@@ -45,27 +45,27 @@ def local_run_opts() -> RunOpts:
         [
             RunOpt(
                 name="log_dir",
-                type=str,
+                type=OptType.STR,
                 default=None,
                 help="directory for logs and state; apps go to {log_dir}/{session}/{app_id} "
                 "(default: <state dir>/logs)",
             ),
             RunOpt(
                 name="prepend_cwd",
-                type=bool,
+                type=OptType.BOOL,
                 default=False,
                 help="put the working directory first on each replica's PATH",
             ),
             RunOpt(
                 name="auto_set_cuda_visible_devices",
-                type=bool,
+                type=OptType.BOOL,
                 default=False,
                 help="give each replica asking for GPUs its own contiguous block of devices "
                 "through CUDA_VISIBLE_DEVICES, when enough exist",
             ),
             RunOpt(
                 name="stop_grace",
-                type=float,
+                type=OptType.FLOAT,
                 default=DEFAULT_STOP_GRACE,
                 help="seconds between SIGTERM and SIGKILL when stopping a replica",
             ),

@@ -1,0 +1,25 @@
+"""Replica output: written off the loop by ``LogSink``, read back by ``iter_log_lines``.
+
+A replica's log directory holds ``stdout.log`` and ``stderr.log`` (raw bytes
+as received), ``combined.log`` (both, interleaved by whole lines in arrival
+order) and ``timestamps.bin`` (when each run of bytes arrived). This package
+knows nothing of backends or state machines; backends feed it bytes and
+callers read lines.
+"""
+
+from supervisor.logs.lines import LineSplitter, decode_line
+from supervisor.logs.reader import Stream, iter_log_lines, parse_streams
+from supervisor.logs.sink import LogSink, ReplicaLog, StreamName
+from supervisor.logs.timestamps import TimestampIndex
+
+__all__ = [
+    "LineSplitter",
+    "LogSink",
+    "ReplicaLog",
+    "Stream",
+    "StreamName",
+    "TimestampIndex",
+    "decode_line",
+    "iter_log_lines",
+    "parse_streams",
+]

@@ -1,0 +1,386 @@
+"""Persisting replica output without ever blocking the event loop.
+
+Backends read pipes on the loop; disk writes can stall for milliseconds (or
+much longer on a busy or networked disk). ``LogSink`` hands every chunk to one
+writer thread through an unbounded queue, so the loop only pays for a
+``put``. One thread per sink, not per replica: a thousand replicas must not
+mean a thousand threads, and a single consumer keeps arrival order, which is
+what ``combined.log`` interleaves by.
+
+Files are opened lazily and closed once both streams of an attempt ended, so
+idle replicas hold no descriptors; running ones are capped by an LRU of open
+replicas because a process has far fewer descriptors than a cluster has
+replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import queue
+import threading
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, Literal
+
+import anyio
+
+from supervisor.errors import BackendError
+from supervisor.logs.lines import LineSplitter
+from supervisor.logs.timestamps import (
+    COMBINED_ID,
+    FILE_NAMES,
+    INDEX_NAME,
+    STDERR_ID,
+    STDOUT_ID,
+    IndexAppender,
+    write_all,
+)
+
+__all__ = ["LogSink", "ReplicaLog", "StreamName"]
+
+StreamName = Literal["stdout", "stderr"]
+
+_STREAM_IDS: Final[dict[str, int]] = {"stdout": STDOUT_ID, "stderr": STDERR_ID}
+_OPEN_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaLog:
+    """Where one replica's output goes.
+
+    Only a name: all file state lives on the writer thread, keyed by
+    directory, so two handles for one directory share offsets and line
+    buffers instead of corrupting each other.
+    """
+
+    directory: Path
+
+
+@dataclass(frozen=True, slots=True)
+class _Open:
+    directory: Path
+
+
+@dataclass(frozen=True, slots=True)
+class _Write:
+    directory: Path
+    stream: StreamName
+    data: bytes
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class _End:
+    directory: Path
+    stream: StreamName
+
+
+@dataclass(frozen=True, slots=True)
+class _Barrier:
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[None]
+
+
+class _Stop:
+    """Sentinel: everything before it is written, then the thread exits."""
+
+
+_STOP: Final = _Stop()
+_Item = _Open | _Write | _End | _Barrier | _Stop
+
+
+class _ReplicaFiles:
+    """Writer-thread state of one log directory: descriptors, offsets, partial lines."""
+
+    __slots__ = ("_fds", "_sizes", "directory", "ended", "index", "last_at", "splitters")
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._fds: dict[int, int] = {}
+        self._sizes: dict[int, int] = {}
+        self.index = IndexAppender(directory / INDEX_NAME)
+        self.splitters: dict[str, LineSplitter] = {
+            "stdout": LineSplitter(),
+            "stderr": LineSplitter(),
+        }
+        # combined.log gets a stream's last partial line only at end_stream;
+        # it is dated by the arrival of its last byte, not by the EOF.
+        self.last_at: dict[str, float] = {"stdout": 0.0, "stderr": 0.0}
+        self.ended: set[str] = set()
+
+    def append(self, stream_id: int, data: bytes, at: float) -> None:
+        """Append to a stream's file and queue the index record for it."""
+        fd = self._fds.get(stream_id)
+        if fd is None:
+            fd = os.open(self.directory / FILE_NAMES[stream_id], _OPEN_FLAGS, 0o644)
+            self._fds[stream_id] = fd
+            # Offsets continue where a previous attempt (or process) stopped.
+            self._sizes[stream_id] = os.fstat(fd).st_size
+        write_all(fd, data)
+        self._sizes[stream_id] += len(data)
+        self.index.add(stream_id, self._sizes[stream_id], at)
+
+    def close_files(self) -> None:
+        """Close every descriptor, even if some close fails; raise the first failure."""
+        first: OSError | None = None
+        fds = list(self._fds.values())
+        self._fds.clear()
+        self._sizes.clear()
+        self.index.discard_pending()
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError as exc:
+                first = first or exc
+        try:
+            self.index.close()
+        except OSError as exc:
+            first = first or exc
+        if first is not None:
+            raise first
+
+
+class _Writer:
+    """Everything the writer thread owns; deliberately holds no reference to the sink.
+
+    Keeping the sink out lets a forgotten, garbage-collected sink stop its
+    thread through a finalizer instead of keeping the interpreter alive.
+    """
+
+    def __init__(self, max_open_replicas: int) -> None:
+        self.queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        self._replicas: dict[Path, _ReplicaFiles] = {}
+        self._open: OrderedDict[Path, None] = OrderedDict()
+        self._max_open = max_open_replicas
+        self._error_lock = threading.Lock()
+        self._error: BackendError | None = None
+
+    def run(self) -> None:
+        while True:
+            item = self.queue.get()
+            if isinstance(item, _Stop):
+                break
+            self._handle(item)
+        self._shutdown()
+
+    def take_error(self) -> BackendError | None:
+        with self._error_lock:
+            error, self._error = self._error, None
+        return error
+
+    def _record(self, exc: BaseException, directory: Path) -> None:
+        with self._error_lock:
+            if self._error is None:
+                error = BackendError(f"writing logs to {directory} failed: {exc}", transient=False)
+                error.__cause__ = exc
+                self._error = error
+
+    def _handle(self, item: _Item) -> None:
+        if isinstance(item, _Barrier):
+            _resolve_later(item)
+            return
+        if isinstance(item, _Stop):
+            return
+        try:
+            if isinstance(item, _Open):
+                os.makedirs(item.directory, exist_ok=True)
+            elif isinstance(item, _Write):
+                self._write(item)
+            else:
+                self._end(item)
+        except Exception as exc:
+            # Never let the thread die: the loop would queue forever into a void.
+            self._record(exc, item.directory)
+            self._close_quietly(item.directory)
+
+    def _state(self, directory: Path) -> _ReplicaFiles:
+        state = self._replicas.get(directory)
+        if state is None:
+            state = self._replicas[directory] = _ReplicaFiles(directory)
+        return state
+
+    def _touch(self, directory: Path) -> None:
+        """Mark ``directory`` as about to hold descriptors; close the least recent past the cap."""
+        self._open[directory] = None
+        self._open.move_to_end(directory)
+        while len(self._open) > self._max_open:
+            oldest, _ = self._open.popitem(last=False)
+            victim = self._replicas.get(oldest)
+            if victim is not None:
+                try:
+                    victim.close_files()
+                except OSError as exc:
+                    self._record(exc, oldest)
+
+    def _write(self, item: _Write) -> None:
+        state = self._state(item.directory)
+        # Output after an end is a restarted attempt: the stream is live again.
+        state.ended.discard(item.stream)
+        self._touch(item.directory)
+        state.append(_STREAM_IDS[item.stream], item.data, item.at)
+        state.last_at[item.stream] = item.at
+        lines = state.splitters[item.stream].feed_block(item.data)
+        if lines:
+            state.append(COMBINED_ID, lines, item.at)
+        state.index.write_pending()
+
+    def _end(self, item: _End) -> None:
+        state = self._state(item.directory)
+        self._flush_partial(state, item.stream)
+        state.ended.add(item.stream)
+        if len(state.ended) == len(_STREAM_IDS):
+            self._open.pop(item.directory, None)
+            del self._replicas[item.directory]
+            state.close_files()
+
+    def _flush_partial(self, state: _ReplicaFiles, stream: str) -> None:
+        rest = state.splitters[stream].flush()
+        if rest:
+            self._touch(state.directory)
+            state.append(COMBINED_ID, rest, state.last_at[stream])
+            state.index.write_pending()
+
+    def _close_quietly(self, directory: Path) -> None:
+        """After a failed write offsets are unknown; reopening re-reads them from disk."""
+        self._open.pop(directory, None)
+        state = self._replicas.get(directory)
+        if state is not None:
+            with contextlib.suppress(OSError):
+                state.close_files()
+
+    def _shutdown(self) -> None:
+        """Closing mid-attempt still completes combined.log with the partial lines."""
+        for directory, state in list(self._replicas.items()):
+            try:
+                for stream in _STREAM_IDS:
+                    if stream not in state.ended:
+                        self._flush_partial(state, stream)
+                state.close_files()
+            except Exception as exc:
+                self._record(exc, directory)
+                self._close_quietly(directory)
+        self._replicas.clear()
+        self._open.clear()
+
+
+def _resolve_later(barrier: _Barrier) -> None:
+    # The loop may be gone (closed without waiting); then nobody is waiting.
+    with contextlib.suppress(RuntimeError):
+        barrier.loop.call_soon_threadsafe(_set_done, barrier.future)
+
+
+def _set_done(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class LogSink:
+    """Appends replica output to log files from one lazily started writer thread.
+
+    ``write`` and ``end_stream`` are for the event loop thread and never block.
+    Write failures (disk full, directory removed) are kept and raised, once,
+    as ``BackendError(transient=False)`` by the next ``flush`` (or by
+    ``close``/``aclose`` when no flush came), so they are never silent.
+
+    The thread is not a daemon so queued output is not lost at exit; call
+    ``aclose`` (or ``close`` outside async code). A sink that is garbage
+    collected without closing still stops its thread.
+    """
+
+    def __init__(self, *, max_open_replicas: int = 256) -> None:
+        if max_open_replicas < 1:
+            raise ValueError("max_open_replicas must be at least 1")
+        self._writer = _Writer(max_open_replicas)
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def open(self, directory: Path) -> ReplicaLog:
+        """A handle for ``directory``; the writer thread creates it."""
+        self._submit(_Open(directory))
+        return ReplicaLog(directory)
+
+    def write(self, log: ReplicaLog, stream: StreamName, data: bytes, at: float) -> None:
+        """Queue ``data`` that arrived on ``stream`` at wall time ``at``."""
+        if stream not in _STREAM_IDS:
+            raise ValueError(f"stream must be 'stdout' or 'stderr', not {stream!r}")
+        if data:
+            self._submit(_Write(log.directory, stream, bytes(data), at))
+
+    def end_stream(self, log: ReplicaLog, stream: StreamName) -> None:
+        """The pipe of ``stream`` hit EOF for this attempt.
+
+        Its unterminated last line goes to combined.log now; once both
+        streams ended the replica's files are closed. Later writes (a
+        restarted attempt) reopen them in append mode. After ``close`` this
+        does nothing: closing already completed every partial line.
+        """
+        if stream not in _STREAM_IDS:
+            raise ValueError(f"stream must be 'stdout' or 'stderr', not {stream!r}")
+        self._submit(_End(log.directory, stream), strict=False)
+
+    async def flush(self) -> None:
+        """Return once everything queued before the call is written (no fsync)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        # Without a thread nothing was ever queued: no reason to start one.
+        if self._submit(_Barrier(loop, future), strict=False, start=False):
+            await future
+        self._raise_pending()
+
+    def close(self) -> None:
+        """Write everything queued, close all files, stop the thread. Blocks; idempotent."""
+        thread = self._begin_close()
+        if thread is not None:
+            thread.join()
+        self._raise_pending()
+
+    async def aclose(self) -> None:
+        """``close`` for async code: the wait for the thread happens off the loop."""
+        thread = self._begin_close()
+        if thread is not None and thread.is_alive():
+            # run_sync only returns once join did, even if we are cancelled.
+            await anyio.to_thread.run_sync(thread.join)
+        self._raise_pending()
+
+    async def __aenter__(self) -> LogSink:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def _submit(self, item: _Item, *, strict: bool = True, start: bool = True) -> bool:
+        """Queue ``item``; False if it was not (closed and not ``strict``, or no thread)."""
+        with self._lock:
+            if self._closed:
+                if strict:
+                    raise BackendError("the log sink is closed", transient=False)
+                return False
+            if self._thread is None:
+                if not start:
+                    return False
+                thread = threading.Thread(
+                    target=self._writer.run, name="asupervisor-log-writer", daemon=False
+                )
+                thread.start()
+                self._thread = thread
+                weakref.finalize(self, self._writer.queue.put, _STOP)
+            self._writer.queue.put(item)
+            return True
+
+    def _begin_close(self) -> threading.Thread | None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                if self._thread is not None:
+                    self._writer.queue.put(_STOP)
+            return self._thread
+
+    def _raise_pending(self) -> None:
+        error = self._writer.take_error()
+        if error is not None:
+            raise error

@@ -1,0 +1,21 @@
+"""Shared fixtures: anyio on asyncio, and a private state directory per test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Point every Supervisor (and CLI child process) at a fresh state directory."""
+    home = tmp_path / "state"
+    monkeypatch.setenv("ASUPERVISOR_HOME", str(home))
+    yield home

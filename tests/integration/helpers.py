@@ -1,0 +1,64 @@
+"""Small helpers shared by the integration tests (real processes, real files)."""
+
+from __future__ import annotations
+
+import os
+import select
+import sys
+from collections.abc import Sequence
+
+from supervisor import AppDef, RetryPolicy, Role
+
+PY = sys.executable
+
+
+def py_role(
+    name: str,
+    code: str,
+    *,
+    num_replicas: int = 1,
+    max_retries: int = 0,
+    retry_policy: RetryPolicy = RetryPolicy.APPLICATION,
+    args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+) -> Role:
+    """A role whose replicas run a snippet of Python."""
+    return Role(
+        name=name,
+        entrypoint=PY,
+        args=["-c", code, *args],
+        env=env or {},
+        num_replicas=num_replicas,
+        max_retries=max_retries,
+        retry_policy=retry_policy,
+    )
+
+
+def app(*roles: Role, name: str = "test") -> AppDef:
+    return AppDef(name=name, roles=list(roles))
+
+
+def pid_gone_within(pid: int, seconds: float) -> bool:
+    """True once ``pid`` has exited (pidfd readable), waiting at most ``seconds``; event-based."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        readable, _, _ = select.select([fd], [], [], seconds)
+        return bool(readable)
+    finally:
+        os.close(fd)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); treat it as gone.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False

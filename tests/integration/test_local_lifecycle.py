@@ -1,0 +1,306 @@
+"""The local backend end to end: real processes, from submit to a terminal state."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from supervisor import (
+    AppState,
+    ReplicaState,
+    RetryPolicy,
+    Role,
+    SpecError,
+    Supervisor,
+    WaitTimeout,
+)
+
+from .helpers import app, pid_alive, py_role
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
+
+REPORT_ENV = (
+    "import os, json, sys;"
+    "keys = ['ASUPERVISOR_ROLE','ASUPERVISOR_REPLICA_ID','ASUPERVISOR_APP_ID',"
+    "'ASUPERVISOR_RANK0_HOST','TORCHX_RANK0_HOST','PYTHONUNBUFFERED','ASUPERVISOR_ATTEMPT'];"
+    "print(json.dumps({k: os.environ.get(k) for k in keys} | {'argv': sys.argv[1:], 'cwd': os.getcwd()}))"
+)
+
+
+async def _lines(sv: Supervisor, handle: str, role: str, k: int = 0, **kw: object) -> list[str]:
+    return [line async for line in sv.log_iter(handle, role, k, **kw)]  # type: ignore[arg-type]
+
+
+async def test_multi_role_app_succeeds_with_env_macros_and_logs(state_dir: Path) -> None:
+    trainer = py_role(
+        "trainer", REPORT_ENV, num_replicas=2, args=["${app_id}", "${replica_id}", "${rank0_env}"]
+    )
+    ps = py_role("ps", REPORT_ENV)
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app(trainer, ps), "local")
+        assert handle.startswith("local://svc/test-")
+        status = await sv.wait(handle, timeout=30)
+        assert status.state is AppState.SUCCEEDED
+        assert [r.role for r in status.roles] == ["trainer", "ps"]
+        for role_status in status.roles:
+            for replica in role_status.replicas:
+                assert replica.state is ReplicaState.SUCCEEDED
+                assert replica.exit_code == 0
+                assert replica.hostname
+        app_id = handle.rpartition("/")[2]
+        report = json.loads((await _lines(sv, handle, "trainer", 1, streams="stdout"))[0])
+        assert report["ASUPERVISOR_ROLE"] == "trainer"
+        assert report["ASUPERVISOR_REPLICA_ID"] == "1"
+        assert report["ASUPERVISOR_APP_ID"] == app_id
+        assert report["TORCHX_RANK0_HOST"] == report["ASUPERVISOR_RANK0_HOST"] == "localhost"
+        assert report["PYTHONUNBUFFERED"] == "1"
+        assert report["ASUPERVISOR_ATTEMPT"] == "0"
+        assert report["argv"] == [app_id, "1", "TORCHX_RANK0_HOST"]
+        assert report["cwd"] == os.getcwd()
+        described = await sv.describe(handle)
+        assert described is not None and described.state is AppState.SUCCEEDED
+        assert await sv.exists(handle)
+
+
+async def test_failing_replica_fails_app_and_stops_siblings(state_dir: Path) -> None:
+    bad = py_role("bad", "import sys; sys.exit(3)")
+    slow = py_role("slow", "import time; time.sleep(60)", num_replicas=2)
+    async with Supervisor(session="svc") as sv:
+        started = time.monotonic()
+        handle = await sv.submit(app(bad, slow), "local")
+        status = await sv.wait(handle, timeout=30)
+        assert time.monotonic() - started < 20  # the sleepers were stopped, not waited for
+    assert status.state is AppState.FAILED
+    failed = status.replica("bad", 0)
+    assert failed is not None and failed.state is ReplicaState.FAILED and failed.exit_code == 3
+    assert "bad/0 exited with code 3" in status.msg
+    for k in (0, 1):
+        sibling = status.replica("slow", k)
+        assert sibling is not None
+        assert sibling.state is ReplicaState.CANCELLED
+        assert sibling.signal == "SIGTERM"
+
+
+FAIL_FIRST_ATTEMPT = (
+    "import os, sys, time;"
+    "attempt = int(os.environ['ASUPERVISOR_ATTEMPT']);"
+    "first = os.environ['ASUPERVISOR_ROLE'] == 'a' and os.environ['ASUPERVISOR_REPLICA_ID'] == '0';"
+    "sys.exit(1) if (attempt == 0 and first) else None;"
+    "time.sleep(30) if attempt == 0 and {long} else None"
+)
+
+
+@pytest.mark.parametrize(
+    ("policy", "restarted"),
+    [
+        (RetryPolicy.REPLICA, {("a", 0)}),
+        (RetryPolicy.ROLE, {("a", 0), ("a", 1)}),
+        (RetryPolicy.APPLICATION, {("a", 0), ("a", 1), ("b", 0)}),
+    ],
+)
+async def test_retry_policies_restart_the_right_replicas(
+    state_dir: Path, policy: RetryPolicy, restarted: set[tuple[str, int]]
+) -> None:
+    # Replicas other than a/0 sleep through their first attempt, so a restart is
+    # the only way they can finish quickly; a/0 fails on its first attempt only.
+    long = "True"
+    a = py_role(
+        "a", FAIL_FIRST_ATTEMPT.format(long=long), num_replicas=2, max_retries=1,
+        retry_policy=policy,
+    )
+    b = py_role("b", FAIL_FIRST_ATTEMPT.format(long="False"))
+    if policy is RetryPolicy.APPLICATION:
+        b = py_role("b", FAIL_FIRST_ATTEMPT.format(long=long))
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app(a, b), "local", cfg={"stop_grace": 2.0})
+        if policy is RetryPolicy.REPLICA:
+            # a/1 keeps sleeping on attempt 0: let the test end once a/0 is done.
+            async for t in sv.watch(handle):
+                if t.role == "a" and t.replica_id == 0 and t.dest == "SUCCEEDED":
+                    break
+            await sv.cancel(handle)
+        status = await sv.wait(handle, timeout=40)
+    assert status.num_restarts == 1
+    for role_status in status.roles:
+        for r in role_status.replicas:
+            assert r.restarts == (1 if (r.role, r.id) in restarted else 0), r
+    if policy is not RetryPolicy.REPLICA:
+        assert status.state is AppState.SUCCEEDED, status
+
+
+async def test_retries_exhausted_fails_with_restart_count(state_dir: Path) -> None:
+    role = py_role("a", "import sys; sys.exit(2)", max_retries=2, retry_policy=RetryPolicy.REPLICA)
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app(role), "local")
+        status = await sv.wait(handle, timeout=30)
+    assert status.state is AppState.FAILED
+    replica = status.replica("a", 0)
+    assert replica is not None and replica.restarts == 2 and replica.exit_code == 2
+    assert status.num_restarts == 2
+
+
+async def test_cancel_stops_processes_and_is_idempotent(state_dir: Path) -> None:
+    role = py_role("sleeper", "import os, time; print(os.getpid(), flush=True); time.sleep(60)",
+                   num_replicas=2)
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app(role), "local")
+        pids = []
+        for k in (0, 1):
+            async for line in sv.log_iter(handle, "sleeper", k, should_tail=True):
+                pids.append(int(line))
+                break
+        await sv.cancel(handle)
+        await sv.cancel(handle)
+        status = await sv.wait(handle, timeout=20)
+        await sv.cancel(handle)
+    assert status.state is AppState.CANCELLED
+    assert all(r.state is ReplicaState.CANCELLED for r in status.roles[0].replicas)
+    assert not any(pid_alive(p) for p in pids)
+
+
+async def test_wait_timeout_raises_timeout_error_and_app_keeps_running(state_dir: Path) -> None:
+    role = py_role("sleeper", "import time; time.sleep(60)")
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app(role), "local")
+        with pytest.raises(WaitTimeout):
+            await sv.wait(handle, timeout=0.3)
+        with pytest.raises(TimeoutError):
+            await sv.wait(handle, timeout=0.1)
+        status = sv.status(handle)
+        assert status is not None and status.state is AppState.RUNNING
+        await sv.cancel(handle)
+        assert (await sv.wait(handle, timeout=20)).state is AppState.CANCELLED
+
+
+async def test_close_stops_running_replicas(state_dir: Path) -> None:
+    role = py_role("sleeper", "import os, time; print(os.getpid(), flush=True); time.sleep(60)")
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app(role), "local")
+        async for line in sv.log_iter(handle, "sleeper", 0, should_tail=True):
+            pid = int(line)
+            break
+    assert not pid_alive(pid)
+    async with Supervisor(session="other") as sv2:
+        described = await sv2.describe(handle)
+    assert described is not None and described.state is AppState.CANCELLED
+
+
+async def test_exit_by_signal_and_structured_error(state_dir: Path) -> None:
+    killer = py_role("killed", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    writer = py_role(
+        "writer",
+        "import json, os, sys;"
+        "open(os.environ['TORCHELASTIC_ERROR_FILE'], 'w').write("
+        "json.dumps({'message': {'message': 'boom'}})); sys.exit(1)",
+    )
+    async with Supervisor(session="svc") as sv:
+        h1 = await sv.submit(app(killer, name="k"), "local")
+        h2 = await sv.submit(app(writer, name="w"), "local")
+        s1 = await sv.wait(h1, timeout=30)
+        s2 = await sv.wait(h2, timeout=30)
+    r1 = s1.replica("killed", 0)
+    assert s1.state is AppState.FAILED and r1 is not None
+    assert r1.signal == "SIGKILL" and r1.exit_code == -9
+    assert s2.state is AppState.FAILED
+    assert "boom" in s2.structured_error_msg
+    r2 = s2.replica("writer", 0)
+    assert r2 is not None and "boom" in r2.structured_error_msg
+
+
+async def test_missing_entrypoint_fails_with_a_message(state_dir: Path) -> None:
+    role = Role(name="ghost", entrypoint="/nonexistent/program")
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app(role), "local")
+        status = await sv.wait(handle, timeout=30)
+        err = await _lines(sv, handle, "ghost", 0, streams="stderr")
+    replica = status.replica("ghost", 0)
+    assert status.state is AppState.FAILED and replica is not None
+    assert replica.exit_code == 127
+    assert "/nonexistent/program" in replica.msg
+    assert any("/nonexistent/program" in line for line in err)
+
+
+async def test_watch_yields_every_transition_in_order(state_dir: Path) -> None:
+    role = py_role("a", "pass", num_replicas=2)
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app(role), "local")
+        seen = [t async for t in sv.watch(handle)]
+    assert [t.seq for t in seen] == list(range(len(seen)))
+    app_path = [(t.source, t.dest) for t in seen if t.role is None]
+    assert app_path[0] == ("UNSUBMITTED", "SUBMITTED")
+    assert app_path[-1] == ("RUNNING", "SUCCEEDED")
+    for k in (0, 1):
+        states = [t.dest for t in seen if t.role == "a" and t.replica_id == k]
+        assert states == ["SUBMITTED", "PENDING", "RUNNING", "SUCCEEDED"]
+
+
+async def test_state_is_recorded_on_disk(state_dir: Path) -> None:
+    role = py_role("a", "pass")
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app(role), "local", cfg={"log_dir": str(state_dir / "custom")})
+        await sv.wait(handle, timeout=30)
+    app_dir = state_dir / "custom" / "svc" / handle.rpartition("/")[2]
+    state = json.loads((app_dir / "state.json").read_text())
+    assert state["final"] is True and state["status"]["state"] == "SUCCEEDED"
+    recorded = [json.loads(x) for x in (app_dir / "transitions.jsonl").read_text().splitlines()]
+    assert [t["seq"] for t in recorded] == list(range(len(recorded)))
+    assert json.loads((app_dir / "app.json").read_text())["app"]["name"] == "test"
+    async with Supervisor(session="reader") as sv2:
+        listed = await sv2.list("local")
+        assert handle in [x.app_handle for x in listed]
+        described = await sv2.describe(handle)
+        assert described is not None and described.state is AppState.SUCCEEDED
+        assert [r.name for r in described.roles] == ["a"]
+        assert await sv2.describe(handle + "-nope") is None
+        assert not await sv2.exists("local://svc/never-was")
+
+
+async def test_dryrun_is_pure_and_validates(state_dir: Path) -> None:
+    role = py_role("a", "pass", args=["${replica_id}"])
+    definition = app(role)
+    async with Supervisor(session="svc") as sv:
+        one = sv.dryrun(definition, "local", app_id="fixed-1")
+        two = sv.dryrun(definition, "local", app_id="fixed-1")
+        assert one.request == two.request
+        assert "a/0:" in str(one) and "fixed-1" in str(one)
+        assert definition.roles[0].args == ("-c", "pass", "${replica_id}")
+        bad = app(Role(name="a", entrypoint="", num_replicas=0))
+        with pytest.raises(SpecError) as err:
+            sv.dryrun(bad, "local")
+        assert {"roles[0].entrypoint", "roles[0].num_replicas"} <= set(err.value.fields)
+        with pytest.raises(SpecError) as err:
+            sv.dryrun(definition, "local", cfg={"log_dri": "/tmp"})
+        assert "log_dir" in str(err.value)
+        handle = await sv.schedule(one)
+        assert handle == "local://svc/fixed-1"
+        assert (await sv.wait(handle, timeout=30)).state is AppState.SUCCEEDED
+        assert one.request == two.request
+
+
+async def test_prepend_cwd_and_gpu_assignment_are_in_the_request(
+    state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    script = tmp_path / "hello.sh"
+    script.write_text("#!/bin/sh\necho from-cwd\n")
+    script.chmod(0o755)
+    role = Role(name="a", entrypoint="hello.sh")
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app(role), "local", cfg={"prepend_cwd": True})
+        assert (await sv.wait(handle, timeout=30)).state is AppState.SUCCEEDED
+        assert await _lines(sv, handle, "a") == ["from-cwd\n"]
+
+
+async def test_many_replicas_start_and_finish(state_dir: Path) -> None:
+    role = Role(name="w", entrypoint="true", num_replicas=50)
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app(role), "local")
+        with anyio.fail_after(60):
+            status = await sv.wait(handle)
+    assert status.state is AppState.SUCCEEDED
+    assert len(status.roles[0].replicas) == 50

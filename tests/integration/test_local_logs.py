@@ -1,0 +1,92 @@
+"""Log iteration over real replicas' output."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from supervisor import AppState, Supervisor
+
+from .helpers import app, py_role
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
+
+
+async def _collect(sv: Supervisor, handle: str, role: str, k: int = 0, **kw: object) -> list[str]:
+    return [line async for line in sv.log_iter(handle, role, k, **kw)]  # type: ignore[arg-type]
+
+
+async def test_streams_regex_and_edge_cases(state_dir: Path) -> None:
+    code = (
+        "import sys;"
+        "sys.stdout.write('loss=1\\nacc=2\\n'); sys.stdout.flush();"
+        "sys.stderr.write('warn\\n'); sys.stderr.flush();"
+        "sys.stdout.buffer.write(b'bad \\xff\\xfe utf8\\n');"
+        "sys.stdout.write('progress 10%\\rprogress 100%\\n');"
+        "sys.stdout.write('x' * 1_000_000 + '\\n');"
+        "sys.stdout.write('loss=0.5 no newline at the end')"
+    )
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app(py_role("t", code)), "local")
+        assert (await sv.wait(handle, timeout=30)).state is AppState.SUCCEEDED
+        out = await _collect(sv, handle, "t", streams="stdout")
+        err = await _collect(sv, handle, "t", streams="stderr")
+        combined = await _collect(sv, handle, "t")
+        losses = await _collect(sv, handle, "t", regex="loss")
+        with pytest.raises(ValueError, match="stdout"):
+            await _collect(sv, handle, "t", streams="bogus")
+    assert out[:2] == ["loss=1\n", "acc=2\n"]
+    assert out[2] == "bad \ufffd\ufffd utf8\n"
+    assert out[3] == "progress 10%\rprogress 100%\n"
+    assert out[4] == "x" * 1_000_000 + "\n"
+    assert out[5] == "loss=0.5 no newline at the end"
+    assert err == ["warn\n"]
+    assert sorted(combined) == sorted(out + err)
+    assert losses == ["loss=1\n", "loss=0.5 no newline at the end"]
+
+
+async def test_since_and_until_select_lines_by_time(state_dir: Path) -> None:
+    code = "import time; print('early', flush=True); time.sleep(1.5); print('late', flush=True)"
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app(py_role("t", code)), "local")
+        status = await sv.wait(handle, timeout=30)
+        assert status.state is AppState.SUCCEEDED
+        marker = time.time() - 0.7  # between the two lines: 'late' was printed ~now-0.1s
+        assert await _collect(sv, handle, "t", since=marker) == ["late\n"]
+        assert await _collect(sv, handle, "t", until=marker) == ["early\n"]
+        assert await _collect(sv, handle, "t", since=marker, until=time.time() + 1) == ["late\n"]
+
+
+async def test_tailing_follows_live_output_to_the_end(state_dir: Path) -> None:
+    code = (
+        "import time\n"
+        "for i in range(5):\n"
+        "    print(f'step {i}', flush=True); time.sleep(0.2)\n"
+    )
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app(py_role("t", code)), "local")
+        seen: list[tuple[str, AppState | None]] = []
+        with anyio.fail_after(30):
+            async for line in sv.log_iter(handle, "t", 0, should_tail=True):
+                status = sv.status(handle)
+                seen.append((line, status.state if status else None))
+        assert [line for line, _ in seen] == [f"step {i}\n" for i in range(5)]
+        # The first lines arrived while the replica was still running: live, not at the end.
+        assert seen[0][1] is AppState.RUNNING
+        final = sv.status(handle)
+        assert final is not None and final.is_terminal
+
+
+async def test_not_tailing_returns_at_the_current_end(state_dir: Path) -> None:
+    code = "import time; print('first', flush=True); time.sleep(60)"
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app(py_role("t", code)), "local")
+        async for _ in sv.log_iter(handle, "t", 0, should_tail=True):
+            break
+        with anyio.fail_after(5):
+            lines = await _collect(sv, handle, "t")
+        assert lines == ["first\n"]
+        await sv.cancel(handle)

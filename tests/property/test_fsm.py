@@ -1,0 +1,208 @@
+"""Hypothesis over the pure decision core: tables, ingestion, rules, AppFSM.
+
+The machines are ``transitions`` asyncio machines; each rule drives them to
+completion on a private event loop, so hypothesis itself stays synchronous.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from supervisor.events import Exited, Lost, Queued, ReplicaEvent, Requeued, Started, Submitted
+from supervisor.fsm.app import AppFSM, RoleSpec
+from supervisor.fsm.rules import derive_app_state
+from supervisor.fsm.states import TERMINAL, AppState
+from supervisor.fsm.tables import APP_TRANSITIONS, REPLICA_TRANSITIONS, TransitionRow
+from supervisor.specs import RetryPolicy
+
+T = TypeVar("T")
+
+role_specs = st.lists(
+    st.builds(
+        RoleSpec,
+        name=st.sampled_from(["a", "b", "c"]),
+        num_replicas=st.integers(1, 3),
+        max_retries=st.integers(0, 2),
+        retry_policy=st.sampled_from(list(RetryPolicy)),
+    ),
+    min_size=1,
+    max_size=3,
+    unique_by=lambda r: r.name,
+)
+
+
+def _legal(table: list[TransitionRow]) -> set[tuple[str, str, str]]:
+    return {(row["trigger"], src, row["dest"]) for row in table for src in row["source"]}
+
+
+REPLICA_LEGAL = _legal(REPLICA_TRANSITIONS)
+APP_LEGAL = _legal(APP_TRANSITIONS)
+
+
+class AppMachineRules(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.fsm: AppFSM | None = None
+        self.checked = 0
+        self.terminal_seen: dict[object, str] = {}
+        self.cancelled = False
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self.loop.run_until_complete(coro)
+
+    def teardown(self) -> None:
+        self.loop.close()
+
+    @initialize(roles=role_specs)
+    def setup(self, roles: list[RoleSpec]) -> None:
+        self.fsm = AppFSM(roles)
+        self.roles = roles
+
+    def _model(self, data: st.DataObject) -> tuple[str, int, int]:
+        assert self.fsm is not None
+        key = data.draw(st.sampled_from(sorted(self.fsm.replicas)))
+        model = self.fsm.replicas[key]
+        attempt = data.draw(st.sampled_from([model.attempt, max(model.attempt - 1, 0), model.attempt + 1]))
+        return key[0], key[1], attempt
+
+    @rule(data=st.data(), kind=st.sampled_from(["submitted", "queued", "started", "lost", "requeued"]))
+    def progress(self, data: st.DataObject, kind: str) -> None:
+        assert self.fsm is not None
+        role, k, attempt = self._model(data)
+        event: ReplicaEvent
+        if kind == "submitted":
+            event = Submitted(role=role, replica_id=k, attempt=attempt)
+        elif kind == "queued":
+            event = Queued(role=role, replica_id=k, attempt=attempt)
+        elif kind == "started":
+            event = Started(role=role, replica_id=k, attempt=attempt, hostname="h")
+        elif kind == "lost":
+            event = Lost(role=role, replica_id=k, attempt=attempt, reason="gone")
+        else:
+            event = Requeued(role=role, replica_id=k, attempt=attempt, reason="preempted")
+        self.run(self.fsm.apply(event))
+
+    @rule(data=st.data(), code=st.sampled_from([0, 1, 3, -9, None]))
+    def exited(self, data: st.DataObject, code: int | None) -> None:
+        assert self.fsm is not None
+        role, k, attempt = self._model(data)
+        self.run(self.fsm.apply(Exited(role=role, replica_id=k, attempt=attempt, exit_code=code)))
+
+    @rule()
+    def cancel(self) -> None:
+        assert self.fsm is not None
+        self.cancelled = True
+        self.run(self.fsm.cancel())
+
+    @invariant()
+    def transitions_are_in_the_table(self) -> None:
+        if self.fsm is None:
+            return
+        for t in self.fsm.history[self.checked :]:
+            legal = APP_LEGAL if t.role is None else REPLICA_LEGAL
+            assert (t.trigger, t.source, t.dest) in legal, t
+        self.checked = len(self.fsm.history)
+
+    @invariant()
+    def terminal_states_absorb(self) -> None:
+        if self.fsm is None:
+            return
+        for key, model in self.fsm.replicas.items():
+            if key in self.terminal_seen:
+                assert model.state.name == self.terminal_seen[key]
+            elif model.state.name in TERMINAL:
+                self.terminal_seen[key] = model.state.name
+        if "app" in self.terminal_seen:
+            assert self.fsm.state.name == self.terminal_seen["app"]
+        elif self.fsm.is_terminal:
+            self.terminal_seen["app"] = self.fsm.state.name
+
+    @invariant()
+    def restarts_within_budget(self) -> None:
+        if self.fsm is None:
+            return
+        for role in self.roles:
+            assert self.fsm.role_restarts[role.name] <= role.max_retries
+
+    @invariant()
+    def app_state_follows_replicas(self) -> None:
+        if self.fsm is None:
+            return
+        derived = derive_app_state(
+            (m.state for m in self.fsm.replicas.values()), self.fsm.cancel_requested
+        )
+        assert self.fsm.state == derived
+        all_terminal = all(m.state.name in TERMINAL for m in self.fsm.replicas.values())
+        assert self.fsm.is_terminal == all_terminal
+
+    @invariant()
+    def cancelled_only_through_cancel(self) -> None:
+        if self.fsm is None:
+            return
+        if not self.cancelled:
+            assert self.fsm.state is not AppState.CANCELLED
+
+
+AppMachineRules.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestAppMachine = AppMachineRules.TestCase
+
+
+# --------------------------------------------------------------- interleavings
+@st.composite
+def runs_and_interleavings(
+    draw: st.DrawFn,
+) -> tuple[list[RoleSpec], list[ReplicaEvent], list[ReplicaEvent]]:
+    """Per-replica event sequences, and one way of interleaving them.
+
+    Retry budgets are shared by a role's replicas, so roles with retries get a
+    single replica: then each replica's fate depends on its own events only.
+    """
+    roles = draw(role_specs)
+    roles = [
+        r if r.max_retries == 0 else RoleSpec(r.name, 1, r.max_retries, RetryPolicy.REPLICA)
+        for r in roles
+    ]
+    per_replica: list[list[ReplicaEvent]] = []
+    for role in roles:
+        for k in range(role.num_replicas):
+            seq: list[ReplicaEvent] = [Submitted(role=role.name, replica_id=k)]
+            for attempt in range(role.max_retries + 1):
+                code = draw(st.sampled_from([0, 0, 1, -9]))
+                seq.append(Started(role=role.name, replica_id=k, attempt=attempt))
+                seq.append(Exited(role=role.name, replica_id=k, attempt=attempt, exit_code=code))
+                if code == 0:
+                    break
+            per_replica.append(seq)
+    order = draw(st.permutations([i for i, seq in enumerate(per_replica) for _ in seq]))
+    cursors = [0] * len(per_replica)
+    interleaved: list[ReplicaEvent] = []
+    for i in order:
+        interleaved.append(per_replica[i][cursors[i]])
+        cursors[i] += 1
+    sequential = [e for seq in per_replica for e in seq]
+    return roles, sequential, interleaved
+
+
+async def _final_state(roles: list[RoleSpec], events: list[ReplicaEvent]) -> AppState:
+    fsm = AppFSM(roles)
+    for e in events:
+        await fsm.apply(e)
+    return fsm.state
+
+
+@settings(max_examples=200, deadline=None)
+@given(runs_and_interleavings())
+def test_app_state_is_independent_of_interleaving(
+    case: tuple[list[RoleSpec], list[ReplicaEvent], list[ReplicaEvent]],
+) -> None:
+    roles, sequential, interleaved = case
+    assert asyncio.run(_final_state(roles, sequential)) == asyncio.run(
+        _final_state(roles, interleaved)
+    )

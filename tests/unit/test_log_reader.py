@@ -1,0 +1,400 @@
+"""iter_log_lines against files written by a real LogSink."""
+
+from __future__ import annotations
+
+import gc
+import os
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from datetime import datetime
+from pathlib import Path
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from supervisor.logs import LogSink, ReplicaLog, Stream, iter_log_lines, parse_streams
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+async def sink() -> AsyncIterator[LogSink]:
+    log_sink = LogSink()
+    try:
+        yield log_sink
+    finally:
+        await log_sink.aclose()
+
+
+async def _lines(directory: Path, **options: object) -> list[str]:
+    with anyio.fail_after(10):
+        return [line async for line in iter_log_lines(directory, **options)]  # type: ignore[arg-type]
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def _written(sink: LogSink, directory: Path, *chunks: tuple[str, bytes, float]) -> ReplicaLog:
+    log = sink.open(directory)
+    for stream, data, at in chunks:
+        sink.write(log, stream, data, at)  # type: ignore[arg-type]
+    await sink.flush()
+    return log
+
+
+def _flag() -> tuple[Callable[[], Awaitable[bool]], Callable[[], None]]:
+    state = {"done": False}
+
+    async def is_finished() -> bool:
+        return state["done"]
+
+    def finish() -> None:
+        state["done"] = True
+
+    return is_finished, finish
+
+
+@pytest.mark.anyio
+async def test_regex_searches_each_line(sink: LogSink, tmp_path: Path) -> None:
+    await _written(sink, tmp_path, ("stdout", b"alpha 1\nbeta 2\nalphabet 3\ngamma\n", 1.0))
+    assert await _lines(tmp_path, regex="alpha") == ["alpha 1\n", "alphabet 3\n"]
+    assert await _lines(tmp_path, regex=re.compile(r"\d$")) == [
+        "alpha 1\n",
+        "beta 2\n",
+        "alphabet 3\n",
+    ]
+    assert await _lines(tmp_path, regex="^nothing") == []
+
+
+def test_invalid_regex_fails_at_the_call(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="regex"):
+        iter_log_lines(tmp_path, regex="(unclosed")
+
+
+@pytest.mark.anyio
+async def test_since_and_until_use_arrival_times(sink: LogSink, tmp_path: Path) -> None:
+    await _written(
+        sink,
+        tmp_path,
+        ("stdout", b"at 100\n", 100.0),
+        ("stdout", b"at 200 a\nat 200 b\n", 200.0),
+        ("stdout", b"at 300\n", 300.0),
+        ("stdout", b"at 400\n", 400.0),
+    )
+    assert await _lines(tmp_path, since=200.0) == [
+        "at 200 a\n",
+        "at 200 b\n",
+        "at 300\n",
+        "at 400\n",
+    ]
+    assert await _lines(tmp_path, until=200) == ["at 100\n", "at 200 a\n", "at 200 b\n"]
+    assert await _lines(tmp_path, since=150, until=300.0) == [
+        "at 200 a\n",
+        "at 200 b\n",
+        "at 300\n",
+    ]
+    assert await _lines(tmp_path, stream=Stream.STDOUT, since=250, until=350) == ["at 300\n"]
+    assert await _lines(tmp_path, since=500) == []
+
+
+@pytest.mark.anyio
+async def test_since_accepts_datetimes(sink: LogSink, tmp_path: Path) -> None:
+    base = datetime(2024, 5, 1, 12, 0, 0).timestamp()  # naive: local time
+    await _written(sink, tmp_path, ("stderr", b"old\n", base - 60), ("stderr", b"new\n", base + 60))
+    assert await _lines(tmp_path, since=datetime(2024, 5, 1, 12, 0, 0)) == ["new\n"]
+    aware = datetime.fromtimestamp(base).astimezone()
+    assert await _lines(tmp_path, until=aware) == ["old\n"]
+
+
+@pytest.mark.anyio
+async def test_a_line_is_dated_by_its_first_byte(sink: LogSink, tmp_path: Path) -> None:
+    await _written(
+        sink,
+        tmp_path,
+        ("stdout", b"early\nlong line be", 10.0),
+        ("stdout", b"gun early\nlate\n", 20.0),
+    )
+    assert await _lines(tmp_path, stream="stdout", until=15) == [
+        "early\n",
+        "long line begun early\n",
+    ]
+    assert await _lines(tmp_path, stream="stdout", since=15) == ["late\n"]
+    # combined.log holds whole lines, written when complete.
+    assert await _lines(tmp_path, since=15) == ["long line begun early\n", "late\n"]
+
+
+@pytest.mark.anyio
+async def test_streams_are_selectable(sink: LogSink, tmp_path: Path) -> None:
+    await _written(
+        sink, tmp_path, ("stdout", b"o1\n", 1.0), ("stderr", b"e1\n", 2.0), ("stdout", b"o2\n", 3.0)
+    )
+    assert await _lines(tmp_path, stream=Stream.STDOUT) == ["o1\n", "o2\n"]
+    assert await _lines(tmp_path, stream="stderr") == ["e1\n"]
+    assert await _lines(tmp_path) == ["o1\n", "e1\n", "o2\n"]
+    assert await _lines(tmp_path, stream=parse_streams(None)) == ["o1\n", "e1\n", "o2\n"]
+
+
+def test_parse_streams() -> None:
+    assert parse_streams(None) is Stream.COMBINED
+    assert parse_streams("stdout") is Stream.STDOUT
+    assert parse_streams(Stream.STDERR) is Stream.STDERR
+    with pytest.raises(ValueError, match="stdout, stderr, combined"):
+        parse_streams("bogus")
+
+
+def test_bogus_stream_fails_at_the_call(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="bogus"):
+        iter_log_lines(tmp_path, stream="bogus")
+
+
+@pytest.mark.anyio
+async def test_without_tail_ends_at_the_current_end(sink: LogSink, tmp_path: Path) -> None:
+    await _written(sink, tmp_path, ("stdout", b"one\ntwo\nthr", 1.0))
+    assert await _lines(tmp_path, stream="stdout") == ["one\n", "two\n", "thr"]
+
+
+@pytest.mark.anyio
+async def test_tail_follows_until_finished_losing_nothing(sink: LogSink, tmp_path: Path) -> None:
+    log = await _written(sink, tmp_path, ("stdout", b"before\n", 1.0))
+    is_finished, finish = _flag()
+    finished = anyio.Event()
+
+    async def produce() -> None:
+        for i in range(20):
+            await anyio.sleep(0.01)
+            sink.write(log, "stdout", f"line {i}\n".encode(), 2.0)
+            if i % 5 == 0:
+                await sink.flush()
+        sink.write(log, "stdout", b"last words", 3.0)  # no newline before the end
+        sink.end_stream(log, "stdout")
+        sink.end_stream(log, "stderr")
+        await sink.flush()
+        finish()
+        finished.set()
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as group:
+            group.start_soon(produce)
+            got = [
+                line
+                async for line in iter_log_lines(
+                    tmp_path, should_tail=True, is_finished=is_finished, finished_event=finished
+                )
+            ]
+    assert got == ["before\n", *(f"line {i}\n" for i in range(20)), "last words"]
+
+
+@pytest.mark.anyio
+async def test_tail_never_loses_output_written_just_before_the_end(
+    sink: LogSink, tmp_path: Path
+) -> None:
+    for attempt in range(15):
+        directory = tmp_path / str(attempt)
+        log = sink.open(directory)
+        is_finished, finish = _flag()
+        finished = anyio.Event()
+
+        async def produce(
+            log: ReplicaLog = log,
+            finish: Callable[[], None] = finish,
+            event: anyio.Event = finished,
+            phase: int = attempt % 7,
+        ) -> None:
+            for i in range(30):
+                sink.write(log, "stderr", f"{i}\n".encode(), 1.0)
+                if i % 7 == phase:
+                    await anyio.lowlevel.checkpoint()
+            await sink.flush()
+            finish()
+            event.set()
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as group:
+                group.start_soon(produce)
+                got = [
+                    line
+                    async for line in iter_log_lines(
+                        directory,
+                        stream="stderr",
+                        should_tail=True,
+                        is_finished=is_finished,
+                        finished_event=finished,
+                    )
+                ]
+        assert got == [f"{i}\n" for i in range(30)]
+
+
+@pytest.mark.anyio
+async def test_without_a_wake_up_the_safety_recheck_ends_the_follow(
+    sink: LogSink, tmp_path: Path
+) -> None:
+    await _written(sink, tmp_path, ("stdout", b"only\n", 1.0))
+    is_finished, finish = _flag()
+
+    async def finish_quietly() -> None:
+        await anyio.sleep(0.1)
+        finish()  # nothing on disk changes: only the periodic re-check can notice
+
+    started = anyio.current_time()
+    async with anyio.create_task_group() as group:
+        group.start_soon(finish_quietly)
+        got = await _lines(tmp_path, should_tail=True, is_finished=is_finished)
+    assert got == ["only\n"]
+    assert 1.5 < anyio.current_time() - started < 5
+
+
+@pytest.mark.anyio
+async def test_tail_holds_a_partial_line_back(sink: LogSink, tmp_path: Path) -> None:
+    log = await _written(sink, tmp_path, ("stdout", b"whole\nhal", 1.0))
+    with anyio.fail_after(10):
+        async with aclosing(iter_log_lines(tmp_path, should_tail=True)) as lines:
+            assert await anext(lines) == "whole\n"
+            sink.write(log, "stdout", b"f and half\n", 2.0)
+            await sink.flush()
+            assert await anext(lines) == "half and half\n"
+
+
+@pytest.mark.anyio
+async def test_tail_wakes_on_a_state_file_in_an_extra_dir(sink: LogSink, tmp_path: Path) -> None:
+    await _written(sink, tmp_path / "logs", ("stdout", b"only line\n", 1.0))
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    marker = anyio.Path(state_dir / "done")
+
+    async def is_finished() -> bool:
+        return await marker.exists()
+
+    async def finish_later() -> None:
+        await anyio.sleep(0.1)
+        await marker.write_text("exited\n")
+
+    with anyio.fail_after(1.5):  # well under the 2 s safety re-check
+        async with anyio.create_task_group() as group:
+            group.start_soon(finish_later)
+            got = await _lines(
+                tmp_path / "logs",
+                should_tail=True,
+                is_finished=is_finished,
+                extra_watch_dirs=[state_dir],
+            )
+    assert got == ["only line\n"]
+
+
+@pytest.mark.anyio
+async def test_until_in_the_past_stops_following(sink: LogSink, tmp_path: Path) -> None:
+    await _written(sink, tmp_path, ("stdout", b"old\n", 10.0), ("stdout", b"new\n", 20.0))
+    assert await _lines(tmp_path, should_tail=True, until=15.0) == ["old\n"]
+    # No newer line to see: the clock alone says nothing more can qualify.
+    assert await _lines(tmp_path, should_tail=True, until=25.0) == ["old\n", "new\n"]
+
+
+@pytest.mark.anyio
+async def test_carriage_returns_stay_inside_the_line(sink: LogSink, tmp_path: Path) -> None:
+    await _written(sink, tmp_path, ("stdout", b"10%\r50%\r100%\r\ndone\n", 1.0))
+    assert await _lines(tmp_path) == ["10%\r50%\r100%\r\n", "done\n"]
+    assert await _lines(tmp_path, regex="50%") == ["10%\r50%\r100%\r\n"]
+
+
+@pytest.mark.anyio
+async def test_invalid_utf8_is_replaced(sink: LogSink, tmp_path: Path) -> None:
+    await _written(
+        sink, tmp_path, ("stderr", b"ok \xff\xfe\ntrunc \xe2\x82\nfine \xe2\x82\xac\n", 1.0)
+    )
+    assert await _lines(tmp_path) == ["ok \ufffd\ufffd\n", "trunc \ufffd\n", "fine \u20ac\n"]
+
+
+@pytest.mark.anyio
+async def test_a_line_larger_than_a_read_chunk(sink: LogSink, tmp_path: Path) -> None:
+    big = b"z" * (3 * 1024 * 1024 + 17) + b"\n"
+    log = sink.open(tmp_path)
+    sink.write(log, "stdout", b"small\n", 1.0)
+    for start in range(0, len(big), 65_536):
+        sink.write(log, "stdout", big[start : start + 65_536], 2.0)
+    sink.write(log, "stdout", b"after\n", 3.0)
+    await sink.flush()
+    assert await _lines(tmp_path) == ["small\n", big.decode(), "after\n"]
+    assert await _lines(tmp_path, since=2.0, until=2.0) == [big.decode()]
+
+
+@pytest.mark.anyio
+async def test_missing_file_without_tail_is_empty(tmp_path: Path) -> None:
+    assert await _lines(tmp_path / "not" / "yet") == []
+    assert await _lines(tmp_path / "not" / "yet", since=0.0) == []
+
+
+@pytest.mark.anyio
+async def test_tail_picks_up_a_file_created_later(sink: LogSink, tmp_path: Path) -> None:
+    directory = tmp_path / "app" / "role" / "0"
+    is_finished, finish = _flag()
+
+    async def produce() -> None:
+        await anyio.sleep(0.1)
+        log = sink.open(directory)
+        sink.write(log, "stdout", b"hello\n", 1.0)
+        await sink.flush()
+        await anyio.sleep(0.1)
+        sink.write(log, "stdout", b"bye\n", 2.0)
+        await sink.flush()
+        finish()
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as group:
+            group.start_soon(produce)
+            lines = iter_log_lines(directory, should_tail=True, is_finished=is_finished)
+            async with aclosing(lines):
+                # Before the finish signal, the first line must arrive by itself.
+                with anyio.fail_after(1.5):
+                    assert await anext(lines) == "hello\n"
+                assert [line async for line in lines] == ["bye\n"]
+
+
+@pytest.mark.anyio
+async def test_early_aclose_releases_everything(sink: LogSink, tmp_path: Path) -> None:
+    log = await _written(sink, tmp_path, ("stdout", b"a\n", 1.0))
+    before = _open_fds()
+    lines = iter_log_lines(tmp_path, should_tail=True)
+
+    async def write_later() -> None:
+        await anyio.sleep(0.1)
+        sink.write(log, "stdout", b"b\n", 2.0)
+        await sink.flush()
+
+    with anyio.fail_after(5):
+        assert await anext(lines) == "a\n"
+        async with anyio.create_task_group() as group:
+            group.start_soon(write_later)
+            assert await anext(lines) == "b\n"  # came through a wait: inotify is open
+    assert _open_fds() > before
+    await lines.aclose()
+    assert _open_fds() == before
+
+
+@pytest.mark.anyio
+async def test_breaking_out_of_async_for_releases_everything(sink: LogSink, tmp_path: Path) -> None:
+    log = await _written(sink, tmp_path, ("stdout", b"a\n", 1.0))
+    before = _open_fds()
+    opened_while_following = 0
+
+    async def write_later() -> None:
+        await anyio.sleep(0.1)
+        sink.write(log, "stdout", b"b\n", 2.0)
+        await sink.flush()
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as group:
+            group.start_soon(write_later)
+            async for line in iter_log_lines(tmp_path, should_tail=True):
+                if line == "b\n":
+                    opened_while_following = _open_fds() - before
+                    break
+    for _ in range(5):  # the loop finalizes abandoned async generators in a task
+        gc.collect()
+        await anyio.sleep(0.01)
+    assert opened_while_following > 0
+    assert _open_fds() == before

@@ -1,0 +1,229 @@
+"""LogSink: what lands on disk, when, and that nothing is left open."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from supervisor.errors import BackendError
+from supervisor.logs import LogSink, TimestampIndex
+from supervisor.logs.timestamps import COMBINED_ID, INDEX_NAME, RECORD, STDERR_ID, STDOUT_ID
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+async def sink() -> AsyncIterator[LogSink]:
+    log_sink = LogSink()
+    try:
+        yield log_sink
+    finally:
+        await log_sink.aclose()
+
+
+def _read(directory: Path, name: str) -> bytes:
+    return (directory / name).read_bytes()
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.anyio
+async def test_raw_streams_and_combined_by_whole_lines(sink: LogSink, tmp_path: Path) -> None:
+    log = sink.open(tmp_path / "r0")
+    sink.write(log, "stdout", b"ab", 1.0)
+    sink.write(log, "stderr", b"x\n", 2.0)
+    sink.write(log, "stdout", b"c\n", 3.0)
+    await sink.flush()
+    directory = tmp_path / "r0"
+    assert _read(directory, "stdout.log") == b"abc\n"
+    assert _read(directory, "stderr.log") == b"x\n"
+    assert _read(directory, "combined.log") == b"x\nabc\n"
+
+
+@pytest.mark.anyio
+async def test_timestamp_index_covers_every_byte(sink: LogSink, tmp_path: Path) -> None:
+    log = sink.open(tmp_path)
+    sink.write(log, "stdout", b"one\ntw", 10.0)
+    sink.write(log, "stderr", b"err\n", 11.0)
+    sink.write(log, "stdout", b"o\nthree\n", 12.0)
+    await sink.flush()
+    raw = _read(tmp_path, INDEX_NAME)
+    assert len(raw) % RECORD.size == 0
+    index = TimestampIndex.load(tmp_path / INDEX_NAME)
+    for stream_id, name in ((STDOUT_ID, "stdout.log"), (STDERR_ID, "stderr.log")):
+        size = len(_read(tmp_path, name))
+        assert index.covered(stream_id) == size
+        assert all(index.time_at(stream_id, offset) is not None for offset in range(size))
+        assert index.time_at(stream_id, size) is None
+    combined = _read(tmp_path, "combined.log")
+    assert combined == b"one\nerr\ntwo\nthree\n"
+    assert index.covered(COMBINED_ID) == len(combined)
+    # stdout: "one\ntw" arrived at 10, "o\nthree\n" at 12.
+    assert index.time_at(STDOUT_ID, 0) == 10.0
+    assert index.time_at(STDOUT_ID, 5) == 10.0
+    assert index.time_at(STDOUT_ID, 6) == 12.0
+    # combined: lines are dated by the write that completed them.
+    assert index.time_at(COMBINED_ID, 0) == 10.0
+    assert index.time_at(COMBINED_ID, 4) == 11.0
+    assert index.time_at(COMBINED_ID, 8) == 12.0
+
+
+@pytest.mark.anyio
+async def test_end_stream_flushes_the_partial_line(sink: LogSink, tmp_path: Path) -> None:
+    log = sink.open(tmp_path)
+    sink.write(log, "stdout", b"done\nno newline", 1.0)
+    await sink.flush()
+    assert _read(tmp_path, "combined.log") == b"done\n"
+    sink.end_stream(log, "stdout")
+    await sink.flush()
+    assert _read(tmp_path, "combined.log") == b"done\nno newline"
+    index = TimestampIndex.load(tmp_path / INDEX_NAME)
+    assert index.time_at(COMBINED_ID, len(b"done\n")) == 1.0
+
+
+@pytest.mark.anyio
+async def test_restart_after_both_streams_ended_appends(sink: LogSink, tmp_path: Path) -> None:
+    log = sink.open(tmp_path)
+    sink.write(log, "stdout", b"first attempt\n", 1.0)
+    sink.write(log, "stderr", b"oops", 1.5)
+    sink.end_stream(log, "stdout")
+    sink.end_stream(log, "stderr")
+    sink.write(log, "stdout", b"second attempt\n", 2.0)
+    sink.end_stream(log, "stdout")
+    sink.end_stream(log, "stderr")
+    await sink.flush()
+    assert _read(tmp_path, "stdout.log") == b"first attempt\nsecond attempt\n"
+    assert _read(tmp_path, "combined.log") == b"first attempt\noopssecond attempt\n"
+    index = TimestampIndex.load(tmp_path / INDEX_NAME)
+    assert index.covered(STDOUT_ID) == len(b"first attempt\nsecond attempt\n")
+    assert index.time_at(STDOUT_ID, len(b"first attempt\n")) == 2.0
+
+
+@pytest.mark.anyio
+async def test_flush_waits_for_everything_queued_before(sink: LogSink, tmp_path: Path) -> None:
+    log = sink.open(tmp_path)
+    chunk = b"y" * 65_535 + b"\n"
+    for i in range(400):  # 25 MiB: far more than the thread writes in no time
+        sink.write(log, "stdout", chunk, float(i))
+    await sink.flush()
+    assert (tmp_path / "stdout.log").stat().st_size == 400 * len(chunk)
+    assert (tmp_path / "combined.log").stat().st_size == 400 * len(chunk)
+    index = TimestampIndex.load(tmp_path / INDEX_NAME)
+    assert index.covered(COMBINED_ID) == 400 * len(chunk)
+
+
+@pytest.mark.anyio
+async def test_megabyte_line_in_many_chunks_stays_one_line(sink: LogSink, tmp_path: Path) -> None:
+    log = sink.open(tmp_path)
+    line = bytes(range(32, 127)) * 10_600 + b"\n"
+    for start in range(0, len(line), 3000):
+        sink.write(log, "stdout", line[start : start + 3000], 5.0)
+        sink.write(log, "stderr", b"e\n", 6.0)
+    await sink.flush()
+    combined = _read(tmp_path, "combined.log")
+    assert line in combined
+    assert combined.count(b"\n") == 1 + combined.count(b"e\n")
+    assert _read(tmp_path, "stdout.log") == line
+
+
+@pytest.mark.anyio
+async def test_write_error_surfaces_from_the_next_flush(sink: LogSink, tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_bytes(b"")
+    broken = sink.open(blocker / "replica")
+    sink.write(broken, "stdout", b"lost\n", 1.0)
+    with pytest.raises(BackendError) as caught:
+        await sink.flush()
+    assert caught.value.transient is False
+    assert isinstance(caught.value.__cause__, OSError)
+    # Reported once; the thread survived and keeps writing other replicas.
+    healthy = sink.open(tmp_path / "ok")
+    sink.write(healthy, "stdout", b"fine\n", 2.0)
+    await sink.flush()
+    assert _read(tmp_path / "ok", "stdout.log") == b"fine\n"
+
+
+@pytest.mark.anyio
+async def test_directory_removed_under_the_sink_is_reported(sink: LogSink, tmp_path: Path) -> None:
+    directory = tmp_path / "gone"
+    log = sink.open(directory)
+    await sink.flush()
+    directory.rmdir()
+    sink.write(log, "stderr", b"where to?\n", 1.0)
+    with pytest.raises(BackendError, match="gone"):
+        await sink.flush()
+
+
+@pytest.mark.anyio
+async def test_close_is_idempotent_and_drains(tmp_path: Path) -> None:
+    log_sink = LogSink()
+    log = log_sink.open(tmp_path)
+    log_sink.write(log, "stdout", b"partial", 1.0)
+    await log_sink.aclose()
+    await log_sink.aclose()
+    log_sink.close()
+    # Closing mid-attempt still completes combined.log.
+    assert _read(tmp_path, "combined.log") == b"partial"
+    with pytest.raises(BackendError):
+        log_sink.write(log, "stdout", b"late\n", 2.0)
+    log_sink.end_stream(log, "stdout")  # a pipe closing late is no error
+
+
+def test_close_without_use_starts_nothing() -> None:
+    log_sink = LogSink()
+    log_sink.close()
+    log_sink.close()
+
+
+@pytest.mark.anyio
+async def test_no_descriptors_left_once_streams_ended(sink: LogSink, tmp_path: Path) -> None:
+    await sink.flush()  # the writer thread exists before counting
+    before = _open_fds()
+    logs = [sink.open(tmp_path / f"r{k}") for k in range(50)]
+    for log in logs:
+        sink.write(log, "stdout", b"out\n", 1.0)
+        sink.write(log, "stderr", b"err", 1.0)
+    await sink.flush()
+    assert _open_fds() > before
+    for log in logs:
+        sink.end_stream(log, "stdout")
+        sink.end_stream(log, "stderr")
+    await sink.flush()
+    assert _open_fds() == before
+    assert _read(tmp_path / "r7", "combined.log") == b"out\nerr"
+
+
+@pytest.mark.anyio
+async def test_open_descriptors_are_capped(tmp_path: Path) -> None:
+    async with LogSink(max_open_replicas=4) as log_sink:
+        await log_sink.flush()
+        before = _open_fds()
+        logs = [log_sink.open(tmp_path / f"r{k}") for k in range(20)]
+        for round_ in range(3):
+            for log in logs:
+                log_sink.write(log, "stdout", f"{round_}\n".encode(), float(round_))
+        await log_sink.flush()
+        # stdout.log, combined.log and the index of at most 4 replicas.
+        assert _open_fds() - before <= 4 * 3
+        assert _read(tmp_path / "r0", "stdout.log") == b"0\n1\n2\n"
+        index = TimestampIndex.load(tmp_path / "r0" / INDEX_NAME)
+        assert index.covered(STDOUT_ID) == 6
+        assert index.time_at(STDOUT_ID, 4) == 2.0
+
+
+def test_bad_stream_name_is_rejected(tmp_path: Path) -> None:
+    log_sink = LogSink()
+    try:
+        log = log_sink.open(tmp_path)
+        with pytest.raises(ValueError, match="stdout"):
+            log_sink.write(log, "stdin", b"x", 1.0)  # type: ignore[arg-type]
+    finally:
+        log_sink.close()

@@ -6,10 +6,10 @@ catch the branch they can act on::
     SupervisorError
     ├── SpecError (also ValueError)          bad AppDef or run options; lists every problem
     ├── InvalidHandleError (also ValueError) a handle string that does not parse
-    ├── UnknownBackendError (also KeyError)  no backend registered under that name
+    ├── UnknownBackendError (also KeyError)  no backend under that name
     ├── UnknownAppError (also LookupError)   the handle names no app this backend knows
     ├── WaitTimeout (also TimeoutError)      ``wait(timeout=...)`` ran out
-    └── BackendError                         the backend failed; ``transient`` says if a retry may help
+    └── BackendError                         the backend failed; ``transient``: may a retry help
         └── SubmitError                      launching failed; nothing was left running
 
 Native exceptions (``OSError``, subprocess failures, ...) are translated at the

@@ -245,7 +245,7 @@ class macros:  # noqa: N801 - TorchX's name; users write macros.app_id
             return string.Template(text).safe_substitute(dataclasses.asdict(self))
 
         def apply(self, role: Role) -> Role:
-            """A copy of ``role`` with macros resolved; entrypoint, image and env keys stay literal."""
+            """A copy of ``role`` with macros resolved; entrypoint, image, env keys stay literal."""
             metadata = {
                 k: self.substitute(v) if isinstance(v, str) else v for k, v in role.metadata.items()
             }

@@ -46,7 +46,7 @@ FOREIGN_WAIT_MAX_INTERVAL = 1.0
 
 
 def default_state_dir() -> Path:
-    """``$ASUPERVISOR_HOME``, else ``$XDG_STATE_HOME/asupervisor``, else ``~/.local/state/asupervisor``."""
+    """``$ASUPERVISOR_HOME``, else ``$XDG_STATE_HOME/asupervisor``, else ~/.local/state/..."""
     explicit = os.environ.get("ASUPERVISOR_HOME")
     if explicit:
         return Path(explicit)
@@ -230,7 +230,7 @@ class Supervisor:
         return await self.backend(backend).list()
 
     async def cancel(self, handle: str) -> None:
-        """Ask for the app to stop; returns at once. Cancelling twice, or a finished app, is fine."""
+        """Ask the app to stop and return at once; repeating it, or a finished app, is fine."""
         actor = self._actors.get(handle)
         if actor is not None:
             actor.request_cancel()
@@ -240,7 +240,7 @@ class Supervisor:
             raise UnknownAppError(f"no app {handle}")
 
     async def wait(self, handle: str, timeout: float | None = None) -> AppStatus:
-        """Return the final status once the app is terminal (event-driven for apps launched here)."""
+        """The final status, once the app is terminal (event-driven for apps launched here)."""
         with anyio.move_on_after(timeout) as scope:
             status = await self._wait(handle)
         if scope.cancelled_caught:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,8 +13,8 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture
-def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Point every Supervisor (and CLI child process) at a fresh state directory."""
     home = tmp_path / "state"
     monkeypatch.setenv("ASUPERVISOR_HOME", str(home))
-    yield home
+    return home

@@ -54,7 +54,12 @@ def derive_app_state(replicas: Iterable[ReplicaState], cancel_requested: bool) -
         if cancel_requested or "CANCELLED" in names:
             return AppState.CANCELLED
         return AppState.SUCCEEDED
-    for name in ("UNKNOWN", "RUNNING", "PENDING", "SUBMITTED"):
+    if "UNKNOWN" in names:
+        return AppState.UNKNOWN
+    if "RUNNING" in names or names & TERMINAL:
+        # A finished replica means the app has started, whatever the rest wait for.
+        return AppState.RUNNING
+    for name in ("PENDING", "SUBMITTED"):
         if name in names:
             return AppState[name]
     return AppState.UNSUBMITTED

@@ -28,7 +28,8 @@ REPORT_ENV = (
     "import os, json, sys;"
     "keys = ['ASUPERVISOR_ROLE','ASUPERVISOR_REPLICA_ID','ASUPERVISOR_APP_ID',"
     "'ASUPERVISOR_RANK0_HOST','TORCHX_RANK0_HOST','PYTHONUNBUFFERED','ASUPERVISOR_ATTEMPT'];"
-    "print(json.dumps({k: os.environ.get(k) for k in keys} | {'argv': sys.argv[1:], 'cwd': os.getcwd()}))"
+    "extra = {'argv': sys.argv[1:], 'cwd': os.getcwd()};"
+    "print(json.dumps({k: os.environ.get(k) for k in keys} | extra))"
 )
 
 
@@ -110,7 +111,10 @@ async def test_retry_policies_restart_the_right_replicas(
     # the only way they can finish quickly; a/0 fails on its first attempt only.
     long = "True"
     a = py_role(
-        "a", FAIL_FIRST_ATTEMPT.format(long=long), num_replicas=2, max_retries=1,
+        "a",
+        FAIL_FIRST_ATTEMPT.format(long=long),
+        num_replicas=2,
+        max_retries=1,
         retry_policy=policy,
     )
     b = py_role("b", FAIL_FIRST_ATTEMPT.format(long="False"))
@@ -145,8 +149,9 @@ async def test_retries_exhausted_fails_with_restart_count(state_dir: Path) -> No
 
 
 async def test_cancel_stops_processes_and_is_idempotent(state_dir: Path) -> None:
-    role = py_role("sleeper", "import os, time; print(os.getpid(), flush=True); time.sleep(60)",
-                   num_replicas=2)
+    role = py_role(
+        "sleeper", "import os, time; print(os.getpid(), flush=True); time.sleep(60)", num_replicas=2
+    )
     async with Supervisor(session="svc") as sv:
         handle = await sv.submit(app(role), "local")
         pids = []

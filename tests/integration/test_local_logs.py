@@ -61,11 +61,7 @@ async def test_since_and_until_select_lines_by_time(state_dir: Path) -> None:
 
 
 async def test_tailing_follows_live_output_to_the_end(state_dir: Path) -> None:
-    code = (
-        "import time\n"
-        "for i in range(5):\n"
-        "    print(f'step {i}', flush=True); time.sleep(0.2)\n"
-    )
+    code = "import time\nfor i in range(5):\n    print(f'step {i}', flush=True); time.sleep(0.2)\n"
     async with Supervisor(session="svc") as sv:
         handle = await sv.submit(app(py_role("t", code)), "local")
         seen: list[tuple[str, AppState | None]] = []

@@ -100,7 +100,9 @@ async def test_library_installs_no_signal_handlers(state_dir: Path) -> None:
     watched = (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP)
     before = {s: signal.getsignal(s) for s in watched}
     async with Supervisor(session="svc") as sv:
-        handle = await sv.submit(AppDef(name="t", roles=[Role(name="a", entrypoint="true")]), "local")
+        handle = await sv.submit(
+            AppDef(name="t", roles=[Role(name="a", entrypoint="true")]), "local"
+        )
         await sv.wait(handle, timeout=30)
         assert {s: signal.getsignal(s) for s in watched} == before
     assert {s: signal.getsignal(s) for s in watched} == before

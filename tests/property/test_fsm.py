@@ -69,10 +69,14 @@ class AppMachineRules(RuleBasedStateMachine):
         assert self.fsm is not None
         key = data.draw(st.sampled_from(sorted(self.fsm.replicas)))
         model = self.fsm.replicas[key]
-        attempt = data.draw(st.sampled_from([model.attempt, max(model.attempt - 1, 0), model.attempt + 1]))
+        attempt = data.draw(
+            st.sampled_from([model.attempt, max(model.attempt - 1, 0), model.attempt + 1])
+        )
         return key[0], key[1], attempt
 
-    @rule(data=st.data(), kind=st.sampled_from(["submitted", "queued", "started", "lost", "requeued"]))
+    @rule(
+        data=st.data(), kind=st.sampled_from(["submitted", "queued", "started", "lost", "requeued"])
+    )
     def progress(self, data: st.DataObject, kind: str) -> None:
         assert self.fsm is not None
         role, k, attempt = self._model(data)
@@ -150,7 +154,9 @@ class AppMachineRules(RuleBasedStateMachine):
             assert self.fsm.state is not AppState.CANCELLED
 
 
-AppMachineRules.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+AppMachineRules.TestCase.settings = settings(
+    max_examples=150, stateful_step_count=40, deadline=None
+)
 TestAppMachine = AppMachineRules.TestCase
 
 

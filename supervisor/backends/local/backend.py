@@ -81,7 +81,10 @@ class LocalRuntime(AppRuntime):
         try:
             await anyio.to_thread.run_sync(self.store.create, dirs, record)
             await anyio.to_thread.run_sync(
-                self._backend.index.add, self.request.session, self.request.app_id, self.store.app_dir
+                self._backend.index.add,
+                self.request.session,
+                self.request.app_id,
+                self.store.app_dir,
             )
         except OSError as e:
             raise SubmitError(f"cannot create {self.store.app_dir}: {e}", transient=False) from e

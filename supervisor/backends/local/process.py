@@ -9,6 +9,7 @@ and is handed, with its arrival time, to the backend's LogSink.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -142,7 +143,5 @@ class ReplicaProcess:
     def _kill_group(self, sig: signal.Signals) -> None:
         if self.returncode is not None:
             return  # reaped: the group id may belong to someone else now
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass

@@ -19,6 +19,7 @@ the package, so it starts in milliseconds.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -55,10 +56,8 @@ def _read_registry(stream: int) -> dict[int, tuple[int, int | None]]:
 
 def _signal_groups(groups: dict[int, tuple[int, int | None]], sig: int) -> None:
     for pgid, _ in groups.values():
-        try:
+        with contextlib.suppress(OSError):
             os.killpg(pgid, sig)
-        except OSError:
-            pass
 
 
 def _wait_exits(groups: dict[int, tuple[int, int | None]], seconds: float) -> None:

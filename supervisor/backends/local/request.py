@@ -146,7 +146,9 @@ def _gpu_blocks(app: AppDef, gpu_count: int) -> dict[tuple[str, int], str]:
     return blocks
 
 
-def render(app: AppDef, cfg: ResolvedCfg, ctx: DryrunContext, default_log_dir: Path) -> LocalRequest:
+def render(
+    app: AppDef, cfg: ResolvedCfg, ctx: DryrunContext, default_log_dir: Path
+) -> LocalRequest:
     log_root = Path(cfg.get_str("log_dir") or default_log_dir)
     app_dir = log_root / ctx.session / ctx.app_id
     auto_gpus = cfg.get_bool("auto_set_cuda_visible_devices", False)

@@ -1,0 +1,58 @@
+"""Pins the public surface: adding or removing a name is a deliberate change here."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import supervisor
+
+EXPECTED = {
+    "NULL_RESOURCE", "AppDef", "AppHandle", "AppState", "AppStatus", "BackendError",
+    "BindMount", "DescribeAppResponse", "DeviceMount", "DryRunInfo", "InvalidHandleError",
+    "ListAppResponse", "Problem", "ReplicaState", "ReplicaStatus", "ResolvedCfg", "Resource",
+    "RetryPolicy", "Role", "RoleStatus", "RunOpt", "RunOpts", "SpecError", "Stream",
+    "SubmitError", "Supervisor", "SupervisorError", "Transition", "UnknownAppError",
+    "UnknownBackendError", "VolumeMount", "WaitTimeout", "__version__", "macros",
+    "make_handle", "parse_handle",
+}  # fmt: skip
+
+SUPERVISOR_METHODS = {
+    "dryrun", "schedule", "submit", "status", "describe", "exists", "list", "cancel",
+    "wait", "watch", "log_iter", "close", "run_opts",
+}  # fmt: skip
+
+
+def test_all_is_pinned_and_resolves() -> None:
+    assert set(supervisor.__all__) == EXPECTED
+    for name in supervisor.__all__:
+        assert getattr(supervisor, name) is not None
+
+
+def test_supervisor_verbs_exist() -> None:
+    for name in SUPERVISOR_METHODS:
+        assert callable(getattr(supervisor.Supervisor, name)), name
+
+
+def test_torchx_state_values() -> None:
+    values = {s.name: s.value for s in supervisor.AppState}
+    assert values == {
+        "UNSUBMITTED": 0, "SUBMITTED": 1, "PENDING": 2, "RUNNING": 3,
+        "SUCCEEDED": 4, "FAILED": 5, "CANCELLED": 6, "UNKNOWN": 7,
+    }  # fmt: skip
+    assert {s.name: s.value for s in supervisor.ReplicaState} == values
+
+
+def test_spec_error_is_a_value_error() -> None:
+    assert issubclass(supervisor.SpecError, ValueError)
+    assert issubclass(supervisor.WaitTimeout, TimeoutError)
+
+
+def test_import_pulls_in_no_optional_backend_library() -> None:
+    code = (
+        "import sys, supervisor; "
+        "print(sorted(m for m in ('aiodocker', 'httpx', 'supervisor.backends.local') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

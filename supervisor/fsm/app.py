@@ -219,7 +219,7 @@ class AppFSM:
         model.signal = event.signal
         model.structured_error_msg = event.structured_error_msg
         what = f"{model.role}/{model.replica_id} {describe_exit(event.exit_code, event.signal)}"
-        model.msg = event.msg or what
+        model.msg = event.msg or ("" if outcome is ExitOutcome.SUCCEEDED else what)
         if outcome is ExitOutcome.RESTART:
             return await self._restart(model, role, event.at, what)
         target = {

@@ -108,7 +108,7 @@ class AppStore:
             with (self.app_dir / "transitions.jsonl").open("a") as f:
                 f.writelines(json.dumps(t.to_json()) + "\n" for t in transitions)
         record = {"status": status.to_json(), "final": final, "owner": owner.to_json()}
-        write_json_atomic(self.app_dir / "state.json", record, durable=final)
+        write_json_atomic(self.app_dir / "state.json", record)
 
     def read_app(self) -> dict[str, Any] | None:
         data = _read_json(self.app_dir / "app.json")

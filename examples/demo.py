@@ -15,9 +15,9 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from demo_app import demo  # noqa: E402
+from demo_app import demo
 
-from supervisor import AppStatus, Supervisor  # noqa: E402
+from supervisor import AppStatus, Supervisor
 
 console = Console(highlight=False)
 COLORS = ["cyan", "magenta", "green", "yellow", "blue"]

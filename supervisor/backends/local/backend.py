@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,7 +106,9 @@ class LocalRuntime(AppRuntime):
             )
         except OSError as e:
             msg = f"cannot start {launch.argv[0]!r}: {e.strerror or e}"
-            self._backend.log_sink.write(log, "stderr", f"asupervisor: {msg}\n".encode(), 0.0)
+            self._backend.log_sink.write(
+                log, "stderr", f"asupervisor: {msg}\n".encode(), time.time()
+            )
             self.emit(
                 Exited(
                     role=key[0],

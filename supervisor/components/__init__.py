@@ -1,0 +1,27 @@
+"""Built-in components: functions that return an ``AppDef``.
+
+A component is any function whose parameters describe an app and whose
+return value is the ``AppDef``; the CLI turns its parameters into options
+(``asupervisor run echo --msg hi``) and its docstring's first line into its
+help. These are the ones that ship with asupervisor:
+
+* ``echo``: print a message from each replica (a smoke test);
+* ``sh``: run a shell snippet on each replica;
+* ``ddp``: a torchrun-style data-parallel job for a Python script.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+
+from supervisor.components.basic import echo, sh
+from supervisor.components.dist import MASTER_PORT, ddp, parse_j
+from supervisor.specs import AppDef
+
+__all__ = ["BUILTINS", "MASTER_PORT", "ddp", "echo", "parse_j", "sh"]
+
+BUILTINS: Mapping[str, Callable[..., AppDef]] = MappingProxyType(
+    {"echo": echo, "sh": sh, "ddp": ddp}
+)
+"""Built-in components by the name the CLI knows them by."""

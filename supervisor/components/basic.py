@@ -1,0 +1,44 @@
+"""The simplest components: ``echo`` and ``sh``."""
+
+from __future__ import annotations
+
+from supervisor.specs import AppDef, Role
+
+__all__ = ["echo", "sh"]
+
+
+def echo(msg: str = "hello world", num_replicas: int = 1) -> AppDef:
+    """Print a message from each replica; a quick check that a backend works.
+
+    Macros such as ``${replica_id}`` in the message are substituted; ``$$``
+    gives a literal dollar sign.
+
+    Args:
+        msg: the message to print
+        num_replicas: how many replicas print it
+    """
+    return AppDef(
+        name="echo",
+        roles=[Role(name="echo", entrypoint="echo", args=[msg], num_replicas=num_replicas)],
+    )
+
+
+def sh(*args: str, num_replicas: int = 1, name: str = "sh") -> AppDef:
+    """Run a shell snippet (``sh -c "ARGS..."``) on each replica.
+
+    The arguments are joined with spaces into one script, so
+    ``sh echo hi '&&' exit 3`` runs ``echo hi && exit 3``. Macros are
+    substituted first (``${replica_id}``, ``${app_id}``); write ``$$`` for a
+    dollar sign the shell should see, e.g. ``$$HOME``, although an unknown
+    ``$HOME`` is left as it is anyway.
+
+    Args:
+        args: the words of the script
+        num_replicas: how many replicas run it
+        name: the app's and the role's name
+    """
+    script = " ".join(args)
+    return AppDef(
+        name=name,
+        roles=[Role(name=name, entrypoint="sh", args=["-c", script], num_replicas=num_replicas)],
+    )

@@ -1,0 +1,63 @@
+"""The local dryrun is a pure function of the app, the options and the context."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from supervisor import AppDef, Resource, Role
+from supervisor.backends.base import DryrunContext
+from supervisor.backends.local.request import local_run_opts, render
+
+CTX = DryrunContext(session="svc", app_id="app-1", cwd="/work/dir", gpu_count=4)
+
+
+def _render(app: AppDef, **cfg: object) -> dict[tuple[str, int], dict[str, str]]:
+    request = render(app, local_run_opts().resolve(cfg), CTX, Path("/state/logs"))
+    return {(r.role, r.replica_id): dict(r.env) for r in request.replicas}
+
+
+def _gpu_app(trainer_gpus: int, eval_gpus: int) -> AppDef:
+    return AppDef(
+        name="g",
+        roles=[
+            Role(
+                name="trainer", entrypoint="t", num_replicas=2, resource=Resource(gpu=trainer_gpus)
+            ),
+            Role(name="eval", entrypoint="e", resource=Resource(gpu=eval_gpus)),
+        ],
+    )
+
+
+def test_gpus_are_assigned_in_contiguous_blocks_across_roles() -> None:
+    env = _render(_gpu_app(1, 2), auto_set_cuda_visible_devices=True)
+    assert env[("trainer", 0)]["CUDA_VISIBLE_DEVICES"] == "0"
+    assert env[("trainer", 1)]["CUDA_VISIBLE_DEVICES"] == "1"
+    assert env[("eval", 0)]["CUDA_VISIBLE_DEVICES"] == "2,3"
+
+
+def test_gpus_are_left_alone_when_too_few_or_when_off() -> None:
+    too_many = _render(_gpu_app(2, 2), auto_set_cuda_visible_devices=True)
+    assert all("CUDA_VISIBLE_DEVICES" not in e for e in too_many.values())
+    off = _render(_gpu_app(1, 1))
+    assert all("CUDA_VISIBLE_DEVICES" not in e for e in off.values())
+
+
+def test_request_layout_env_and_prepend_cwd() -> None:
+    app = AppDef(
+        name="x",
+        roles=[
+            Role(name="r", entrypoint="prog", args=["${app_id}", "${rank0_env}"], env={"A": "1"})
+        ],
+    )
+    request = render(app, local_run_opts().resolve({"prepend_cwd": True}), CTX, Path("/s"))
+    (replica,) = request.replicas
+    assert request.app_dir == "/s/svc/app-1"
+    assert replica.log_dir == "/s/svc/app-1/r/0"
+    assert replica.argv == ("prog", "app-1", "TORCHX_RANK0_HOST")
+    assert replica.cwd == "/work/dir"
+    assert replica.path_prepend == "/work/dir"
+    assert replica.env["A"] == "1"
+    assert replica.env["TORCHELASTIC_ERROR_FILE"] == "/s/svc/app-1/r/0/error.json"
+    assert "prog app-1 TORCHX_RANK0_HOST" in str(request)
+    custom = render(app, local_run_opts().resolve({"log_dir": "/elsewhere"}), CTX, Path("/s"))
+    assert custom.app_dir == "/elsewhere/svc/app-1"

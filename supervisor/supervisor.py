@@ -42,8 +42,6 @@ from supervisor.validate import validate
 
 __all__ = ["DryRunInfo", "Supervisor", "default_state_dir"]
 
-FOREIGN_WAIT_MAX_INTERVAL = 1.0
-
 
 def default_state_dir() -> Path:
     """``$ASUPERVISOR_HOME``, else ``$XDG_STATE_HOME/asupervisor``, else ~/.local/state/..."""
@@ -252,17 +250,12 @@ class Supervisor:
         if actor is not None:
             await actor.done.wait()
             return actor.status()
-        # Another process follows this app: read its records until they say it ended.
-        interval = 0.05
-        while True:
-            found = await self.describe(handle)
-            if found is None:
-                raise UnknownAppError(f"no app {handle}")
-            status = found.to_status()
-            if status.is_terminal or status.state.name == "UNKNOWN":
-                return status
-            await anyio.sleep(interval)
-            interval = min(interval * 2, FOREIGN_WAIT_MAX_INTERVAL)
+        # Another process follows this app: its backend tells when its records say it ended.
+        parsed = parse_handle(handle)
+        status = await self.backend(parsed.backend).wait_foreign(parsed)
+        if status is None:
+            raise UnknownAppError(f"no app {handle}")
+        return status
 
     async def watch(self, handle: str) -> AsyncIterator[Transition]:
         """Every transition of an app launched here, app and replica level, in order, to the end."""

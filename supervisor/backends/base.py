@@ -22,6 +22,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, ClassVar
 
+import anyio
 from anyio.abc import TaskGroup
 
 from supervisor.errors import UnknownBackendError
@@ -169,6 +170,23 @@ class Backend(abc.ABC):
     async def log_target(
         self, handle: AppHandle, role: str, replica_id: int
     ) -> LogTarget | None: ...
+
+    async def wait_foreign(self, handle: AppHandle) -> AppStatus | None:
+        """Wait for an app another process follows to end; None if it does not exist.
+
+        This default re-reads ``describe`` with a growing interval, for backends
+        that offer no change notification; backends that do override it.
+        """
+        interval = 0.05
+        while True:
+            found = await self.describe(handle)
+            if found is None:
+                return None
+            status = found.to_status()
+            if status.is_terminal or status.state.name == "UNKNOWN":
+                return status
+            await anyio.sleep(interval)
+            interval = min(interval * 2, 1.0)
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook, empty on purpose
         """Release backend-wide resources; called once when the Supervisor closes."""

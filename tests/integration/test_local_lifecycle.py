@@ -309,3 +309,19 @@ async def test_many_replicas_start_and_finish(state_dir: Path) -> None:
             status = await sv.wait(handle)
     assert status.state is AppState.SUCCEEDED
     assert len(status.roles[0].replicas) == 50
+
+
+async def test_another_supervisor_waits_for_and_cancels_an_app_it_did_not_start(
+    state_dir: Path,
+) -> None:
+    role = py_role("sleeper", "import time; time.sleep(60)")
+    async with Supervisor(session="owner") as owner, Supervisor(session="other") as other:
+        handle = await owner.submit(app(role), "local")
+        assert other.status(handle) is None  # not followed here: no I/O, no answer
+        with pytest.raises(WaitTimeout):
+            await other.wait(handle, timeout=0.3)
+        await other.cancel(handle)  # goes through the owner's records
+        with anyio.fail_after(20):
+            seen_by_other = await other.wait(handle)
+        assert seen_by_other.state is AppState.CANCELLED
+        assert (await owner.wait(handle, timeout=5)).state is AppState.CANCELLED

@@ -14,9 +14,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import anyio
 import pytest
 
-from supervisor import AppDef, Role, Supervisor
+from supervisor import AppDef, AppState, AppStatus, Role, Supervisor
 
 from .helpers import pid_gone_within
 
@@ -43,7 +44,7 @@ EMBEDDER = textwrap.dedent(
                 async for line in sv.log_iter(handle, "s", k, should_tail=True):
                     pids.append(line.strip())
                     break
-            print("PIDS", *pids, flush=True)
+            print("PIDS", handle, *pids, flush=True)
             await sv.wait(handle)
 
     try:
@@ -54,7 +55,9 @@ EMBEDDER = textwrap.dedent(
 )
 
 
-def _start_embedder(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[str], list[int]]:
+def _start_embedder(
+    tmp_path: Path, mode: str
+) -> tuple[subprocess.Popen[str], str, list[int]]:
     script = tmp_path / "embedder.py"
     script.write_text(EMBEDDER)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
@@ -64,9 +67,9 @@ def _start_embedder(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[str], l
     assert proc.stdout is not None
     line = proc.stdout.readline()  # the embedder prints its replicas' pids, then waits
     assert line.startswith("PIDS "), line
-    pids = [int(p) for p in line.split()[1:]]
+    handle, *pids = line.split()[1:]
     assert len(pids) == 2
-    return proc, pids
+    return proc, handle, [int(p) for p in pids]
 
 
 @pytest.mark.parametrize(
@@ -81,18 +84,31 @@ def _start_embedder(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[str], l
 def test_no_replica_survives_the_supervisor(
     state_dir: Path, tmp_path: Path, mode: str, sig: signal.Signals
 ) -> None:
-    proc, pids = _start_embedder(tmp_path, mode)
+    proc, handle, pids = _start_embedder(tmp_path, mode)
     try:
         proc.send_signal(sig)
         proc.wait(timeout=30)
         for pid in pids:
             assert pid_gone_within(pid, 2.0), f"replica {pid} outlived its supervisor ({sig.name})"
+        final = anyio.run(_wait_elsewhere, handle)
+        if sig is signal.SIGKILL or (sig is signal.SIGTERM and mode == "plain"):
+            # Killed with no chance to record an end: others are told so, not left waiting.
+            assert final.state is AppState.UNKNOWN
+            assert "ended without recording a final state" in final.msg
+        else:
+            assert final.state is AppState.CANCELLED
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+async def _wait_elsewhere(handle: str) -> AppStatus:
+    async with Supervisor(session="observer") as sv:
+        with anyio.fail_after(10):
+            return await sv.wait(handle)
 
 
 @pytest.mark.anyio

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -219,6 +219,30 @@ class LocalRuntime(AppRuntime):
                 await slot.done.wait()
 
 
+async def _process_exit(pid: int) -> None:
+    """Return when ``pid`` exits; at once if it already has."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        await anyio.wait_readable(pidfd)
+    finally:
+        os.close(pidfd)
+
+
+async def _first_of(*waits: Callable[[], Awaitable[object]]) -> None:
+    """Return when the first of ``waits`` does; the others are cancelled."""
+    async with anyio.create_task_group() as tg:
+
+        async def one(w: Callable[[], Awaitable[object]]) -> None:
+            await w()
+            tg.cancel_scope.cancel()
+
+        for w in waits:
+            tg.start_soon(one, w)
+
+
 class LocalBackend(Backend):
     name = "local"
 
@@ -360,6 +384,23 @@ class LocalBackend(Backend):
             return True  # nothing left to stop
         await anyio.to_thread.run_sync(store.request_cancel)
         return True
+
+    async def wait_foreign(self, handle: AppHandle) -> AppStatus | None:
+        """Woken by the owner replacing state.json (inotify) or by the owner's death (pidfd)."""
+        store = await self._store_for(handle)
+        if store is None:
+            return None
+        with Inotify() as inotify:
+            inotify.add_watch(store.app_dir, Mask.MOVED_TO | Mask.CLOSE_WRITE)
+            while True:
+                found = await anyio.to_thread.run_sync(self._read_status, store)
+                if found is None:
+                    return None
+                status, app = found
+                if status.is_terminal or status.state is AppState.UNKNOWN:
+                    return status
+                owner = Owner.from_json(app["owner"])  # type: ignore[arg-type]
+                await _first_of(inotify.get, lambda: _process_exit(owner.pid))
 
     def make_log_target(self, store: AppStore, role: str, replica_id: int) -> LogTarget:
         async def finished() -> bool:

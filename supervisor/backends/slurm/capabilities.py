@@ -1,0 +1,17 @@
+"""What the slurm backend can honour, checked by ``validate`` before any script is rendered."""
+
+from __future__ import annotations
+
+from supervisor.specs import RetryPolicy
+from supervisor.validate import Capabilities
+
+__all__ = ["SLURM_CAPABILITIES"]
+
+SLURM_CAPABILITIES = Capabilities(
+    backend="slurm",
+    # Slurm retries by requeueing the whole job; it cannot restart one replica or role.
+    retry_policies=frozenset({RetryPolicy.APPLICATION}),
+    mounts=False,
+    max_replicas_per_role=None,
+    requires_image=False,
+)

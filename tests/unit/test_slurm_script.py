@@ -1,0 +1,154 @@
+"""Golden sbatch scripts: any change to what we send Slurm shows up as a diff here.
+
+Regenerate with ``UPDATE_GOLDEN=1 pytest tests/unit/test_slurm_script.py``
+and review the diff like code.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+import pytest
+
+from supervisor import AppDef, Resource, RetryPolicy, Role, SpecError
+from supervisor.backends.base import DryrunContext
+from supervisor.backends.slurm.options import check_slurm_cfg, slurm_run_opts, valid_time
+from supervisor.backends.slurm.script import ClusterFacts, render
+
+GOLDEN = Path(__file__).parent / "golden"
+CTX = DryrunContext(session="svc", app_id="train-0001", cwd="/home/me/project")
+FACTS = ClusterFacts(version=(22, 5), default_partition="debug", real_memory_mb={"debug": 4000})
+HOSTILE_ARG = "$(touch /tmp/pwned) `id` ; rm -rf / 'quoted' \"double\""
+HOSTILE_ENV = "a,b,c=d e;$(touch /tmp/pwned)\nline2"
+
+
+def _app() -> AppDef:
+    return AppDef(
+        name="train",
+        roles=[
+            Role(
+                name="trainer",
+                entrypoint="python",
+                args=[
+                    "-m",
+                    "train",
+                    "--id",
+                    "${replica_id}",
+                    "--master",
+                    "$${${rank0_env}}",
+                    HOSTILE_ARG,
+                ],
+                env={"LR": "0.1", "TRICKY": HOSTILE_ENV},
+                num_replicas=2,
+                max_retries=2,
+                resource=Resource(cpu=2, gpu=1, memMB=2048),
+            ),
+            Role(
+                name="ps",
+                entrypoint="python",
+                args=["-m", "ps"],
+                resource=Resource(cpu=1, memMB=512),
+            ),
+        ],
+    )
+
+
+def _script(name: str, cfg: dict[str, object], facts: ClusterFacts = FACTS) -> str:
+    request = render(
+        _app(),
+        slurm_run_opts().resolve(cfg),
+        CTX,
+        facts=facts,
+        default_log_dir=Path("/state/logs"),
+        job_dir=None,
+    )
+    path = GOLDEN / f"{name}.sbatch"
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.write_text(request.script)
+    return request.script
+
+
+@pytest.mark.parametrize(
+    ("name", "cfg", "facts"),
+    [
+        ("basic", {}, FACTS),
+        (
+            "all_options",
+            {
+                "partition": "debug",
+                "time": "1-02:00:00",
+                "comment": "nightly run",
+                "constraint": "a100",
+                "mail-user": "me@example.com",
+                "mail-type": "END,FAIL",
+                "qos": "high",
+                "account": "ml",
+            },
+            FACTS,
+        ),
+        ("small_memory_new_slurm", {}, ClusterFacts((24, 11), "tiny", {"tiny": 1000})),
+    ],
+)
+def test_scripts_match_golden_files(name: str, cfg: dict[str, object], facts: ClusterFacts) -> None:
+    assert _script(name, cfg, facts) == (GOLDEN / f"{name}.sbatch").read_text()
+
+
+def test_memory_and_gpu_rules() -> None:
+    basic = _script("basic", {})
+    assert "--mem=2048" in basic and "--gpus-per-task=1" in basic
+    small = _script("small_memory_new_slurm", {}, ClusterFacts((24, 11), "tiny", {"tiny": 1000}))
+    assert "--mem=" not in small and "--gpus-per-node=1" in small
+
+
+def test_hostile_values_reach_the_program_literally() -> None:
+    script = _script("basic", {})
+    srun = script[script.index("srun ") :].split("exitcode=")[0]
+    groups = srun.replace("\\\n", " ").split(" : ")
+    words = shlex.split(groups[0])
+    assert HOSTILE_ARG in words
+    assert f"TRICKY={HOSTILE_ENV}" in words
+    # $$ escapes a dollar, so the program sees a shell-style reference, unexpanded.
+    assert "${SLURM_JOB_NODELIST_HET_GROUP_0}" in words
+
+
+def test_request_is_not_mutated_and_is_deterministic() -> None:
+    app = _app()
+    cfg = slurm_run_opts().resolve({})
+    one = render(app, cfg, CTX, facts=FACTS, default_log_dir=Path("/l"), job_dir=None)
+    two = render(app, cfg, CTX, facts=FACTS, default_log_dir=Path("/l"), job_dir=None)
+    assert one == two
+    assert app == _app()
+
+
+@pytest.mark.parametrize(
+    "good", ["30", "1:30", "01:30:00", "2-0", "2-12:30", "2-12:30:00", "INFINITE"]
+)
+def test_valid_times(good: str) -> None:
+    assert valid_time(good)
+
+
+@pytest.mark.parametrize("bad", ["", "1h", "1:2:3:4", "-5", "2-", "a-1"])
+def test_invalid_times(bad: str) -> None:
+    assert not valid_time(bad)
+
+
+def test_cfg_problems_name_the_fields() -> None:
+    cfg = slurm_run_opts().resolve({"time": "1h", "mail-type": "END,BOGUS", "partition": "a b"})
+    with pytest.raises(SpecError) as err:
+        check_slurm_cfg(cfg)
+    assert set(err.value.fields) == {"cfg.time", "cfg.mail-type", "cfg.partition"}
+
+
+def test_retry_policies_other_than_application_are_not_whole_job() -> None:
+    # Whole-job requeue is the only retry Slurm does: the backend's capabilities say so.
+    from supervisor.backends.slurm.capabilities import SLURM_CAPABILITIES
+    from supervisor.validate import validate
+
+    app = AppDef(
+        name="x",
+        roles=[Role(name="r", entrypoint="e", max_retries=1, retry_policy=RetryPolicy.REPLICA)],
+    )
+    with pytest.raises(SpecError, match="REPLICA is not supported by backend 'slurm'"):
+        validate(app, SLURM_CAPABILITIES)

@@ -34,7 +34,7 @@ from supervisor.backends.base import (
     Request,
 )
 from supervisor.errors import InvalidHandleError, UnknownAppError, WaitTimeout
-from supervisor.logs import Stream, iter_log_lines, parse_streams
+from supervisor.logs import Stream, WatchHub, iter_log_lines, parse_streams
 from supervisor.runopts import ResolvedCfg, RunOpts
 from supervisor.specs import AppDef, AppHandle, make_app_id, make_handle, parse_handle
 from supervisor.status import AppStatus, DescribeAppResponse, ListAppResponse, Transition
@@ -109,11 +109,13 @@ class Supervisor:
         self._tg: TaskGroup | None = None
         self._gpus: int | None = None
         self._closed = False
+        self._watch_hub: WatchHub | None = None
 
     # --------------------------------------------------------------- lifecycle
     async def __aenter__(self) -> Supervisor:
         self._stack = AsyncExitStack()
         self._tg = await self._stack.enter_async_context(anyio.create_task_group())
+        self._watch_hub = WatchHub(self._tg)
         return self
 
     async def __aexit__(
@@ -289,6 +291,7 @@ class Supervisor:
             is_finished=target.is_finished,
             extra_watch_dirs=target.watch_dirs,
             finished_event=finished,
+            watch_hub=self._watch_hub,
         ):
             yield line
 

@@ -31,15 +31,23 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from supervisor.components import BUILTINS
 from supervisor.specs import AppDef, Role
 
-__all__ = ["Component", "command_app", "component_command", "load_component"]
+__all__ = [
+    "Component",
+    "KeyValue",
+    "call_component",
+    "command_app",
+    "component_command",
+    "load_component",
+]
 
 Component = Callable[..., AppDef]
 
-_SCALARS: dict[Any, click.ParamType] = {
+_SCALARS: dict[Any, click.ParamType[Any]] = {
     str: click.STRING,
     int: click.INT,
     float: click.FLOAT,
@@ -100,7 +108,7 @@ def command_app(argv: Sequence[str]) -> AppDef:
 
 
 # ----------------------------------------------------------------- signatures
-class KeyValue(click.ParamType):
+class KeyValue(click.ParamType[dict[str, str]]):
     """``k=v,k2=v2`` into a dict of strings."""
 
     name = "K=V,..."
@@ -123,7 +131,7 @@ class KeyValue(click.ParamType):
 
 @dataclass(frozen=True)
 class _Kind:
-    type: click.ParamType
+    type: click.ParamType[Any]
     multiple: bool = False
     flag: bool = False
     mapping: bool = False
@@ -142,9 +150,9 @@ def _kind_of(annotation: Any, default: Any, where: str) -> _Kind:
         return _Kind(click.BOOL, flag=True)
     if annotation in _SCALARS:
         return _Kind(_SCALARS[annotation])
-    if origin in (list, tuple, Sequence) and args and args[0] in _SCALARS:
-        if origin is not tuple or len(args) == 1 or args[1:] == (Ellipsis,):
-            return _Kind(_SCALARS[args[0]], multiple=True)
+    homogeneous = origin is not tuple or len(args) == 1 or args[1:] == (Ellipsis,)
+    if origin in (list, tuple, Sequence) and args and args[0] in _SCALARS and homogeneous:
+        return _Kind(_SCALARS[args[0]], multiple=True)
     if origin in (dict, Mapping) and args == (str, str):
         return _Kind(KeyValue(), mapping=True)
     raise click.UsageError(f"{where}: unsupported parameter type {annotation!r}")
@@ -247,18 +255,21 @@ def _option(p: inspect.Parameter, kind: _Kind, has_default: bool, help: str) -> 
         decls = [f"--{s}" for s in spellings]
         if len(p.name) == 1:
             decls.insert(0, f"-{p.name}")
-    default = p.default if has_default else None
-    if kind.multiple and default is not None:
-        default = tuple(default)
+    extra: dict[str, Any] = {}
+    if has_default:
+        default = p.default
+        extra["default"] = tuple(default) if kind.multiple and default is not None else default
+        extra["show_default"] = default not in (None, ())
+    elif kind.flag:
+        extra["default"] = False
     return click.Option(
         [*decls, p.name],
         type=kind.type,
         multiple=kind.multiple,
         is_flag=kind.flag or None,
-        required=not has_default,
-        default=default if kind.flag or has_default else None,
-        show_default=has_default and default not in (None, ()),
+        required=not has_default and not kind.flag,
         help=help,
+        **extra,
     )
 
 
@@ -271,7 +282,7 @@ def call_component(fn: Component, name: str, args: Sequence[str], parent: click.
         for b in bindings:
             value = ctx.params.get(b.name)
             source = ctx.get_parameter_source(b.name)
-            given = source is not None and source is not click.core.ParameterSource.DEFAULT
+            given = source is not None and source is not ParameterSource.DEFAULT
             if b.variadic:
                 positional.extend(value or ())
             elif b.positional:

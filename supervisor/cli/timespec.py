@@ -18,7 +18,7 @@ _NUMBER = re.compile(r"\d+(?:\.\d*)?|\.\d+")
 
 
 def parse_duration(text: str) -> float | None:
-    """Seconds in ``"90s"``, ``"10m"``, ``"2h"``, ``"1h30m"``, ``"1d"``, ``"500ms"``; None if not one."""
+    """Seconds in ``90s``, ``10m``, ``2h``, ``1h30m``, ``1d``, ``500ms``; None if not one."""
     compact = text.strip().lower()
     if not _DURATION.fullmatch(compact):
         return None
@@ -47,7 +47,7 @@ def parse_time(text: str, now: float | None = None) -> datetime | float:
         ) from None
 
 
-class TimeSpec(click.ParamType):
+class TimeSpec(click.ParamType[datetime | float]):
     """A click type around ``parse_time``."""
 
     name = "TIME"

@@ -11,6 +11,7 @@ from supervisor.logs.lines import LineSplitter, decode_line
 from supervisor.logs.reader import Stream, iter_log_lines, parse_streams
 from supervisor.logs.sink import LogSink, ReplicaLog, StreamName
 from supervisor.logs.timestamps import TimestampIndex
+from supervisor.logs.watch import WatchHub
 
 __all__ = [
     "LineSplitter",
@@ -19,6 +20,7 @@ __all__ = [
     "Stream",
     "StreamName",
     "TimestampIndex",
+    "WatchHub",
     "decode_line",
     "iter_log_lines",
     "parse_streams",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import itertools
 import os
 import re
 import time
@@ -20,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 
 import anyio
-from asyncinotify import Event, Inotify, Mask
+from asyncinotify import Event, Inotify
 
 from supervisor.errors import BackendError
 from supervisor.logs.lines import LineSplitter, split_decoded
@@ -32,6 +33,7 @@ from supervisor.logs.timestamps import (
     STDOUT_ID,
     TimestampIndex,
 )
+from supervisor.logs.watch import WATCH_MASK, WatchHub
 
 __all__ = ["Stream", "iter_log_lines", "parse_streams"]
 
@@ -39,18 +41,10 @@ _CHUNK = 1 << 20
 # Inotify can be missing (instance limit reached, network file systems);
 # this bounds how late a follower notices changes then.
 _RECHECK_S = 2.0
+_TOKENS = itertools.count()  # subscriber identities for WatchHub; only ever increases
 # How long after ``until`` output stamped before it may still be on its way
 # through the sink's queue to the file.
 _UNTIL_GRACE_S = 2.0
-_WATCH_MASK = (
-    Mask.MODIFY
-    | Mask.CLOSE_WRITE
-    | Mask.CREATE
-    | Mask.MOVED_TO
-    | Mask.DELETE_SELF
-    | Mask.MOVE_SELF
-    | Mask.ONLYDIR
-)
 
 
 class Stream(enum.StrEnum):
@@ -88,6 +82,7 @@ def iter_log_lines(
     is_finished: Callable[[], Awaitable[bool]] | None = None,
     extra_watch_dirs: Sequence[Path] = (),
     finished_event: anyio.Event | None = None,
+    watch_hub: WatchHub | None = None,
 ) -> AsyncGenerator[str, None]:
     """Lines of one replica's log, each with its ``\\n`` (a final unterminated one without).
 
@@ -111,6 +106,8 @@ def iter_log_lines(
       now. The iterator ends early once a line newer than ``until`` is seen,
       or, when following, once the clock passed ``until`` by 2 s and the
       file is drained (the wall clock is assumed not to step back).
+    * ``watch_hub``: share one inotify instance with other followers (there
+      are only 128 per user); without it each follower opens its own.
 
     Waiting for data uses inotify on ``directory`` and ``extra_watch_dirs``
     (nearest existing parents while they do not exist), ``finished_event``
@@ -129,6 +126,7 @@ def iter_log_lines(
             is_finished=is_finished,
             extra_watch_dirs=tuple(Path(d) for d in extra_watch_dirs),
             finished_event=finished_event,
+            watch_hub=watch_hub,
         )
     )
 
@@ -144,6 +142,7 @@ class _Query:
     is_finished: Callable[[], Awaitable[bool]] | None
     extra_watch_dirs: tuple[Path, ...]
     finished_event: anyio.Event | None
+    watch_hub: WatchHub | None
 
     @property
     def path(self) -> Path:
@@ -211,9 +210,13 @@ async def _follow(query: _Query) -> AsyncGenerator[str, None]:
                         yield line
                 return
             if watcher is None:
-                watcher = _Watcher(
-                    query.directory, FILE_NAMES[_STREAM_IDS[query.stream]], query.extra_watch_dirs
-                )
+                filename = FILE_NAMES[_STREAM_IDS[query.stream]]
+                if query.watch_hub is not None:
+                    watcher = _HubWatcher(
+                        query.watch_hub, query.directory, filename, query.extra_watch_dirs
+                    )
+                else:
+                    watcher = _Watcher(query.directory, filename, query.extra_watch_dirs)
             if await watcher.prepare():
                 continue  # a new watch: anything before it may have gone unseen
             wake_on = query.finished_event
@@ -451,7 +454,8 @@ class _Watcher:
             return True
         return interest.names is None or name in interest.names
 
-    def _sync_watches(self, inotify: Inotify) -> bool:
+    def _wanted(self) -> dict[Path, _Interest]:
+        """Directories to watch now: each target, or its nearest existing ancestor. Blocks."""
         wanted: dict[Path, _Interest] = {}
         for target, interest in self._targets.items():
             found = _nearest_dir(target)
@@ -461,10 +465,14 @@ class _Watcher:
                 step = frozenset({target.relative_to(found).parts[0]})
                 interest = _Interest(step, step)
             wanted[found] = wanted[found].merged(interest) if found in wanted else interest
+        return wanted
+
+    def _sync_watches(self, inotify: Inotify) -> bool:
+        wanted = self._wanted()
         by_wd: dict[int, _Interest] = {}
         for path, interest in wanted.items():
             try:
-                watch = inotify.add_watch(path, _WATCH_MASK)
+                watch = inotify.add_watch(path, WATCH_MASK)
             except OSError:
                 continue  # gone again or not watchable: the re-check covers it
             by_wd[watch.wd] = interest
@@ -475,6 +483,66 @@ class _Watcher:
         changed = by_wd != self._interest
         self._interest = by_wd
         return changed
+
+
+class _HubWatcher(_Watcher):
+    """The same wake-ups as ``_Watcher``, through a ``WatchHub`` shared with other followers."""
+
+    def __init__(
+        self, hub: WatchHub, directory: Path, filename: str, extra_dirs: Sequence[Path]
+    ) -> None:
+        everything = _Interest(None, frozenset())
+        self._targets = dict.fromkeys(extra_dirs, everything)
+        own = _Interest(frozenset({filename}), frozenset())
+        self._targets[directory] = self._targets.get(directory, own).merged(own)
+        self._interest = {}
+        self._dirty = True
+        self._inotify = None
+        self._hub = hub
+        self._token = next(_TOKENS)
+        self._changed = anyio.Event()
+        self._watching = True
+
+    async def prepare(self) -> bool:
+        if not self._dirty:
+            return False
+        self._dirty = False
+        wanted = await anyio.to_thread.run_sync(self._wanted)
+        by_wd: dict[int, _Interest] = {}
+        for path, interest in wanted.items():
+            wd = self._hub.subscribe(path, self._token, self._on_event)
+            if wd is not None:
+                by_wd[wd] = interest
+        for wd in self._interest:
+            if wd not in by_wd:
+                self._hub.unsubscribe(wd, self._token)
+        changed = by_wd != self._interest
+        self._interest = by_wd
+        self._watching = bool(by_wd)
+        return changed
+
+    def _on_event(self, event: Event | None) -> None:
+        if event is None:
+            self._dirty = True
+            self._changed.set()
+        elif self._relevant(event):
+            self._changed.set()
+
+    async def wait(self, finished_event: anyio.Event | None) -> None:
+        with anyio.move_on_after(_RECHECK_S) as timer:
+            async with anyio.create_task_group() as group:
+                group.start_soon(_wait_event, self._changed, group.cancel_scope)
+                if finished_event is not None:
+                    group.start_soon(_wait_event, finished_event, group.cancel_scope)
+        if self._changed.is_set():
+            self._changed = anyio.Event()
+        if timer.cancelled_caught:
+            self._dirty = True
+
+    def close(self) -> None:
+        for wd in self._interest:
+            self._hub.unsubscribe(wd, self._token)
+        self._interest = {}
 
 
 def _nearest_dir(path: Path) -> Path | None:

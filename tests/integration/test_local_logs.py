@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -86,3 +87,35 @@ async def test_not_tailing_returns_at_the_current_end(state_dir: Path) -> None:
             lines = await _collect(sv, handle, "t")
         assert lines == ["first\n"]
         await sv.cancel(handle)
+
+
+def _inotify_instances() -> int:
+    fd_dir = Path("/proc/self/fd")
+    count = 0
+    for fd in fd_dir.iterdir():
+        try:
+            if "inotify" in os.readlink(fd):
+                count += 1
+        except OSError:
+            continue
+    return count
+
+
+async def test_following_many_replicas_shares_one_inotify_instance(state_dir: Path) -> None:
+    # Linux allows 128 inotify instances per user: 150 followers must share.
+    role = py_role("w", "import time; time.sleep(1); print('tick', flush=True)", num_replicas=150)
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app(role), "local")
+        counts: list[int] = []
+
+        async def follow(k: int) -> None:
+            async for line in sv.log_iter(handle, "w", k, should_tail=True):
+                assert line == "tick\n"
+                counts.append(_inotify_instances())
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                for k in range(150):
+                    tg.start_soon(follow, k)
+        assert len(counts) == 150
+        assert max(counts) <= 3  # the backend's, the hub's, and none per follower

@@ -55,9 +55,7 @@ EMBEDDER = textwrap.dedent(
 )
 
 
-def _start_embedder(
-    tmp_path: Path, mode: str
-) -> tuple[subprocess.Popen[str], str, list[int]]:
+def _start_embedder(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[str], str, list[int]]:
     script = tmp_path / "embedder.py"
     script.write_text(EMBEDDER)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}

@@ -13,6 +13,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import anyio
@@ -399,8 +400,8 @@ class LocalBackend(Backend):
                 status, app = found
                 if status.is_terminal or status.state is AppState.UNKNOWN:
                     return status
-                owner = Owner.from_json(app["owner"])  # type: ignore[arg-type]
-                await _first_of(inotify.get, lambda: _process_exit(owner.pid))
+                owner_pid = Owner.from_json(app["owner"]).pid  # type: ignore[arg-type]
+                await _first_of(inotify.get, partial(_process_exit, owner_pid))
 
     def make_log_target(self, store: AppStore, role: str, replica_id: int) -> LogTarget:
         async def finished() -> bool:

@@ -1,0 +1,66 @@
+"""Turning library errors into exit codes, once, around every command."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import anyio
+import click
+
+from supervisor.cli import codes
+from supervisor.errors import (
+    InvalidHandleError,
+    SpecError,
+    SupervisorError,
+    UnknownAppError,
+    UnknownBackendError,
+)
+
+__all__ = ["CliError", "UsageFailure", "run_async", "translate"]
+
+T = TypeVar("T")
+
+
+class CliError(click.ClickException):
+    """A message on stderr (click prints ``Error: ...``) and exit code 1."""
+
+    exit_code = codes.FAILED
+
+
+class UsageFailure(CliError):
+    """Like ``CliError`` but exit code 2: what the user asked for cannot be done as asked."""
+
+    exit_code = codes.USAGE
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The one exception inside nested single-member groups (task groups wrap errors)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def translate(exc: BaseException) -> BaseException:
+    """The exception to raise in place of ``exc``: a ``CliError`` for library errors."""
+    leaf = _leaf(exc)
+    if isinstance(leaf, KeyboardInterrupt):
+        return click.exceptions.Exit(codes.exit_code_for_signal(2))
+    if isinstance(leaf, SpecError | InvalidHandleError | UnknownBackendError):
+        return UsageFailure(str(leaf))
+    if isinstance(leaf, UnknownAppError):
+        return CliError(str(leaf))
+    if isinstance(leaf, SupervisorError):
+        return CliError(f"{type(leaf).__name__}: {leaf}")
+    return leaf
+
+
+def run_async(fn: Callable[[], Awaitable[T]]) -> T:
+    """``anyio.run`` on asyncio, with library errors mapped to exit codes."""
+    try:
+        return anyio.run(fn, backend="asyncio")
+    except BaseException as exc:
+        mapped = translate(exc)
+        if mapped is exc:
+            raise
+        raise mapped from exc

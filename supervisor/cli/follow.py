@@ -1,0 +1,91 @@
+"""Printing what happens while an app runs: replica output and transitions."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TextIO
+
+import anyio
+from rich.console import Console
+
+from supervisor.cli.render import replica_prefix, transition_text
+from supervisor.logs import Stream
+from supervisor.supervisor import Supervisor
+
+__all__ = ["LogQuery", "follow_logs", "print_transitions"]
+
+
+@dataclass(frozen=True)
+class LogQuery:
+    """The filters of ``log`` (``run --log`` uses the defaults with ``follow=True``)."""
+
+    follow: bool = False
+    regex: str | None = None
+    since: datetime | float | None = None
+    until: datetime | float | None = None
+    streams: Stream | None = None
+
+
+async def follow_logs(
+    sv: Supervisor,
+    handle: str,
+    replicas: Sequence[tuple[str, int]],
+    query: LogQuery,
+    out: TextIO,
+    *,
+    prefix: bool,
+    color: bool = False,
+    as_json: bool = False,
+) -> None:
+    """Print the replicas' lines concurrently, each line whole, until every one ended.
+
+    With ``prefix`` each line starts ``role/k | `` and a last line without
+    its newline gets one, so replicas never share a line. With ``as_json``
+    each line is a JSON object ``{"role", "replica_id", "line"}``.
+    """
+    async with anyio.create_task_group() as tg:
+        for index, (role, k) in enumerate(replicas):
+            label = replica_prefix(role, k, index, color) if prefix else ""
+            tg.start_soon(_one, sv, handle, role, k, query, out, label, prefix, as_json)
+    out.flush()
+
+
+async def _one(
+    sv: Supervisor,
+    handle: str,
+    role: str,
+    k: int,
+    query: LogQuery,
+    out: TextIO,
+    label: str,
+    prefix: bool,
+    as_json: bool,
+) -> None:
+    lines = sv.log_iter(
+        handle,
+        role,
+        k,
+        regex=query.regex,
+        since=query.since,
+        until=query.until,
+        should_tail=query.follow,
+        streams=query.streams,
+    )
+    async for line in lines:
+        if as_json:
+            out.write(json.dumps({"role": role, "replica_id": k, "line": line}) + "\n")
+        elif prefix and not line.endswith("\n"):
+            out.write(f"{label}{line}\n")
+        else:
+            out.write(label + line)
+        if query.follow:
+            out.flush()
+
+
+async def print_transitions(sv: Supervisor, handle: str, err: Console) -> None:
+    """Every transition of an app launched here, as it happens, until the app ends."""
+    async for t in sv.watch(handle):
+        err.print(transition_text(t))

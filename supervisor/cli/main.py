@@ -1,0 +1,280 @@
+"""The ``asupervisor`` entry point: the command group and the query commands.
+
+``run`` lives in ``runcmd.py``; exit codes are listed in ``supervisor.cli``'s
+docstring and in ``codes.py``: 0 success/SUCCEEDED, 1 FAILED or no such app,
+2 usage error, 3 CANCELLED, 4 UNKNOWN, 130 SIGINT, 143 SIGTERM.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from supervisor.cli.errors import CliError, UsageFailure, run_async
+from supervisor.cli.follow import LogQuery, follow_logs
+from supervisor.cli.render import (
+    console,
+    describe_json,
+    echo_json,
+    list_json,
+    print_describe,
+    print_list,
+    print_status,
+    status_json,
+)
+from supervisor.cli.runcmd import run
+from supervisor.cli.timespec import TimeSpec
+from supervisor.errors import InvalidHandleError, UnknownBackendError
+from supervisor.logs import Stream
+from supervisor.specs import parse_handle
+from supervisor.status import DescribeAppResponse
+from supervisor.supervisor import Supervisor
+
+__all__ = ["cli", "main"]
+
+
+class HandleType(click.ParamType[str]):
+    """``backend://session/app_id``, checked with ``parse_handle`` (exit 2 if malformed)."""
+
+    name = "HANDLE"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        try:
+            return str(parse_handle(value))
+        except InvalidHandleError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+HANDLE = HandleType()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--session", help="session name for new apps (default: your user name)")
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="where apps keep their records (default: $ASUPERVISOR_HOME, else "
+    "$XDG_STATE_HOME/asupervisor, else ~/.local/state/asupervisor)",
+)
+@click.version_option(package_name="asupervisor")
+@click.pass_context
+def cli(ctx: click.Context, session: str | None, state_dir: Path | None) -> None:
+    """Launch and follow multi-role, multi-replica apps.
+
+    \b
+    Exit codes: 0 success (the app SUCCEEDED), 1 the app FAILED or no such app,
+    2 usage error, 3 CANCELLED, 4 UNKNOWN, 130 SIGINT, 143 SIGTERM.
+    """
+    ctx.obj = {"session": session, "state_dir": state_dir}
+
+
+cli.add_command(run)
+
+
+def _supervisor(ctx: click.Context) -> Supervisor:
+    obj: dict[str, Any] = ctx.find_root().obj or {}
+    return Supervisor(obj.get("session"), state_dir=obj.get("state_dir"))
+
+
+async def _describe(sv: Supervisor, handle: str) -> DescribeAppResponse:
+    found = await sv.describe(handle)
+    if found is None:
+        raise CliError(f"no app {handle}")
+    return found
+
+
+@cli.command()
+@click.argument("handle", type=HANDLE)
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.pass_context
+def status(ctx: click.Context, handle: str, as_json: bool) -> None:
+    """State, restarts and per-replica status of an app (exit 1 if unknown)."""
+
+    async def main() -> None:
+        async with _supervisor(ctx) as sv:
+            found = (await _describe(sv, handle)).to_status()
+        if as_json:
+            echo_json(status_json(handle, found))
+        else:
+            print_status(console(), handle, found)
+
+    run_async(main)
+
+
+@cli.command()
+@click.argument("handle", type=HANDLE)
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.pass_context
+def describe(ctx: click.Context, handle: str, as_json: bool) -> None:
+    """Status plus the app's roles: entrypoint, args, replicas, retries."""
+
+    async def main() -> None:
+        async with _supervisor(ctx) as sv:
+            found = await _describe(sv, handle)
+        if as_json:
+            echo_json(describe_json(handle, found))
+        else:
+            print_describe(console(), handle, found)
+
+    run_async(main)
+
+
+_REPLICA = re.compile(r"(?P<role>[^/]+)(?:/(?P<k>\d+))?")
+
+
+def _select(resp: DescribeAppResponse, which: str | None) -> list[tuple[str, int]]:
+    """The (role, k) pairs ``ROLE[/K]`` names; every replica when ``which`` is None."""
+    known = {rs.role: [r.id for r in rs.replicas] for rs in resp.roles_statuses}
+    for spec in resp.roles:
+        known.setdefault(spec.name, list(range(spec.num_replicas)))
+    if which is None:
+        return [(role, k) for role, ids in known.items() for k in ids]
+    found = _REPLICA.fullmatch(which)
+    if found is None:
+        raise click.BadParameter(f"{which!r} is not ROLE or ROLE/K", param_hint="ROLE[/K]")
+    role = found["role"]
+    if role not in known:
+        raise click.BadParameter(
+            f"no role {role!r}; roles: {', '.join(known)}", param_hint="ROLE[/K]"
+        )
+    if found["k"] is None:
+        return [(role, k) for k in known[role]]
+    k = int(found["k"])
+    if k not in known[role]:
+        raise click.BadParameter(
+            f"role {role!r} has replicas {', '.join(map(str, known[role]))}; no {k}",
+            param_hint="ROLE[/K]",
+        )
+    return [(role, k)]
+
+
+@cli.command()
+@click.argument("handle", type=HANDLE)
+@click.argument("replica", metavar="[ROLE[/K]]", required=False)
+@click.option("-f", "--follow", is_flag=True, help="keep printing until the app ends")
+@click.option("--regex", help="only lines matching this regular expression")
+@click.option("--since", type=TimeSpec(), help="only lines written at or after T")
+@click.option("--until", type=TimeSpec(), help="only lines written at or before T")
+@click.option(
+    "--streams",
+    type=click.Choice([s.value for s in Stream]),
+    help="which output [default: combined, both interleaved]",
+)
+@click.option("--json", "as_json", is_flag=True, help='one {"role","replica_id","line"} per line')
+@click.pass_context
+def log(
+    ctx: click.Context,
+    handle: str,
+    replica: str | None,
+    follow: bool,
+    regex: str | None,
+    since: float | None,
+    until: float | None,
+    streams: str | None,
+    as_json: bool,
+) -> None:
+    """Print an app's output: every replica, one ROLE's, or one ROLE/K's.
+
+    Lines are printed as written. With several replicas each line starts
+    with `role/k | `. T is an ISO-8601 datetime (naive means local time),
+    epoch seconds, or a duration ago: 30s, 10m, 2h, 1d, 1h30m.
+    """
+    if regex is not None:
+        try:
+            re.compile(regex)
+        except re.error as exc:
+            raise click.BadParameter(str(exc), param_hint="--regex") from exc
+    query = LogQuery(follow, regex, since, until, Stream(streams) if streams else None)
+
+    async def main() -> None:
+        async with _supervisor(ctx) as sv:
+            replicas = _select(await _describe(sv, handle), replica)
+            single = replica is not None and "/" in replica
+            await follow_logs(
+                sv,
+                handle,
+                replicas,
+                query,
+                sys.stdout,
+                prefix=not single,
+                color=sys.stdout.isatty(),
+                as_json=as_json,
+            )
+
+    run_async(main)
+
+
+@cli.command()
+@click.argument("handle", type=HANDLE)
+@click.pass_context
+def cancel(ctx: click.Context, handle: str) -> None:
+    """Ask an app to stop; returns at once. Exit 0 if it exists (even finished), 1 if not."""
+
+    async def main() -> None:
+        async with _supervisor(ctx) as sv:
+            found = await _describe(sv, handle)
+            if found.to_status().is_terminal:
+                click.echo(f"{handle} already ended: {found.state.name}", err=True)
+                return
+            await sv.cancel(handle)
+        click.echo(f"cancel requested: {handle}", err=True)
+
+    run_async(main)
+
+
+@cli.command("list")
+@click.option("--backend", default="local", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.pass_context
+def list_apps(ctx: click.Context, backend: str, as_json: bool) -> None:
+    """Apps a backend knows: handle, name, state."""
+
+    async def main() -> None:
+        async with _supervisor(ctx) as sv:
+            apps = await sv.list(backend)
+        if as_json:
+            echo_json(list_json(apps))
+        else:
+            print_list(console(), apps)
+
+    run_async(main)
+
+
+@cli.command()
+@click.argument("backend")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.pass_context
+def runopts(ctx: click.Context, backend: str, as_json: bool) -> None:
+    """The run options BACKEND takes (`run --cfg k=v,...`)."""
+    try:
+        opts = _supervisor(ctx).run_opts(backend)
+    except UnknownBackendError as exc:
+        raise UsageFailure(str(exc)) from exc
+    if as_json:
+        echo_json(
+            [
+                {
+                    "name": o.name,
+                    "type": str(o.type),
+                    "default": list(o.default) if isinstance(o.default, tuple) else o.default,
+                    "required": o.required,
+                    "help": o.help,
+                }
+                for o in opts
+            ]
+        )
+    else:
+        click.echo(str(opts))
+
+
+def main() -> None:
+    """The console script."""
+    cli.main(prog_name="asupervisor")
+
+
+if __name__ == "__main__":
+    main()

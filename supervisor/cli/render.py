@@ -1,0 +1,187 @@
+"""What the CLI prints: rich tables for people, plain JSON for programs.
+
+JSON goes through ``click.echo`` untouched by rich, so it never carries
+markup or colour codes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, TextIO
+
+import click
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from supervisor.fsm.states import AppState, ReplicaState
+from supervisor.specs import AppDef, Role
+from supervisor.status import AppStatus, DescribeAppResponse, ListAppResponse, Transition
+
+__all__ = [
+    "console",
+    "describe_json",
+    "echo_json",
+    "list_json",
+    "print_describe",
+    "print_list",
+    "print_status",
+    "replica_prefix",
+    "status_json",
+    "transition_text",
+]
+
+_STATE_STYLE = {
+    "SUCCEEDED": "green",
+    "FAILED": "bold red",
+    "CANCELLED": "yellow",
+    "UNKNOWN": "magenta",
+    "RUNNING": "cyan",
+}
+_PREFIX_COLORS = ("cyan", "green", "yellow", "blue", "magenta", "red")
+_PIPE_WIDTH = 200  # tables written to a file or pipe: wide enough for handles
+
+
+def console(stderr: bool = False) -> Console:
+    """A console on stdout (or stderr); not a terminal means no colour and no narrow wrap."""
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() or "COLUMNS" in os.environ else _PIPE_WIDTH
+    return Console(file=stream, stderr=stderr, highlight=False, width=width)
+
+
+def state_text(state: AppState | ReplicaState) -> Text:
+    return Text(state.name, style=_STATE_STYLE.get(state.name, ""))
+
+
+# ------------------------------------------------------------------ JSON
+def echo_json(data: Any, *, compact: bool = False, file: TextIO | None = None) -> None:
+    """One JSON document; ``compact`` keeps it on one line (for streams of documents)."""
+    text = json.dumps(data, separators=(",", ":")) if compact else json.dumps(data, indent=2)
+    click.echo(text, file=file)
+
+
+def status_json(handle: str, status: AppStatus) -> dict[str, Any]:
+    return {"handle": handle, **status.to_json()}
+
+
+def describe_json(handle: str, resp: DescribeAppResponse) -> dict[str, Any]:
+    status = resp.to_status().to_json()
+    return {
+        "handle": handle,
+        "app_id": resp.app_id,
+        "state": status["state"],
+        "num_restarts": status["num_restarts"],
+        "msg": status["msg"],
+        "structured_error_msg": status["structured_error_msg"],
+        "ui_url": status["ui_url"],
+        "roles_statuses": status["roles"],
+        "roles": AppDef(name=resp.app_id, roles=resp.roles).to_json()["roles"],
+    }
+
+
+def list_json(apps: Sequence[ListAppResponse]) -> list[dict[str, Any]]:
+    return [
+        {"handle": a.app_handle, "app_id": a.app_id, "name": a.name, "state": a.state.name}
+        for a in apps
+    ]
+
+
+# ---------------------------------------------------------------- tables
+def print_status(out: Console, handle: str, status: AppStatus) -> None:
+    head = Text.assemble(
+        (handle, "bold"), "  ", state_text(status.state), f"  restarts: {status.num_restarts}"
+    )
+    out.print(head)
+    if status.msg:
+        out.print(Text(f"msg: {status.msg}"))
+    if status.structured_error_msg:
+        out.print(Text(f"error: {status.structured_error_msg}"))
+    replicas = [r for rs in status.roles for r in rs.replicas]
+    if not replicas:
+        return
+    with_msg = any(r.msg or r.structured_error_msg for r in replicas)
+    table = Table(box=None, pad_edge=False)
+    for column in ("role", "id", "state", "host", "exit", "restarts"):
+        table.add_column(column, justify="right" if column in ("id", "restarts") else "left")
+    if with_msg:
+        table.add_column("msg", overflow="fold")
+    for r in replicas:
+        exit_text = r.signal or ("" if r.exit_code is None else str(r.exit_code))
+        row: list[Text | str] = [
+            r.role,
+            str(r.id),
+            state_text(r.state),
+            r.hostname,
+            exit_text,
+            str(r.restarts),
+        ]
+        if with_msg:
+            row.append(Text(r.structured_error_msg or r.msg))
+        table.add_row(*row)
+    out.print(table)
+
+
+def print_describe(out: Console, handle: str, resp: DescribeAppResponse) -> None:
+    print_status(out, handle, resp.to_status())
+    table = Table(title=None, box=None, pad_edge=False)
+    for column in ("role", "entrypoint", "args", "replicas", "max retries", "retry policy"):
+        table.add_column(column, overflow="fold")
+    for role in resp.roles:
+        table.add_row(*_role_row(role))
+    out.print()
+    out.print(table)
+
+
+def _role_row(role: Role) -> list[Text]:
+    return [
+        Text(role.name),
+        Text(role.entrypoint),
+        Text(shlex.join(role.args)),
+        Text(str(role.num_replicas)),
+        Text(str(role.max_retries)),
+        Text(str(role.retry_policy)),
+    ]
+
+
+def print_list(out: Console, apps: Sequence[ListAppResponse]) -> None:
+    if not apps:
+        out.print("no apps")
+        return
+    table = Table(box=None, pad_edge=False)
+    table.add_column("handle", no_wrap=True)
+    table.add_column("name")
+    table.add_column("state")
+    for a in apps:
+        table.add_row(Text(a.app_handle), Text(a.name), state_text(a.state))
+    out.print(table)
+
+
+# ------------------------------------------------------- streaming lines
+def transition_text(t: Transition) -> Text:
+    """``12:00:01.250  trainer/1  RUNNING -> FAILED  trainer/1 exited with code 3``."""
+    when = datetime.fromtimestamp(t.at).strftime("%H:%M:%S.%f")[:-3]
+    text = Text.assemble(
+        (when, "dim"),
+        "  ",
+        (t.scope, "bold"),
+        "  ",
+        (t.source, _STATE_STYLE.get(t.source, "")),
+        " -> ",
+        (t.dest, _STATE_STYLE.get(t.dest, "")),
+    )
+    if t.msg:
+        text.append(f"  {t.msg}")
+    return text
+
+
+def replica_prefix(role: str, replica_id: int, index: int, color: bool) -> str:
+    """``role/k | ``, coloured per replica (by ``index``) when ``color``."""
+    label = f"{role}/{replica_id} | "
+    if not color:
+        return label
+    return click.style(label, fg=_PREFIX_COLORS[index % len(_PREFIX_COLORS)])

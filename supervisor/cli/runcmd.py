@@ -1,0 +1,202 @@
+"""``asupervisor run``: launch a component or a command, and follow it."""
+
+from __future__ import annotations
+
+import inspect
+import signal
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import click
+
+from supervisor.cli import codes
+from supervisor.cli.components import call_component, command_app, load_component
+from supervisor.cli.errors import run_async
+from supervisor.cli.follow import LogQuery, follow_logs, print_transitions
+from supervisor.cli.render import console, echo_json, print_status, status_json
+from supervisor.components import BUILTINS
+from supervisor.runopts import parse_cfg_string
+from supervisor.specs import AppDef
+from supervisor.status import AppStatus
+from supervisor.supervisor import Supervisor
+
+__all__ = ["RunCommand", "RunPlan", "execute", "run"]
+
+_DASHDASH = "asupervisor.dashdash"
+
+RUN_HELP = f"""Launch TARGET and supervise it.
+
+\b
+TARGET is one of:
+  -- COMMAND [ARGS...]           a one-role app running COMMAND
+  NAME [OPTIONS] [ARGS...]       a built-in component: {", ".join(BUILTINS)}
+  package.module:function ...    a component in an importable module
+  path/to/file.py:function ...   a component in a file
+
+A component's parameters are its options: `asupervisor run echo --help`.
+Options of `run` itself go before TARGET.
+
+Without --dryrun the handle is printed at once. Local replicas live only as
+long as this process supervises them, so `run` stays until the app ends even
+without --wait (quietly then); other backends may return at once later.
+--wait prints every transition to stderr and the final status table on
+stdout; --log prints every replica's output (`role/k | line`) and implies
+--wait. Ctrl-C or SIGTERM cancels the app, waits for its replicas to stop,
+and exits 130 or 143.
+
+\b
+Exit codes: 0 SUCCEEDED, 1 FAILED (or a launch error), 2 usage error
+(invalid app or --cfg), 3 CANCELLED, 4 UNKNOWN, 130 SIGINT, 143 SIGTERM.
+"""
+
+
+def _builtins_epilog() -> str:
+    lines = ["\b", "Built-in components:"]
+    width = max(len(name) for name in BUILTINS)
+    for name, fn in BUILTINS.items():
+        first = (inspect.getdoc(fn) or "").partition("\n")[0]
+        lines.append(f"  {name.ljust(width)}  {first}")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """Everything ``run`` decided before doing any I/O."""
+
+    app: AppDef
+    backend: str = "local"
+    cfg: str | None = None
+    dryrun: bool = False
+    wait: bool = False
+    log: bool = False
+    as_json: bool = False
+
+
+class RunCommand(click.Command):
+    """Remembers whether TARGET came after ``--`` (click drops the ``--`` itself)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        raw = list(args)
+        rest = super().parse_args(ctx, args)
+        at = len(raw) - len(rest) - 1
+        ctx.meta[_DASHDASH] = at >= 0 and raw[at] == "--" and raw[at + 1 :] == rest
+        return rest
+
+
+@click.command(
+    "run",
+    cls=RunCommand,
+    help=RUN_HELP,
+    epilog=_builtins_epilog(),
+    options_metavar="[OPTIONS] TARGET [ARGS]...",
+    context_settings={"allow_extra_args": True, "allow_interspersed_args": False},
+)
+@click.option("--backend", default="local", show_default=True, help="where to run the app")
+@click.option("--cfg", metavar="K=V,K2=A;B", help="run options (see `asupervisor runopts`)")
+@click.option("--dryrun", is_flag=True, help="print the request; launch nothing")
+@click.option("--wait", is_flag=True, help="print transitions and the final status")
+@click.option("--log", is_flag=True, help="print every replica's output (implies --wait)")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output on stdout")
+@click.pass_context
+def run(
+    ctx: click.Context,
+    backend: str,
+    cfg: str | None,
+    dryrun: bool,
+    wait: bool,
+    log: bool,
+    as_json: bool,
+) -> None:
+    argv: list[str] = list(ctx.args)
+    if ctx.meta.get(_DASHDASH):
+        app = command_app(argv)
+    elif not argv:
+        raise click.UsageError("missing TARGET: a component, or -- COMMAND", ctx)
+    else:
+        target, *rest = argv
+        app = call_component(load_component(target), target, rest, ctx)
+    plan = RunPlan(app, backend, cfg, dryrun, wait or log, log, as_json)
+    obj: dict[str, Any] = ctx.find_root().obj or {}
+
+    async def main() -> int:
+        return await execute(plan, obj.get("session"), obj.get("state_dir"))
+
+    ctx.exit(run_async(main))
+
+
+@dataclass
+class _Interrupt:
+    """The first SIGINT/SIGTERM seen, and what has been done about it."""
+
+    signum: int | None = None
+
+
+async def execute(plan: RunPlan, session: str | None, state_dir: Path | None) -> int:
+    """Dry-run or launch ``plan.app``; the exit code once it is done."""
+    async with Supervisor(session, state_dir=state_dir) as sv:
+        given = parse_cfg_string(plan.cfg, sv.run_opts(plan.backend)) if plan.cfg else {}
+        info = sv.dryrun(plan.app, plan.backend, given)
+        if plan.dryrun:
+            if plan.as_json:
+                echo_json({"backend": info.backend, **info.request.to_json()})
+            else:
+                click.echo(str(info))
+            return codes.OK
+        interrupt = _Interrupt()
+        # Opened before the launch: a signal from here on cancels the app.
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            handle = await sv.schedule(info)
+            if plan.as_json:
+                echo_json({"handle": handle}, compact=True)
+            else:
+                click.echo(handle)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_on_signals, sv, handle, signals, interrupt)
+                final = await _follow(sv, handle, plan)
+                tg.cancel_scope.cancel()
+        if plan.wait:
+            if plan.as_json:
+                echo_json({**status_json(handle, final)}, compact=True)
+            else:
+                print_status(console(), handle, final)
+        if interrupt.signum is not None:
+            return codes.exit_code_for_signal(interrupt.signum)
+        return codes.exit_code_for(final.state)
+
+
+async def _follow(sv: Supervisor, handle: str, plan: RunPlan) -> AppStatus:
+    async with anyio.create_task_group() as tg:
+        if plan.wait:
+            tg.start_soon(print_transitions, sv, handle, console(stderr=True))
+        if plan.log:
+            replicas = [(r.name, k) for r in plan.app.roles for k in range(r.num_replicas)]
+            tg.start_soon(_logs, sv, handle, replicas, sys.stdout.isatty(), plan.as_json)
+        final = await sv.wait(handle)
+    return final  # noqa: RET504 - mypy needs a return after the task group
+
+
+async def _logs(
+    sv: Supervisor, handle: str, replicas: list[tuple[str, int]], color: bool, as_json: bool
+) -> None:
+    query = LogQuery(follow=True)
+    await follow_logs(
+        sv, handle, replicas, query, sys.stdout, prefix=True, color=color, as_json=as_json
+    )
+
+
+async def _on_signals(
+    sv: Supervisor, handle: str, signals: AsyncIterator[signal.Signals], interrupt: _Interrupt
+) -> None:
+    err = console(stderr=True)
+    async for signum in signals:
+        name = signal.Signals(signum).name
+        if interrupt.signum is None:
+            interrupt.signum = signum
+            err.print(f"{name}: cancelling {handle}; waiting for its replicas to stop")
+            await sv.cancel(handle)
+        else:
+            err.print(f"{name}: already cancelling {handle}; waiting for its replicas")

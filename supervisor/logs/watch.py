@@ -1,0 +1,101 @@
+"""One inotify instance shared by many log followers.
+
+Linux allows a user 128 inotify instances by default, so one instance per
+follower runs out as soon as someone follows a few hundred replicas (the CLI's
+``--log`` follows every replica at once). ``WatchHub`` owns a single instance:
+followers subscribe to directories, the hub counts references per directory
+(inotify gives one watch descriptor per path, whoever asks) and fans each
+event out to the subscribers of its directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from pathlib import Path
+
+from anyio.abc import TaskGroup
+from asyncinotify import Event, Inotify, Mask
+
+__all__ = ["WATCH_MASK", "WatchHub"]
+
+WATCH_MASK = (
+    Mask.MODIFY
+    | Mask.CLOSE_WRITE
+    | Mask.CREATE
+    | Mask.MOVED_TO
+    | Mask.DELETE_SELF
+    | Mask.MOVE_SELF
+    | Mask.ONLYDIR
+)
+
+Listener = Callable[[Event | None], None]
+"""Called on the loop with an event of a subscribed directory, or None when events were lost."""
+
+
+class WatchHub:
+    def __init__(self, task_group: TaskGroup) -> None:
+        self._task_group = task_group
+        self._inotify: Inotify | None = None
+        self._failed = False
+        self._refs: dict[int, int] = {}
+        self._listeners: dict[int, dict[int, Listener]] = {}
+
+    def _instance(self) -> Inotify | None:
+        if self._inotify is None and not self._failed:
+            try:
+                self._inotify = Inotify()
+            except OSError:
+                self._failed = True  # followers fall back to their slow re-check
+                return None
+            self._task_group.start_soon(self._dispatch, self._inotify)
+        return self._inotify
+
+    def subscribe(self, path: Path, token: int, listener: Listener) -> int | None:
+        """Watch ``path`` for ``token``'s listener; returns the watch descriptor, None if not."""
+        inotify = self._instance()
+        if inotify is None:
+            return None
+        try:
+            wd = inotify.add_watch(path, WATCH_MASK).wd
+        except OSError:
+            return None
+        listeners = self._listeners.setdefault(wd, {})
+        if token not in listeners:
+            self._refs[wd] = self._refs.get(wd, 0) + 1
+        listeners[token] = listener
+        return wd
+
+    def unsubscribe(self, wd: int, token: int) -> None:
+        listeners = self._listeners.get(wd)
+        if listeners is None or listeners.pop(token, None) is None:
+            return
+        self._refs[wd] -= 1
+        if self._refs[wd] == 0:
+            del self._refs[wd]
+            del self._listeners[wd]
+            inotify = self._inotify
+            if inotify is not None:
+                for watch in inotify.watches:
+                    if watch.wd == wd:
+                        with contextlib.suppress(OSError):
+                            inotify.rm_watch(watch)
+
+    async def _dispatch(self, inotify: Inotify) -> None:
+        try:
+            async for event in inotify:
+                watch = event.watch
+                if watch is None:
+                    for listeners in list(self._listeners.values()):
+                        for listener in list(listeners.values()):
+                            listener(None)
+                    continue
+                for listener in list(self._listeners.get(watch.wd, {}).values()):
+                    listener(event)
+                if Mask.IGNORED in event.mask:
+                    # The directory went away: the kernel dropped the watch.
+                    self._refs.pop(watch.wd, None)
+                    self._listeners.pop(watch.wd, None)
+        finally:
+            self._inotify = None
+            inotify.close()

@@ -17,7 +17,7 @@ import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from supervisor.backends.base import AppCancelRequested, AppRuntime, Request
+from supervisor.backends.base import AppCancelRequested, AppNotice, AppRuntime, Request
 from supervisor.events import ReplicaEvent
 from supervisor.fsm.app import AppFSM, RestartReplicas, RoleSpec, StopReplicas
 from supervisor.status import AppStatus, Transition
@@ -38,7 +38,7 @@ class _Barrier:
     reached: anyio.Event
 
 
-_Mail = ReplicaEvent | AppCancelRequested | _Cancel | _Barrier
+_Mail = ReplicaEvent | AppCancelRequested | AppNotice | _Cancel | _Barrier
 
 
 class AppActor:
@@ -63,7 +63,7 @@ class AppActor:
         self._persist_lock = anyio.Lock()
 
     # ------------------------------------------------------------------- inbox
-    def post(self, item: ReplicaEvent | AppCancelRequested) -> None:
+    def post(self, item: ReplicaEvent | AppCancelRequested | AppNotice) -> None:
         """The backend's EventSink; never blocks."""
         if not self.done.is_set():
             self._send.send_nowait(item)
@@ -108,6 +108,9 @@ class AppActor:
                         continue
                     if isinstance(item, ReplicaEvent):
                         actions = await self.fsm.apply(item)
+                    elif isinstance(item, AppNotice):
+                        self.fsm.set_notice(item.message)
+                        actions = []
                     else:
                         actions = await self.fsm.cancel()
                     for action in actions:

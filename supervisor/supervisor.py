@@ -137,9 +137,14 @@ class Supervisor:
             return
         self._closed = True
         with anyio.CancelScope(shield=True):
-            for actor in self._actors.values():
+            owned = [
+                actor
+                for actor in self._actors.values()
+                if not self._backends[parse_handle(actor.handle).backend].durable
+            ]
+            for actor in owned:
                 actor.request_cancel("the supervisor closed")
-            for actor in self._actors.values():
+            for actor in owned:
                 await actor.done.wait()
             for backend in self._backends.values():
                 await backend.aclose()
@@ -207,7 +212,20 @@ class Supervisor:
     async def submit(
         self, app: AppDef, backend: str, cfg: Mapping[str, object] | None = None
     ) -> str:
+        await self.prepare(backend)
         return await self.schedule(self.dryrun(app, backend, cfg))
+
+    async def prepare(self, backend: str) -> None:
+        """Let a backend learn what its dryrun depends on (Slurm: version, partitions).
+
+        ``submit`` does this itself; call it before a bare ``dryrun`` of such a
+        backend to see the request exactly as ``submit`` would send it.
+        """
+        await self.backend(backend).prepare()
+
+    def statistics(self) -> dict[str, dict[str, Any]]:
+        """Per backend in use: counters of the work done (e.g. squeue calls for Slurm)."""
+        return {name: b.statistics() for name, b in self._backends.items()}
 
     def status(self, handle: str) -> AppStatus | None:
         """A snapshot of an app this Supervisor follows; no I/O. None for any other handle."""

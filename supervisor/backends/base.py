@@ -34,6 +34,7 @@ from supervisor.validate import Capabilities
 
 __all__ = [
     "AppCancelRequested",
+    "AppNotice",
     "AppRuntime",
     "Backend",
     "BackendContext",
@@ -48,6 +49,7 @@ ENTRY_POINT_GROUP = "asupervisor.backends"
 
 BUILTIN_BACKENDS: Mapping[str, str] = {
     "local": "supervisor.backends.local:LocalBackend",
+    "slurm": "supervisor.backends.slurm:SlurmBackend",
 }
 
 
@@ -58,7 +60,18 @@ class AppCancelRequested:
     reason: str = "cancelled by request"
 
 
-EventSink = Callable[[ReplicaEvent | AppCancelRequested], None]
+@dataclass(frozen=True, kw_only=True)
+class AppNotice:
+    """A condition worth showing in the app's status ``msg`` while it lasts ("" clears it).
+
+    For trouble that changes no state: a scheduler that does not answer, a
+    state the backend does not know.
+    """
+
+    message: str
+
+
+EventSink = Callable[[ReplicaEvent | AppCancelRequested | AppNotice], None]
 """Where a backend posts events; never blocks (it is the app actor's mailbox)."""
 
 
@@ -135,6 +148,9 @@ class AppRuntime(abc.ABC):
 
 class Backend(abc.ABC):
     name: ClassVar[str]
+    durable: ClassVar[bool] = False
+    """True when apps outlive their Supervisor (a scheduler owns them): closing then
+    stops following them instead of cancelling them."""
 
     def __init__(self, context: BackendContext) -> None:
         self.context = context
@@ -187,6 +203,13 @@ class Backend(abc.ABC):
                 return status
             await anyio.sleep(interval)
             interval = min(interval * 2, 1.0)
+
+    async def prepare(self) -> None:  # noqa: B027 - optional hook, empty on purpose
+        """Learn what ``dryrun`` needs to know about the backend (a cluster's version, ...)."""
+
+    def statistics(self) -> dict[str, Any]:
+        """Counters of the work done for this Supervisor (calls made, ...)."""
+        return {}
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook, empty on purpose
         """Release backend-wide resources; called once when the Supervisor closes."""

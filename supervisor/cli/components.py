@@ -134,7 +134,6 @@ class _Kind:
     type: click.ParamType[Any]
     multiple: bool = False
     flag: bool = False
-    mapping: bool = False
 
 
 def _kind_of(annotation: Any, default: Any, where: str) -> _Kind:
@@ -154,7 +153,7 @@ def _kind_of(annotation: Any, default: Any, where: str) -> _Kind:
     if origin in (list, tuple, Sequence) and args and args[0] in _SCALARS and homogeneous:
         return _Kind(_SCALARS[args[0]], multiple=True)
     if origin in (dict, Mapping) and args == (str, str):
-        return _Kind(KeyValue(), mapping=True)
+        return _Kind(KeyValue())
     raise click.UsageError(f"{where}: unsupported parameter type {annotation!r}")
 
 
@@ -190,8 +189,8 @@ class _Binding:
 
     name: str
     positional: bool
+    default: Any = None
     variadic: bool = False
-    mapping: bool = False
     multiple: bool = False
 
 
@@ -222,11 +221,11 @@ def component_command(fn: Component, name: str) -> tuple[click.Command, list[_Bi
         )
         if by_position and not kind.flag and not kind.multiple:
             params.append(click.Argument([p.name], type=kind.type, required=not has_default))
-            bindings.append(_Binding(p.name, positional=True, mapping=kind.mapping))
+            bindings.append(_Binding(p.name, positional=True, default=p.default))
             continue
         params.append(_option(p, kind, has_default, helps.get(p.name, "")))
         bindings.append(
-            _Binding(p.name, positional=by_position, mapping=kind.mapping, multiple=kind.multiple)
+            _Binding(p.name, positional=by_position, default=p.default, multiple=kind.multiple)
         )
     command = click.Command(
         name,
@@ -286,8 +285,8 @@ def call_component(fn: Component, name: str, args: Sequence[str], parent: click.
             if b.variadic:
                 positional.extend(value or ())
             elif b.positional:
-                if given or value is not None:
-                    positional.append(_plain(value, b))
+                # Keep every slot before *args filled, defaults included.
+                positional.append(_plain(value, b) if given else b.default)
             elif given:
                 keywords[b.name] = _plain(value, b)
         try:

@@ -40,16 +40,25 @@ async def follow_logs(
     color: bool = False,
     as_json: bool = False,
 ) -> None:
-    """Print the replicas' lines concurrently, each line whole, until every one ended.
+    """Print the replicas' lines, each line whole: one replica after the other, or,
+    when following, all concurrently until every one ended.
 
     With ``prefix`` each line starts ``role/k | `` and a last line without
     its newline gets one, so replicas never share a line. With ``as_json``
     each line is a JSON object ``{"role", "replica_id", "line"}``.
     """
-    async with anyio.create_task_group() as tg:
-        for index, (role, k) in enumerate(replicas):
-            label = replica_prefix(role, k, index, color) if prefix else ""
-            tg.start_soon(_one, sv, handle, role, k, query, out, label, prefix, as_json)
+    labels = [
+        replica_prefix(role, k, index, color) if prefix else ""
+        for index, (role, k) in enumerate(replicas)
+    ]
+    if not query.follow:
+        # What is there now: one replica after the other reads best.
+        for (role, k), label in zip(replicas, labels, strict=True):
+            await _one(sv, handle, role, k, query, out, label, prefix, as_json)
+    else:
+        async with anyio.create_task_group() as tg:
+            for (role, k), label in zip(replicas, labels, strict=True):
+                tg.start_soon(_one, sv, handle, role, k, query, out, label, prefix, as_json)
     out.flush()
 
 

@@ -49,8 +49,9 @@ stdout; --log prints every replica's output (`role/k | line`) and implies
 and exits 130 or 143.
 
 \b
-Exit codes: 0 SUCCEEDED, 1 FAILED (or a launch error), 2 usage error
-(invalid app or --cfg), 3 CANCELLED, 4 UNKNOWN, 130 SIGINT, 143 SIGTERM.
+Exit codes, with or without --wait: 0 SUCCEEDED, 1 FAILED (or a launch
+error), 2 usage error (invalid app or --cfg), 3 CANCELLED, 4 UNKNOWN,
+130 SIGINT, 143 SIGTERM.
 """
 
 
@@ -128,6 +129,11 @@ def run(
     ctx.exit(run_async(main))
 
 
+def _handled_signals() -> list[signal.Signals]:
+    """SIGINT and SIGTERM, except one this process was started ignoring (``cmd &``, nohup)."""
+    return [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not signal.SIG_IGN]
+
+
 @dataclass
 class _Interrupt:
     """The first SIGINT/SIGTERM seen, and what has been done about it."""
@@ -148,7 +154,7 @@ async def execute(plan: RunPlan, session: str | None, state_dir: Path | None) ->
             return codes.OK
         interrupt = _Interrupt()
         # Opened before the launch: a signal from here on cancels the app.
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        with anyio.open_signal_receiver(*_handled_signals()) as signals:
             handle = await sv.schedule(info)
             if plan.as_json:
                 echo_json({"handle": handle}, compact=True)

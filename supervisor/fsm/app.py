@@ -101,6 +101,7 @@ class AppFSM:
         self.structured_error_msg = ""
         self._snapshot: AppStatus | None = None
         self._failed = False
+        self.notice = ""
 
     # ------------------------------------------------------------------ queries
     @property
@@ -134,14 +135,21 @@ class AppFSM:
                     for m in (self.replicas[(role.name, k)] for k in range(role.num_replicas))
                 )
                 roles.append(RoleStatus(role.name, reps))
+            msg = "; ".join(m for m in (self.msg, self.notice) if m)
             self._snapshot = AppStatus(
                 state=self.app.state,
                 num_restarts=self.num_restarts,
-                msg=self.msg,
+                msg=msg,
                 structured_error_msg=self.structured_error_msg,
                 roles=tuple(roles),
             )
         return self._snapshot
+
+    def set_notice(self, message: str) -> None:
+        """A backend condition shown in ``msg`` until cleared; it changes no state."""
+        if message != self.notice:
+            self.notice = message
+            self._snapshot = None
 
     # ----------------------------------------------------------------- commands
     async def apply(self, event: ReplicaEvent) -> list[Action]:

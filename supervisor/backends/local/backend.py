@@ -32,7 +32,7 @@ from supervisor.backends.base import (
 from supervisor.backends.local.process import ReplicaProcess, signal_name
 from supervisor.backends.local.reaper_client import Reaper
 from supervisor.backends.local.request import LocalRequest, ReplicaLaunch, local_run_opts, render
-from supervisor.backends.local.store import CANCEL_REQUEST, AppStore, Index, Owner
+from supervisor.backends.store import CANCEL_REQUEST, AppStore, Index, Owner
 from supervisor.errors import SubmitError
 from supervisor.events import Exited, ReplicaKey, Started, Submitted
 from supervisor.fsm.states import AppState
@@ -252,7 +252,7 @@ class LocalBackend(Backend):
         self.task_group = context.task_group
         self.log_sink = LogSink()
         self.reaper = Reaper()
-        self.index = Index(context.state_dir)
+        self.index = Index(context.state_dir, "local")
         self.owner = Owner.current()
         self._runtimes: set[LocalRuntime] = set()
         self._inotify: Inotify | None = None

@@ -1,0 +1,5 @@
+"""The ``slurm`` backend: one heterogeneous batch job per app on a real Slurm cluster."""
+
+from supervisor.backends.slurm.backend import SlurmBackend
+
+__all__ = ["SlurmBackend"]

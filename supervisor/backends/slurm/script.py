@@ -76,6 +76,7 @@ class SlurmReplica:
 @dataclass(frozen=True)
 class SlurmRequest(Request):
     app_dir: str = ""
+    source_dir: str = ""
     workdir: str = ""
     job_dir: str | None = None
     max_retries: int = 0
@@ -185,6 +186,7 @@ def render(
         app=app,
         cfg=cfg,
         app_dir=str(app_dir),
+        source_dir=ctx.cwd,
         workdir=workdir,
         job_dir=job_dir,
         max_retries=max_retries,

@@ -1,8 +1,8 @@
-"""On-disk records of local apps, so other processes can follow them.
+"""On-disk records of apps, so other processes can find and follow them.
 
-Layout, for an app with handle ``local://{session}/{app_id}``::
+Layout, for an app with handle ``{backend}://{session}/{app_id}``::
 
-    {state_dir}/index/local/{session}/{app_id}.json   -> {"app_dir": ...}
+    {state_dir}/index/{backend}/{session}/{app_id}.json   -> {"app_dir": ...}
     {app_dir}/app.json           the AppDef, the request, the owner process
     {app_dir}/state.json         latest AppStatus, replaced atomically
     {app_dir}/transitions.jsonl  every transition, appended
@@ -99,6 +99,9 @@ class AppStore:
         for d in replica_dirs:
             d.mkdir(parents=True, exist_ok=True)
             (d / "error.json").unlink(missing_ok=True)
+        self.write_app(app_record)
+
+    def write_app(self, app_record: Mapping[str, Any]) -> None:
         write_json_atomic(self.app_dir / "app.json", app_record)
 
     def write_state(
@@ -141,8 +144,8 @@ class AppStore:
 class Index:
     """Maps handles to app directories, wherever each app's log_dir put them."""
 
-    def __init__(self, state_dir: Path) -> None:
-        self.root = state_dir / "index" / "local"
+    def __init__(self, state_dir: Path, backend: str) -> None:
+        self.root = state_dir / "index" / backend
 
     def add(self, session: str, app_id: str, app_dir: Path) -> None:
         path = self.root / session / f"{_escape(app_id)}.json"

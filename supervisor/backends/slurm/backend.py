@@ -1,0 +1,379 @@
+"""The ``slurm`` backend: an app is one heterogeneous batch job, one het group per replica.
+
+Slurm owns the jobs: they outlive the Supervisor that submitted them (closing
+a Supervisor stops following them, it does not cancel them), and any process
+can describe, list, cancel and read the logs of the apps recorded in the
+state directory. What each replica is doing comes from the Supervisor's one
+shared poller (``poller.py``) and is translated here, through the state map
+in ``states.py``, into replica events for the app's state machines.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from supervisor.backends.base import (
+    AppCancelRequested,
+    AppNotice,
+    AppRuntime,
+    Backend,
+    BackendContext,
+    DryrunContext,
+    EventSink,
+    LogTarget,
+    Request,
+)
+from supervisor.backends.slurm.capabilities import SLURM_CAPABILITIES
+from supervisor.backends.slurm.options import check_slurm_cfg, slurm_run_opts
+from supervisor.backends.slurm.poller import JobView, PollerSettings, SlurmPoller
+from supervisor.backends.slurm.records import JobRecord
+from supervisor.backends.slurm.script import ClusterFacts, SlurmRequest, render
+from supervisor.backends.slurm.states import Meaning, meaning_of
+from supervisor.backends.slurm.transport import CliTransport, SlurmTransport
+from supervisor.backends.store import AppStore, Index, Owner
+from supervisor.errors import SubmitError
+from supervisor.events import (
+    Exited,
+    Lost,
+    Queued,
+    ReplicaEvent,
+    ReplicaKey,
+    Requeued,
+    Started,
+    Submitted,
+)
+from supervisor.fsm.rules import derive_app_state
+from supervisor.fsm.states import ReplicaState
+from supervisor.runopts import ResolvedCfg, RunOpts
+from supervisor.specs import AppDef, AppHandle, make_handle
+from supervisor.status import (
+    AppStatus,
+    DescribeAppResponse,
+    ListAppResponse,
+    ReplicaStatus,
+    RoleStatus,
+    Transition,
+)
+from supervisor.validate import Capabilities
+
+__all__ = ["SlurmBackend"]
+
+IGNORE_FILE = ".asupervisorignore"
+
+_REPLICA_STATE = {
+    Meaning.QUEUED: ReplicaState.PENDING,
+    Meaning.REQUEUED: ReplicaState.PENDING,
+    Meaning.RUNNING: ReplicaState.RUNNING,
+    Meaning.SUCCEEDED: ReplicaState.SUCCEEDED,
+    Meaning.FAILED: ReplicaState.FAILED,
+    Meaning.CANCELLED: ReplicaState.CANCELLED,
+}
+
+
+def _signal_name(number: int | None) -> str | None:
+    if not number:
+        return None
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+class SlurmRuntime(AppRuntime):
+    def __init__(
+        self, backend: SlurmBackend, request: SlurmRequest, job_id: int, sink: EventSink
+    ) -> None:
+        self._backend = backend
+        self.request = request
+        self.job_id = job_id
+        self.emit = sink
+        self.store = AppStore(Path(request.app_dir))
+        self._keys: list[ReplicaKey] = [(r.role, r.replica_id) for r in request.replicas]
+        self._attempt = 0
+        self._stopping = False
+        self._external_cancel = False
+        self._noticed = False
+
+    def on_view(self, view: JobView) -> None:
+        """Translate one poller answer into replica events; never blocks."""
+        if view.where == "error":
+            self._noticed = True
+            self.emit(AppNotice(message=view.problem))
+            return
+        if self._noticed:
+            self._noticed = False
+            self.emit(AppNotice(message=""))
+        if view.where == "gone":
+            for role, k in self._keys:
+                self.emit(Lost(role=role, replica_id=k, attempt=self._attempt, reason=view.problem))
+            return
+        # Real failures first: with kill-on-bad-exit the others were killed *because*
+        # of them, and the FSM attributes the app's failure to the first it hears of.
+        ordered = sorted(view.components, key=lambda c: (c.signal is not None, c.het_offset))
+        for comp in ordered:
+            for event in self._events(comp):
+                self.emit(event)
+
+    def _events(self, comp: JobRecord) -> list[ReplicaEvent | AppCancelRequested | AppNotice]:
+        if comp.het_offset >= len(self._keys):
+            return [AppNotice(message=f"job {comp.job_id} has an unexpected component")]
+        role, k = self._keys[comp.het_offset]
+        meaning = meaning_of(comp.state)
+        if meaning is None:
+            return [
+                AppNotice(message=f"Slurm reports state {comp.state!r}, unknown to asupervisor")
+            ]
+        out: list[ReplicaEvent | AppCancelRequested | AppNotice] = []
+        attempt = comp.restart_cnt
+        if meaning is Meaning.REQUEUED:
+            attempt = max(attempt, self._attempt + 1)
+        if attempt > self._attempt or meaning is Meaning.REQUEUED:
+            out.append(
+                Requeued(role=role, replica_id=k, attempt=attempt, reason=comp.reason or comp.state)
+            )
+        self._attempt = max(self._attempt, attempt)
+        base: dict[str, Any] = {"role": role, "replica_id": k, "attempt": attempt}
+        if meaning is Meaning.QUEUED:
+            out.append(Queued(**base, reason=comp.reason))
+        elif meaning is Meaning.RUNNING:
+            out.append(Started(**base, hostname=comp.nodes))
+        elif meaning is Meaning.SUCCEEDED:
+            out.append(Started(**base, hostname=comp.nodes))
+            out.append(Exited(**base, exit_code=0))
+        elif meaning in (Meaning.FAILED, Meaning.CANCELLED):
+            if meaning is Meaning.CANCELLED and not self._stopping and not self._external_cancel:
+                self._external_cancel = True
+                out.insert(
+                    0, AppCancelRequested(reason=f"job {self.job_id} was cancelled in Slurm")
+                )
+            code = comp.exit_code
+            if meaning is Meaning.FAILED and not code and comp.signal is None:
+                code = 1  # FAILED with nothing to show for it (NODE_FAIL, TIMEOUT, ...)
+            if comp.nodes:
+                out.append(Started(**base, hostname=comp.nodes))
+            out.append(
+                Exited(
+                    **base,
+                    exit_code=None if comp.signal else code,
+                    signal=_signal_name(comp.signal),
+                    msg=f"{role}/{k}: Slurm state {comp.state}"
+                    + (f" ({comp.reason})" if comp.reason and comp.reason != "None" else ""),
+                )
+            )
+        return out
+
+    async def stop(self, keys: Sequence[ReplicaKey], reason: str) -> None:
+        if self._stopping:
+            return
+        self._stopping = True  # the whole job goes: Slurm cannot stop one het component
+        await self._backend.transport.cancel(self.job_id)
+        self._backend.poller.poke()
+
+    async def restart(self, attempts: Sequence[tuple[ReplicaKey, int]], reason: str) -> None:
+        await self._backend.transport.requeue(self.job_id)
+        self._backend.poller.poke()
+
+    async def record(
+        self, status: AppStatus, transitions: Sequence[Transition], final: bool
+    ) -> None:
+        await anyio.to_thread.run_sync(
+            self.store.write_state, status, list(transitions), final, self._backend.owner
+        )
+
+    def log_target(self, role: str, replica_id: int) -> LogTarget:
+        return self._backend.make_log_target(self.store, role, replica_id)
+
+    async def aclose(self) -> None:
+        self._backend.poller.untrack(self.job_id)
+
+
+class SlurmBackend(Backend):
+    name = "slurm"
+    durable = True
+
+    def __init__(self, context: BackendContext, *, poller: PollerSettings | None = None) -> None:
+        super().__init__(context)
+        self.transport: SlurmTransport = CliTransport()
+        self.poller = SlurmPoller(self.transport, context.task_group, poller or PollerSettings())
+        self.index = Index(context.state_dir, "slurm")
+        self.owner = Owner.current()
+        self.facts: ClusterFacts | None = None
+
+    @classmethod
+    def run_opts(cls) -> RunOpts:
+        return slurm_run_opts()
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return SLURM_CAPABILITIES
+
+    async def prepare(self) -> None:
+        if self.facts is None:
+            self.facts = await self.transport.facts()
+
+    def statistics(self) -> dict[str, Any]:
+        return self.poller.statistics()
+
+    def dryrun(self, app: AppDef, cfg: ResolvedCfg, ctx: DryrunContext) -> SlurmRequest:
+        check_slurm_cfg(cfg)
+        return render(
+            app,
+            cfg,
+            ctx,
+            facts=self.facts or ClusterFacts(),
+            default_log_dir=self.context.state_dir / "logs",
+            job_dir=cfg.get_str("job_dir"),
+        )
+
+    async def launch(self, request: Request, sink: EventSink) -> SlurmRuntime:
+        if not isinstance(request, SlurmRequest):
+            raise TypeError(f"the slurm backend cannot run a {type(request).__name__}")
+        store = AppStore(Path(request.app_dir))
+        record: dict[str, Any] = {
+            "handle": make_handle("slurm", request.session, request.app_id),
+            "app": request.app.to_json(),
+            "request": request.to_json(),
+            "owner": self.owner.to_json(),
+            "job_id": None,
+        }
+        dirs = [Path(r.log_dir) for r in request.replicas]
+        try:
+            await anyio.to_thread.run_sync(store.create, dirs, record)
+            if request.job_dir is not None:
+                await anyio.to_thread.run_sync(
+                    _snapshot, Path(request.source_dir), Path(request.job_dir)
+                )
+        except OSError as e:
+            raise SubmitError(f"cannot prepare {request.app_dir}: {e}", transient=False) from e
+        job_id = await self.transport.submit(request.script, request.workdir)
+        record["job_id"] = job_id
+        await anyio.to_thread.run_sync(store.write_app, record)
+        await anyio.to_thread.run_sync(
+            self.index.add, request.session, request.app_id, store.app_dir
+        )
+        runtime = SlurmRuntime(self, request, job_id, sink)
+        for role, k in runtime._keys:
+            sink(Submitted(role=role, replica_id=k))
+        self.poller.track(job_id, runtime.on_view)
+        return runtime
+
+    # ------------------------------------------------------ apps of other processes
+    async def _found(self, handle: AppHandle) -> tuple[AppStore, dict[str, Any]] | None:
+        app_dir = await anyio.to_thread.run_sync(self.index.lookup, handle.session, handle.app_id)
+        if app_dir is None:
+            return None
+        store = AppStore(app_dir)
+        app = await anyio.to_thread.run_sync(store.read_app)
+        if app is None or app.get("job_id") is None:
+            return None
+        return store, app
+
+    async def _status_of(self, app: dict[str, Any]) -> AppStatus:
+        """The app's state as Slurm reports it now, without this process's FSM."""
+        job_id = int(app["job_id"])
+        records = [r for r in await self.transport.queue() if r.het_job_id == job_id]
+        if not records:
+            records = [
+                r for r in await self.transport.accounting([job_id]) if r.het_job_id == job_id
+            ]
+        definition = AppDef.from_json(app["app"])
+        keys = [(role.name, k) for role in definition.roles for k in range(role.num_replicas)]
+        by_offset = {r.het_offset: r for r in records}
+        replicas: dict[str, list[ReplicaStatus]] = {role.name: [] for role in definition.roles}
+        states = []
+        for offset, (role, k) in enumerate(keys):
+            rec = by_offset.get(offset)
+            meaning = meaning_of(rec.state) if rec else None
+            state = _REPLICA_STATE[meaning] if meaning else ReplicaState.UNKNOWN
+            states.append(state)
+            replicas[role].append(
+                ReplicaStatus(
+                    id=k,
+                    state=state,
+                    role=role,
+                    hostname=rec.nodes if rec else "",
+                    exit_code=rec.exit_code if rec else None,
+                    signal=_signal_name(rec.signal) if rec else None,
+                    restarts=rec.restart_cnt if rec else 0,
+                )
+            )
+        msg = "" if records else f"Slurm no longer knows job {job_id}"
+        return AppStatus(
+            state=derive_app_state(states, cancel_requested=False),
+            num_restarts=max((r.restart_cnt for r in records), default=0),
+            msg=msg,
+            roles=tuple(RoleStatus(role, tuple(reps)) for role, reps in replicas.items()),
+        )
+
+    async def describe(self, handle: AppHandle) -> DescribeAppResponse | None:
+        found = await self._found(handle)
+        if found is None:
+            return None
+        _, app = found
+        status = await self._status_of(app)
+        return DescribeAppResponse.from_status(
+            handle.app_id, status, AppDef.from_json(app["app"]).roles
+        )
+
+    async def list(self) -> list[ListAppResponse]:
+        """The apps recorded as launched by this library; foreign jobs are never listed."""
+        entries = await anyio.to_thread.run_sync(lambda: list(self.index.entries()))
+        out = []
+        for session, app_id, _ in entries:
+            handle = AppHandle("slurm", session, app_id)
+            found = await self._found(handle)
+            if found is None:
+                continue
+            status = await self._status_of(found[1])
+            out.append(ListAppResponse(app_id, status.state, str(handle), found[1]["app"]["name"]))
+        return out
+
+    async def cancel(self, handle: AppHandle) -> bool:
+        found = await self._found(handle)
+        if found is None:
+            return False
+        await self.transport.cancel(int(found[1]["job_id"]))
+        self.poller.poke()
+        return True
+
+    def make_log_target(self, store: AppStore, role: str, replica_id: int) -> LogTarget:
+        async def finished() -> bool:
+            stored = await anyio.to_thread.run_sync(store.read_app)
+            if stored is None:
+                return True
+            status = await self._status_of(stored)
+            return status.is_terminal or status.state.name == "UNKNOWN"
+
+        return LogTarget(
+            directory=store.app_dir / role / str(replica_id),
+            is_finished=finished,
+            watch_dirs=(store.app_dir,),
+        )
+
+    async def log_target(self, handle: AppHandle, role: str, replica_id: int) -> LogTarget | None:
+        found = await self._found(handle)
+        if found is None:
+            return None
+        return self.make_log_target(found[0], role, replica_id)
+
+    async def aclose(self) -> None:
+        await self.transport.aclose()
+
+
+def _snapshot(source: Path, destination: Path) -> None:
+    """Copy the workspace into a fresh job directory, leaving out what the ignore file names."""
+    patterns: list[str] = []
+    ignore_file = source / IGNORE_FILE
+    if ignore_file.is_file():
+        patterns = [
+            line.strip()
+            for line in ignore_file.read_text().splitlines()
+            if line.strip() and not line.startswith("#")
+        ]
+    shutil.copytree(source, destination, ignore=shutil.ignore_patterns(*patterns))

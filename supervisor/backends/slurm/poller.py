@@ -1,0 +1,173 @@
+"""One status poller for every Slurm job a Supervisor follows.
+
+Slurm has no event stream a client can subscribe to, so polling is the only
+way; this makes it one ``squeue`` per tick however many apps are tracked
+(``squeue --json`` returns every job anyway: 22.05 ignores its filters), plus
+one batched ``sacct`` for the jobs that left the controller. The tick is
+fast while answers change and backs off while nothing does; a ``poke``
+(after a submit or a cancel) makes the next tick come at once. A failing
+squeue or sacct changes no job: listeners get the error text, and the
+poller retries with backoff.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from supervisor.backends.slurm.records import JobRecord
+from supervisor.backends.slurm.transport import AccountingDisabled, SlurmTransport
+from supervisor.errors import BackendError
+
+__all__ = ["JobView", "PollerSettings", "SlurmPoller"]
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What one tick learned about one tracked job.
+
+    ``where`` is "queue" (squeue knows it), "accounting" (only sacct does),
+    "gone" (neither: ``problem`` says why) or "error" (this tick could not
+    tell; ``problem`` says what failed; nothing about the job changed).
+    """
+
+    job_id: int
+    components: tuple[JobRecord, ...]
+    where: str
+    problem: str = ""
+
+
+Listener = Callable[[JobView], None]
+
+
+@dataclass(frozen=True)
+class PollerSettings:
+    fast: float = 1.0  # seconds between ticks while something changes
+    slow: float = 10.0  # the longest pause while nothing does
+    growth: float = 1.5  # how fast the pause grows towards ``slow``
+
+
+class SlurmPoller:
+    def __init__(
+        self, transport: SlurmTransport, task_group: TaskGroup, settings: PollerSettings
+    ) -> None:
+        self.transport = transport
+        self.settings = settings
+        self._task_group = task_group
+        self._listeners: dict[int, Listener] = {}
+        self._last: dict[int, JobView] = {}
+        self._wake = anyio.Event()
+        self._running = False
+        self.accounting: bool | None = None  # unknown until sacct first answers
+        self.counters: Counter[str] = Counter()
+        self.interval = settings.fast
+
+    def track(self, job_id: int, listener: Listener) -> None:
+        self._listeners[job_id] = listener
+        if not self._running:
+            self._running = True
+            self._task_group.start_soon(self._loop)
+        self.poke()
+
+    def untrack(self, job_id: int) -> None:
+        self._listeners.pop(job_id, None)
+        self._last.pop(job_id, None)
+
+    def poke(self) -> None:
+        """Tick now rather than at the end of the current pause."""
+        self.interval = self.settings.fast
+        self._wake.set()
+
+    def statistics(self) -> dict[str, Any]:
+        return {
+            "transport": self.transport.kind,
+            "tracked_jobs": len(self._listeners),
+            "interval_s": self.interval,
+            "accounting": self.accounting,
+            **{f"calls_{k}": v for k, v in self.transport.calls.items()},
+            **dict(self.counters),
+        }
+
+    async def _loop(self) -> None:
+        while True:
+            if self._listeners:
+                changed = await self._tick()
+                if changed:
+                    self.interval = self.settings.fast
+                else:
+                    self.interval = min(self.interval * self.settings.growth, self.settings.slow)
+                with anyio.move_on_after(self.interval):
+                    await self._wake.wait()
+            else:
+                await self._wake.wait()
+            self._wake = anyio.Event()
+
+    async def _tick(self) -> bool:
+        self.counters["ticks"] += 1
+        tracked = list(self._listeners)
+        try:
+            queue = await self.transport.queue()
+        except BackendError as e:
+            self.counters["errors"] += 1
+            return self._deliver_error(tracked, f"squeue failed: {e}")
+        found: dict[int, list[JobRecord]] = {}
+        wanted = set(tracked)
+        for record in queue:
+            if record.het_job_id in wanted:
+                found.setdefault(record.het_job_id, []).append(record)
+        views = {
+            job: JobView(job, tuple(sorted(found[job], key=lambda r: r.het_offset)), "queue")
+            for job in found
+        }
+        missing = [job for job in tracked if job not in found]
+        if missing:
+            views.update(await self._from_accounting(missing))
+        changed = False
+        for job, view in views.items():
+            if self._last.get(job) != view:
+                changed = True
+                self._last[job] = view
+                listener = self._listeners.get(job)
+                if listener is not None:
+                    listener(view)
+        return changed
+
+    async def _from_accounting(self, missing: list[int]) -> dict[int, JobView]:
+        if self.accounting is False:
+            reason = "the job left the controller and this cluster keeps no accounting"
+            return {job: JobView(job, (), "gone", reason) for job in missing}
+        try:
+            records = await self.transport.accounting(missing)
+            self.accounting = True
+        except AccountingDisabled:
+            self.accounting = False
+            return await self._from_accounting(missing)
+        except BackendError as e:
+            self.counters["errors"] += 1
+            return {job: JobView(job, (), "error", f"sacct failed: {e}") for job in missing}
+        found: dict[int, list[JobRecord]] = {}
+        for record in records:
+            found.setdefault(record.het_job_id, []).append(record)
+        views = {}
+        for job in missing:
+            if job in found:
+                comps = tuple(sorted(found[job], key=lambda r: r.het_offset))
+                views[job] = JobView(job, comps, "accounting")
+            else:
+                views[job] = JobView(job, (), "gone", "neither squeue nor sacct knows the job")
+        return views
+
+    def _deliver_error(self, jobs: list[int], problem: str) -> bool:
+        for job in jobs:
+            view = JobView(job, (), "error", problem)
+            if self._last.get(job) != view:
+                self._last[job] = view
+                listener = self._listeners.get(job)
+                if listener is not None:
+                    listener(view)
+        return False

@@ -1,0 +1,127 @@
+"""What Slurm says about one job component, in one shape whatever the Slurm version.
+
+``squeue --json`` and ``sacct --json`` (and slurmrestd) disagree between
+themselves and across releases: ``job_state`` is a string before 23.11 and a
+list after; exit codes are raw wait statuses in 22.05's squeue and objects
+elsewhere; het components are flat fields in squeue and a nested ``het`` in
+sacct. Parsing is the only place that knows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["JobRecord", "from_sacct", "from_squeue"]
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    job_id: int
+    het_job_id: int  # the het job's id (the id sbatch printed); equals job_id when not het
+    het_offset: int
+    state: str
+    reason: str = ""
+    exit_code: int | None = None
+    signal: int | None = None
+    nodes: str = ""
+    restart_cnt: int = 0
+    comment: str = ""
+    name: str = ""
+    source: str = "squeue"
+
+
+def _first(value: Any) -> str:
+    if isinstance(value, list):
+        return str(value[0]) if value else ""
+    return str(value or "")
+
+
+def _exit(value: Any) -> tuple[int | None, int | None]:
+    """(exit code, signal) from a wait status int or an exit-code object."""
+    if isinstance(value, bool) or value is None:
+        return None, None
+    if isinstance(value, int):  # a wait status: code << 8, or the signal number
+        killed_by = value & 0x7F
+        return (None, killed_by) if killed_by else ((value >> 8) & 0xFF, None)
+    if isinstance(value, Mapping):
+        status = _first(value.get("status"))
+        signal_info = value.get("signal") or {}
+        sig_id = _number(signal_info.get("signal_id")) if isinstance(signal_info, Mapping) else None
+        code = _number(value.get("return_code"))
+        if status == "SIGNALED" and sig_id:
+            return None, sig_id
+        return code, sig_id or None
+    return None, None
+
+
+def _number(value: Any) -> int | None:
+    """An int, or 23.11's {"set": true, "infinite": false, "number": 3}; None otherwise."""
+    if isinstance(value, Mapping):
+        value = value.get("number") if value.get("set", True) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _int(value: Any, default: int = 0) -> int:
+    number = _number(value)
+    return default if number is None else number
+
+
+def _component_exit(job: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """A component's own result.
+
+    ``derived_exit_code`` is the worst of the component's steps, i.e. its
+    replica; ``exit_code`` is the batch script's, which only says something
+    when no step failed (a script that died before srun).
+    """
+    derived = _exit(job.get("derived_exit_code"))
+    if derived not in ((0, None), (None, None)):
+        return derived
+    batch = _exit(job.get("exit_code"))
+    return batch if batch != (None, None) else derived
+
+
+def from_squeue(job: Mapping[str, Any]) -> JobRecord:
+    job_id = _int(job.get("job_id"))
+    het_job_id = _int(job.get("het_job_id")) or job_id
+    code, signal = _component_exit(job)
+    return JobRecord(
+        job_id=job_id,
+        het_job_id=het_job_id,
+        het_offset=_int(job.get("het_job_offset")),
+        state=_first(job.get("job_state")).upper(),
+        reason=_first(job.get("state_reason")),
+        exit_code=code,
+        signal=signal,
+        nodes=str(job.get("nodes") or ""),
+        restart_cnt=_int(job.get("restart_cnt")),
+        comment=str(job.get("comment") or ""),
+        name=str(job.get("name") or ""),
+        source="squeue",
+    )
+
+
+def from_sacct(job: Mapping[str, Any]) -> JobRecord:
+    job_id = _int(job.get("job_id"))
+    het = job.get("het") or {}
+    het_job_id = _int(het.get("job_id")) or job_id
+    state = job.get("state") or {}
+    current = state.get("current") if isinstance(state, Mapping) else state
+    reason = state.get("reason", "") if isinstance(state, Mapping) else ""
+    comment = job.get("comment") or {}
+    code, signal = _component_exit(job)
+    return JobRecord(
+        job_id=job_id,
+        het_job_id=het_job_id,
+        het_offset=_int(het.get("job_offset")),
+        state=_first(current).upper(),
+        reason=_first(reason),
+        exit_code=code,
+        signal=signal,
+        nodes=str(job.get("nodes") or ""),
+        restart_cnt=_int(job.get("restart_cnt")),
+        comment=str(comment.get("job") or "") if isinstance(comment, Mapping) else str(comment),
+        name=str(job.get("name") or ""),
+        source="sacct",
+    )

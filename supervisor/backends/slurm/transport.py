@@ -1,0 +1,173 @@
+"""How the backend talks to Slurm: the command-line tools, as async subprocesses.
+
+Every call is counted (``calls``) so the one-squeue-per-tick promise can be
+checked, and every failure becomes a ``BackendError`` whose ``transient``
+flag says whether asking again later may work (a controller restarting, a
+timeout) or not (a bad partition name).
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+
+from supervisor.backends.slurm.records import JobRecord, from_sacct, from_squeue
+from supervisor.backends.slurm.script import ClusterFacts
+from supervisor.errors import BackendError, SubmitError
+
+__all__ = ["AccountingDisabled", "CliTransport", "SlurmTransport"]
+
+CALL_TIMEOUT = 30.0
+
+_TRANSIENT_HINTS = (
+    "unable to contact slurm controller",
+    "socket timed out",
+    "connection refused",
+    "slurm_load_jobs error",
+    "temporarily unavailable",
+    "try again",
+    "slurmdbd",
+    "connection reset",
+    "timed out",
+)
+
+
+class AccountingDisabled(BackendError):
+    """The cluster keeps no accounting (no slurmdbd): jobs that left the controller are unknown."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, transient=False)
+
+
+class SlurmTransport(abc.ABC):
+    kind: str
+
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+
+    @abc.abstractmethod
+    async def submit(self, script: str, workdir: str) -> int: ...
+
+    @abc.abstractmethod
+    async def queue(self) -> list[JobRecord]:
+        """Every job component the controller holds, in one call."""
+
+    @abc.abstractmethod
+    async def accounting(self, job_ids: Sequence[int]) -> list[JobRecord]:
+        """Components of these jobs from accounting, in one call; AccountingDisabled if none."""
+
+    @abc.abstractmethod
+    async def cancel(self, job_id: int) -> None: ...
+
+    @abc.abstractmethod
+    async def requeue(self, job_id: int) -> None: ...
+
+    @abc.abstractmethod
+    async def facts(self) -> ClusterFacts: ...
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook
+        """Release connections, if the transport holds any."""
+
+
+def _transient(text: str) -> bool:
+    lowered = text.lower()
+    return any(hint in lowered for hint in _TRANSIENT_HINTS)
+
+
+class CliTransport(SlurmTransport):
+    kind = "cli"
+
+    async def _run(self, tool: str, *args: str, stdin: bytes | None = None) -> str:
+        self.calls[tool] += 1
+        try:
+            with anyio.fail_after(CALL_TIMEOUT):
+                done = await anyio.run_process([tool, *args], input=stdin, check=False)
+        except TimeoutError as e:
+            raise BackendError(
+                f"{tool} did not answer in {CALL_TIMEOUT:.0f} s", transient=True
+            ) from e
+        except FileNotFoundError as e:
+            raise BackendError(f"{tool} is not installed here", transient=False) from e
+        except OSError as e:
+            raise BackendError(f"cannot run {tool}: {e}", transient=True) from e
+        out = done.stdout.decode(errors="replace")
+        err = done.stderr.decode(errors="replace").strip()
+        if done.returncode != 0:
+            if "accounting storage is disabled" in err.lower():
+                raise AccountingDisabled(err)
+            raise BackendError(
+                f"{tool} {' '.join(args)} failed ({done.returncode}): {err or out.strip()}",
+                transient=_transient(err),
+            )
+        return out
+
+    async def submit(self, script: str, workdir: str) -> int:
+        try:
+            out = await self._run(
+                "sbatch", "--parsable", f"--chdir={workdir}", stdin=script.encode()
+            )
+        except BackendError as e:
+            raise SubmitError(str(e), transient=e.transient) from e
+        try:
+            return int(out.strip().split(";")[0])
+        except ValueError as e:
+            raise SubmitError(f"sbatch printed no job id: {out!r}", transient=False) from e
+
+    async def queue(self) -> list[JobRecord]:
+        data = _json(await self._run("squeue", "--json"), "squeue")
+        return [from_squeue(j) for j in data.get("jobs", [])]
+
+    async def accounting(self, job_ids: Sequence[int]) -> list[JobRecord]:
+        if not job_ids:
+            return []
+        ids = ",".join(str(i) for i in job_ids)
+        data = _json(await self._run("sacct", "--json", "-j", ids), "sacct")
+        return [from_sacct(j) for j in data.get("jobs", [])]
+
+    async def cancel(self, job_id: int) -> None:
+        await self._run("scancel", str(job_id))
+
+    async def requeue(self, job_id: int) -> None:
+        await self._run("scontrol", "requeue", str(job_id))
+
+    async def facts(self) -> ClusterFacts:
+        version_text = await self._run("sinfo", "--version")
+        partitions = await self._run("sinfo", "-h", "-o", "%P|%m")
+        return parse_facts(version_text, partitions)
+
+
+def parse_facts(version_text: str, partitions: str) -> ClusterFacts:
+    """From ``sinfo --version`` and ``sinfo -h -o '%P|%m'`` (memory per node, MB)."""
+    numbers = version_text.split()[-1].split(".") if version_text.split() else []
+    try:
+        version = (int(numbers[0]), int(numbers[1]))
+    except (IndexError, ValueError):
+        version = (0, 0)
+    memory: dict[str, int] = {}
+    default = None
+    for line in partitions.splitlines():
+        name, _, mem = line.partition("|")
+        if name.endswith("*"):
+            name = name[:-1]
+            default = name
+        try:
+            value = int(mem.rstrip("+"))
+        except ValueError:
+            continue
+        memory[name] = min(value, memory.get(name, value))
+    return ClusterFacts(version=version, default_partition=default, real_memory_mb=memory)
+
+
+def _json(text: str, tool: str) -> dict[str, Any]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise BackendError(f"{tool} printed no JSON: {e}", transient=True) from e
+    if not isinstance(data, dict):
+        raise BackendError(f"{tool} printed unexpected JSON", transient=True)
+    return data

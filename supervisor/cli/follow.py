@@ -97,4 +97,4 @@ async def _one(
 async def print_transitions(sv: Supervisor, handle: str, err: Console) -> None:
     """Every transition of an app launched here, as it happens, until the app ends."""
     async for t in sv.watch(handle):
-        err.print(transition_text(t))
+        err.print(transition_text(t), soft_wrap=True)

@@ -136,7 +136,7 @@ def _handled_signals() -> list[signal.Signals]:
 
 @dataclass
 class _Interrupt:
-    """The first SIGINT/SIGTERM seen, and what has been done about it."""
+    """The first SIGINT/SIGTERM seen; it decides the exit code."""
 
     signum: int | None = None
 
@@ -166,7 +166,7 @@ async def execute(plan: RunPlan, session: str | None, state_dir: Path | None) ->
                 tg.cancel_scope.cancel()
         if plan.wait:
             if plan.as_json:
-                echo_json({**status_json(handle, final)}, compact=True)
+                echo_json(status_json(handle, final), compact=True)
             else:
                 print_status(console(), handle, final)
         if interrupt.signum is not None:
@@ -202,7 +202,11 @@ async def _on_signals(
         name = signal.Signals(signum).name
         if interrupt.signum is None:
             interrupt.signum = signum
-            err.print(f"{name}: cancelling {handle}; waiting for its replicas to stop")
+            err.print(
+                f"{name}: cancelling {handle}; waiting for its replicas to stop", markup=False
+            )
             await sv.cancel(handle)
         else:
-            err.print(f"{name}: already cancelling {handle}; waiting for its replicas")
+            err.print(
+                f"{name}: already cancelling {handle}; waiting for its replicas", markup=False
+            )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from supervisor.cli.main import cli
+from supervisor.cli.runcmd import _handled_signals
 
 
 def invoke(*args: str) -> Result:
@@ -137,3 +139,25 @@ def test_log_options_are_checked(state_dir: Path, args: list[str], message: str)
     result = invoke("log", "local://me/app", *args)
     assert result.exit_code == 2
     assert message in result.stderr
+
+
+def test_state_dir_and_session_options(tmp_path: Path, state_dir: Path) -> None:
+    other = tmp_path / "other-home"
+    result = invoke(
+        "--state-dir", str(other), "--session", "team", "run", "--dryrun", "--json", "echo"
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["session"] == "team"
+    assert data["app_dir"].startswith(str(other / "logs" / "team"))
+    bad = invoke("--session", "a/b", "run", "--dryrun", "echo")
+    assert bad.exit_code == 2 and "must be non-empty without '/'" in bad.stderr
+
+
+def test_a_signal_ignored_at_start_stays_ignored() -> None:
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        assert _handled_signals() == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert _handled_signals() == [signal.SIGINT, signal.SIGTERM]

@@ -241,7 +241,7 @@ def test_a_component_value_error_is_a_usage_error(parent: click.Context) -> None
 
 def test_a_component_must_return_an_appdef(parent: click.Context) -> None:
     with pytest.raises(click.UsageError, match="returned str, not an AppDef"):
-        call_component(not_an_app, "x", [], parent)
+        call_component(not_an_app, "x", [], parent)  # type: ignore[arg-type]
 
 
 def test_unsupported_parameter_types_are_reported() -> None:
@@ -282,3 +282,15 @@ def test_run_component_help_through_the_cli() -> None:
     result = CliRunner().invoke(cli, ["run", "ddp", "--help"])
     assert result.exit_code == 0
     assert "SCRIPT [SCRIPT_ARGS]..." in result.output and "-j" in result.output
+
+
+def test_defaults_before_varargs_keep_their_slots(parent: click.Context) -> None:
+    def slots(a: str, b: str = "B", c: bool = False, *rest: str) -> AppDef:
+        CAPTURED.update(a=a, b=b, c=c, rest=rest)
+        return _app()
+
+    CAPTURED.clear()
+    call_component(slots, "slots", ["--c", "A"], parent)
+    assert CAPTURED == {"a": "A", "b": "B", "c": True, "rest": ()}
+    call_component(slots, "slots", ["A", "b2", "r1", "--r2"], parent)
+    assert CAPTURED == {"a": "A", "b": "b2", "c": False, "rest": ("r1", "--r2")}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import click
 import pytest
@@ -48,7 +48,7 @@ def test_a_bare_number_is_epoch_seconds() -> None:
 
 def test_iso_datetimes_are_kept_as_datetimes() -> None:
     aware = parse_time("2024-05-01T12:00:00+02:00", NOW)
-    assert aware == datetime(2024, 5, 1, 10, 0, tzinfo=timezone.utc)
+    assert aware == datetime(2024, 5, 1, 10, 0, tzinfo=UTC)
     utc = parse_time("2024-05-01T12:00:00Z", NOW)
     assert isinstance(utc, datetime) and utc.utcoffset() == timedelta(0)
     naive = parse_time("2024-05-01 12:00", NOW)

@@ -95,6 +95,14 @@ def test_scripts_match_golden_files(name: str, cfg: dict[str, object], facts: Cl
     assert _script(name, cfg, facts) == (GOLDEN / f"{name}.sbatch").read_text()
 
 
+def test_a_single_replica_is_a_plain_job() -> None:
+    app = AppDef(name="one", roles=[Role(name="r", entrypoint="true")])
+    cfg = slurm_run_opts().resolve({})
+    script = render(app, cfg, CTX, facts=FACTS, default_log_dir=Path("/l"), job_dir=None).script
+    assert "hetjob" not in script and "--het-group" not in script
+    assert "srun --kill-on-bad-exit=1" in script
+
+
 def test_memory_and_gpu_rules() -> None:
     basic = _script("basic", {})
     assert "--mem=2048" in basic and "--gpus-per-task=1" in basic

@@ -60,9 +60,10 @@ class SlurmReplica:
     log_dir: str
     directives: tuple[str, ...]
 
-    def srun_group(self) -> str:
+    def srun_group(self, het: bool) -> str:
+        """This replica's part of the srun line; ``het`` False for a one-replica (plain) job."""
         pieces = [
-            f"--het-group={self.group}",
+            *([f"--het-group={self.group}"] if het else []),
             f"--output={self.log_dir}/stdout.log",
             f"--error={self.log_dir}/stderr.log",
             "env",
@@ -222,7 +223,8 @@ def _script(
             lines.append("#SBATCH hetjob")
         directives = list(replica.directives) + (job_level if replica.group == 0 else [])
         lines.extend(f"#SBATCH {q(d)}" for d in directives)
-    groups = " \\\n    : ".join(r.srun_group() for r in replicas)
+    het = len(replicas) > 1
+    groups = " \\\n    : ".join(r.srun_group(het) for r in replicas)
     lines += [
         "",
         "export SLURM_UNBUFFEREDIO=1",

@@ -1,0 +1,37 @@
+"""Bringing up (once per test session) the real local Slurm cluster the Slurm tests run on."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "slurm-cluster"
+FACTS = Path("/run/asupervisor-slurm.json")
+
+
+def _run(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def ensure_cluster(accounting: bool = True) -> dict[str, object]:
+    """The cluster's facts; brings it up (or switches its accounting) when needed.
+
+    Skips, printing why, only when the cluster truly cannot start here.
+    """
+    facts = json.loads(FACTS.read_text()) if FACTS.exists() else {}
+    healthy = _run("status", timeout=60).returncode == 0
+    if not healthy or bool(facts.get("accounting")) != accounting:
+        args = ["up"] if accounting else ["up", "--no-accounting"]
+        done = _run(*args)
+        if done.returncode != 0:
+            message = f"the local Slurm cluster could not start:\n{done.stdout}\n{done.stderr}"
+            print(message)
+            pytest.skip(message)
+        facts = json.loads(FACTS.read_text())
+    return facts

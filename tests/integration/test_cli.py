@@ -1,0 +1,268 @@
+"""The CLI end to end: real ``asupervisor`` processes against one state directory.
+
+Every command runs as ``python -m supervisor.cli.main`` in its own process,
+so apps launched by one are followed, logged and cancelled from others.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = [sys.executable, "-m", "supervisor.cli.main"]
+TIMEOUT = 30.0
+
+
+@pytest.fixture
+def env(state_dir: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "ASUPERVISOR_HOME": str(state_dir),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+
+
+def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, *args], env=env, capture_output=True, text=True, timeout=TIMEOUT, check=False
+    )
+
+
+def cli_json(env: dict[str, str], *args: str) -> Any:
+    done = cli(env, *args, "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+class Background:
+    """A CLI process whose stdout is read line by line, each read bounded by a deadline."""
+
+    def __init__(self, env: dict[str, str], args: list[str], stderr: Path) -> None:
+        self._stderr = stderr.open("w")
+        self.proc = subprocess.Popen(
+            [*CLI, *args], env=env, stdout=subprocess.PIPE, stderr=self._stderr
+        )
+        self.stderr_path = stderr
+        self._buffer = b""
+
+    def read_line(self, timeout: float = TIMEOUT) -> str:
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            readable, _, _ = select.select([fd], [], [], max(left, 0))
+            if not readable:
+                raise AssertionError(f"no line within {timeout} s; got {self._buffer!r}")
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise AssertionError(f"stdout closed; got {self._buffer!r}; {self.stderr()}")
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line.decode()
+
+    def wait(self, timeout: float = TIMEOUT) -> int:
+        return self.proc.wait(timeout)
+
+    def rest(self) -> str:
+        assert self.proc.stdout is not None
+        return (self._buffer + self.proc.stdout.read()).decode()
+
+    def stderr(self) -> str:
+        self._stderr.flush()
+        return self.stderr_path.read_text()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(TIMEOUT)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self._stderr.close()
+
+
+@pytest.fixture
+def background(env: dict[str, str], tmp_path: Path) -> Iterator[Any]:
+    started: list[Background] = []
+
+    def start(*args: str) -> Background:
+        bg = Background(env, list(args), tmp_path / f"stderr-{len(started)}.txt")
+        started.append(bg)
+        return bg
+
+    yield start
+    for bg in started:
+        bg.close()
+
+
+def wait_for_state(env: dict[str, str], handle: str, state: str) -> dict[str, Any]:
+    """``status --json`` until it reports ``state``; the other process writes it asynchronously."""
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        found: dict[str, Any] = cli_json(env, "status", handle)
+        if found["state"] == state or time.monotonic() > deadline:
+            assert found["state"] == state, found
+            return found
+
+
+# ------------------------------------------------------------------------ run
+def test_run_wait_succeeds_and_prints_transitions(env: dict[str, str]) -> None:
+    done = cli(env, "run", "--wait", "--", "sh", "-c", "echo hi; exit 0")
+    assert done.returncode == 0, done.stderr
+    handle = done.stdout.splitlines()[0]
+    assert handle.startswith("local://") and "/sh-" in handle
+    assert "SUCCEEDED" in done.stdout
+    assert "sh/0  RUNNING -> SUCCEEDED" in done.stderr
+    assert "app  RUNNING -> SUCCEEDED" in done.stderr
+    assert "app  UNSUBMITTED -> SUBMITTED" in done.stderr
+
+
+def test_a_failing_command_exits_1_with_its_status_as_json(env: dict[str, str]) -> None:
+    done = cli(env, "run", "--wait", "--json", "--", "sh", "-c", "echo bad >&2; exit 3")
+    assert done.returncode == 1, done.stderr
+    first, final = (json.loads(line) for line in done.stdout.splitlines())
+    assert first["handle"].startswith("local://")
+    assert final["handle"] == first["handle"] and final["state"] == "FAILED"
+    (replica,) = final["roles"][0]["replicas"]
+    assert replica["exit_code"] == 3 and replica["state"] == "FAILED"
+    assert "RUNNING -> FAILED" in done.stderr
+
+
+def test_a_missing_program_fails(env: dict[str, str], tmp_path: Path) -> None:
+    done = cli(env, "run", "--wait", "--", str(tmp_path / "no-such-program"))
+    assert done.returncode == 1
+    assert "FAILED" in done.stdout
+
+
+def test_run_without_wait_prints_only_the_handle_and_stays_to_the_end(
+    env: dict[str, str],
+) -> None:
+    done = cli(env, "run", "--", "sh", "-c", "echo quiet")
+    assert done.returncode == 0, done.stderr
+    (handle,) = done.stdout.splitlines()
+    assert done.stderr == ""
+    assert cli_json(env, "status", handle)["state"] == "SUCCEEDED"
+
+
+def test_run_log_prefixes_every_replica(env: dict[str, str]) -> None:
+    done = cli(
+        env, "run", "--wait", "--log", "sh", "--num_replicas", "2",
+        "echo hello ${replica_id}; echo oops ${replica_id} >&2",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    for k in (0, 1):
+        assert f"sh/{k} | hello {k}" in lines
+        assert f"sh/{k} | oops {k}" in lines
+    assert lines.index("sh/0 | hello 0") < next(
+        i for i, line in enumerate(lines) if "SUCCEEDED" in line
+    )  # logs drained before the final table
+
+
+def test_log_filters(env: dict[str, str]) -> None:
+    done = cli(
+        env, "run", "sh", "--num_replicas", "2",
+        "echo out ${replica_id}; echo err ${replica_id} >&2; printf 'no newline'",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    handle = done.stdout.strip()
+
+    def log(*args: str) -> str:
+        result = cli(env, "log", handle, *args)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    everything = log().splitlines()
+    for k in (0, 1):
+        mine = [line for line in everything if line.startswith(f"sh/{k} | ")]
+        assert sorted(mine) == sorted(
+            f"sh/{k} | {text}" for text in (f"out {k}", f"err {k}", "no newline")
+        )
+    assert everything.index("sh/0 | no newline") < everything.index("sh/1 | out 1")
+    assert log("sh/1", "--streams", "stderr") == "err 1\n"
+    assert log("sh/0", "--streams", "stdout") == "out 0\nno newline"  # printed as written
+    assert log("sh", "--regex", "^out") == "sh/0 | out 0\nsh/1 | out 1\n"
+    assert log("sh/0", "--since", "1h", "--streams", "stderr") == "err 0\n"
+    assert log("sh/0", "--until", "1") == ""
+    records = [
+        json.loads(line) for line in log("sh/1", "--json", "--streams", "stdout").splitlines()
+    ]
+    assert records == [
+        {"role": "sh", "replica_id": 1, "line": "out 1\n"},
+        {"role": "sh", "replica_id": 1, "line": "no newline"},
+    ]
+    bad = cli(env, "log", handle, "sh/7")
+    assert bad.returncode == 2 and "no 7" in bad.stderr
+
+
+# ------------------------------------------------------ a second process
+def test_another_process_follows_and_cancels_a_run(env: dict[str, str], background: Any) -> None:
+    run = background("run", "--wait", "--", "sh", "-c", "echo started; exec sleep 30")
+    handle = run.read_line()
+    assert handle.startswith("local://")
+
+    follower = background("log", "-f", handle, "sh/0")
+    assert follower.read_line() == "started"
+
+    status = wait_for_state(env, handle, "RUNNING")
+    (replica,) = status["roles"][0]["replicas"]
+    assert replica["state"] == "RUNNING" and replica["hostname"]
+
+    listed = cli_json(env, "list")
+    assert {"handle": handle, "state": "RUNNING"}.items() <= next(
+        a for a in listed if a["handle"] == handle
+    ).items()
+
+    described = cli_json(env, "describe", handle)
+    assert described["roles"][0]["entrypoint"] == "sh"
+    assert described["roles"][0]["args"] == ["-c", "echo started; exec sleep 30"]
+
+    human = cli(env, "status", handle)
+    assert human.returncode == 0 and "RUNNING" in human.stdout and "sh" in human.stdout
+
+    cancelled = cli(env, "cancel", handle)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert run.wait() == 3, run.stderr()
+    assert "RUNNING -> CANCELLED" in run.stderr()
+    assert "CANCELLED" in run.rest()
+    assert follower.wait() == 0  # a follower ends with the app
+
+    final = cli_json(env, "status", handle)
+    assert final["state"] == "CANCELLED"
+    assert final["roles"][0]["replicas"][0]["state"] == "CANCELLED"
+    again = cli(env, "cancel", handle)
+    assert again.returncode == 0 and "already ended" in again.stderr
+    assert "sh/0 | started\n" in cli(env, "log", handle).stdout
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_cancels_the_app_before_exiting(
+    env: dict[str, str], background: Any, signum: int, code: int
+) -> None:
+    run = background("run", "--wait", "--", "sleep", "30")
+    handle = run.read_line()
+    run.proc.send_signal(signum)
+    assert run.wait() == code, run.stderr()
+    assert f"{signal.Signals(signum).name}: cancelling {handle}" in run.stderr()
+    final = cli_json(env, "status", handle)
+    assert final["state"] == "CANCELLED"
+    assert final["roles"][0]["replicas"][0]["state"] == "CANCELLED"
+
+
+def test_runopts_local_lists_log_dir(env: dict[str, str]) -> None:
+    done = cli(env, "runopts", "local")
+    assert done.returncode == 0
+    assert "log_dir" in done.stdout

@@ -1,0 +1,158 @@
+"""The slurm backend against the real local 3-node cluster (scripts/slurm-cluster)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from supervisor import (
+    AppDef,
+    AppState,
+    ReplicaState,
+    RetryPolicy,
+    Role,
+    SpecError,
+    Supervisor,
+    WaitTimeout,
+)
+
+from .slurm_cluster import ensure_cluster
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slurm]
+
+PY = sys.executable
+REPORT = (
+    "import json, os, sys;"
+    "print(json.dumps({'argv': sys.argv[1:], 'env': os.environ.get('TRICKY'),"
+    " 'node': os.environ.get('SLURMD_NODENAME'), 'role': os.environ['ASUPERVISOR_ROLE']}))"
+)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[dict[str, object]]:
+    yield ensure_cluster(accounting=True)
+
+
+async def _lines(sv: Supervisor, handle: str, role: str, k: int = 0) -> list[str]:
+    return [line async for line in sv.log_iter(handle, role, k, streams="stdout")]
+
+
+async def test_two_roles_succeed_on_distinct_nodes_with_logs(
+    cluster: dict[str, object], state_dir: Path
+) -> None:
+    hostile = "$(touch /tmp/pwned-by-asupervisor) `id`; 'q' \"d\""
+    trainer = Role(
+        name="trainer",
+        entrypoint=PY,
+        args=["-c", REPORT, hostile, "${replica_id}"],
+        env={"TRICKY": "a,b,c=d;$(id)"},
+        num_replicas=2,
+    )
+    ps = Role(name="ps", entrypoint=PY, args=["-c", REPORT])
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(AppDef(name="two", roles=[trainer, ps]), "slurm")
+        assert handle.startswith("slurm://svc/two-")
+        status = await sv.wait(handle, timeout=90)
+        assert status.state is AppState.SUCCEEDED, status
+        hosts = set()
+        for role_status in status.roles:
+            for replica in role_status.replicas:
+                assert replica.state is ReplicaState.SUCCEEDED
+                assert replica.exit_code == 0
+                hosts.add(replica.hostname)
+        assert hosts == {"n1", "n2", "n3"}  # one het group per replica, one node each
+        report = json.loads((await _lines(sv, handle, "trainer", 1))[0])
+        assert report["argv"] == [hostile, "1"]
+        assert report["env"] == "a,b,c=d;$(id)"
+        assert report["role"] == "trainer"
+        assert report["node"] == status.replica("trainer", 1).hostname  # type: ignore[union-attr]
+    assert not Path("/tmp/pwned-by-asupervisor").exists()
+
+
+async def test_a_failing_replica_fails_the_app_and_stops_the_others(
+    cluster: dict[str, object], state_dir: Path
+) -> None:
+    bad = Role(name="bad", entrypoint=PY, args=["-c", "import sys, time; time.sleep(1); sys.exit(3)"])
+    slow = Role(name="slow", entrypoint="sleep", args=["60"], num_replicas=2)
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(AppDef(name="gang", roles=[bad, slow]), "slurm")
+        status = await sv.wait(handle, timeout=90)
+    assert status.state is AppState.FAILED, status
+    failed = status.replica("bad", 0)
+    assert failed is not None and failed.state is ReplicaState.FAILED and failed.exit_code == 3
+    for k in (0, 1):
+        other = status.replica("slow", k)
+        assert other is not None and other.state is ReplicaState.CANCELLED, status
+
+
+async def test_cancel_wait_timeout_and_unknown_handles(
+    cluster: dict[str, object], state_dir: Path
+) -> None:
+    role = Role(name="sleeper", entrypoint="sleep", args=["120"])
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(AppDef(name="c", roles=[role]), "slurm")
+        with pytest.raises(WaitTimeout):
+            await sv.wait(handle, timeout=0.5)
+        await sv.cancel(handle)
+        await sv.cancel(handle)
+        status = await sv.wait(handle, timeout=60)
+        assert status.state is AppState.CANCELLED
+        assert await sv.describe("slurm://svc/never-submitted") is None
+        assert not await sv.exists("slurm://other/nothing")
+
+
+async def test_foreign_jobs_are_ignored_and_other_processes_see_ours(
+    cluster: dict[str, object], state_dir: Path
+) -> None:
+    foreign = subprocess.run(
+        ["sbatch", "--parsable", "--wrap", "sleep 30"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    try:
+        async with Supervisor(session="svc") as sv:
+            handle = await sv.submit(
+                AppDef(name="mine", roles=[Role(name="r", entrypoint="true")]), "slurm"
+            )
+            assert (await sv.wait(handle, timeout=60)).state is AppState.SUCCEEDED
+        async with Supervisor(session="reader") as other:
+            listed = await other.list("slurm")
+            assert [x.app_handle for x in listed] == [handle]
+            assert listed[0].state is AppState.SUCCEEDED and listed[0].name == "mine"
+            described = await other.describe(handle)
+            assert described is not None and described.state is AppState.SUCCEEDED
+            assert await other.describe(f"slurm://svc/{foreign}") is None
+            with anyio.fail_after(10):
+                lines = [line async for line in other.log_iter(handle, "r", 0, streams="stdout")]
+            assert lines == []
+    finally:
+        subprocess.run(["scancel", foreign], check=False)
+
+
+async def test_one_squeue_per_tick_whatever_the_number_of_apps(
+    cluster: dict[str, object], state_dir: Path
+) -> None:
+    role = Role(name="r", entrypoint="sleep", args=["3"])
+    async with Supervisor(session="svc") as sv:
+        handles = [
+            await sv.submit(AppDef(name=f"load{i}", roles=[role]), "slurm") for i in range(4)
+        ]
+        with anyio.fail_after(120):
+            for h in handles:
+                assert (await sv.wait(h)).state is AppState.SUCCEEDED
+        stats = sv.statistics()["slurm"]
+    assert stats["calls_squeue"] == stats["ticks"]
+    assert stats.get("calls_sacct", 0) == 0  # every job was still in the controller
+
+
+async def test_retry_policies_other_than_whole_job_are_rejected(state_dir: Path) -> None:
+    role = Role(name="r", entrypoint="true", max_retries=1, retry_policy=RetryPolicy.REPLICA)
+    async with Supervisor(session="svc") as sv:
+        with pytest.raises(SpecError, match="retry_policy"):
+            sv.dryrun(AppDef(name="x", roles=[role]), "slurm")
+        with pytest.raises(SpecError, match="cfg.time"):
+            sv.dryrun(AppDef(name="x", roles=[Role(name="r", entrypoint="true")]), "slurm", {"time": "1h"})

@@ -80,6 +80,11 @@ class AppActor:
         self._send.send_nowait(_Barrier(reached))
         await reached.wait()
 
+    async def record_now(self) -> None:
+        """Write the current state for other processes now, not at the next coalesced write."""
+        if self.runtime is not None and not self.done.is_set():
+            await self._persist(self.runtime, final=False)
+
     # ------------------------------------------------------------------ readers
     def status(self) -> AppStatus:
         return self.fsm.snapshot()

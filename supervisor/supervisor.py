@@ -207,6 +207,8 @@ class Supervisor:
         self._actors[handle] = actor
         tg.start_soon(actor.run, runtime, tg)
         await actor.settle()
+        # Another process asking right after this returns must find the app as it is.
+        await actor.record_now()
         return handle
 
     async def submit(
@@ -328,7 +330,13 @@ class Supervisor:
 
             base = actor.runtime.log_target(role, k)
             return LogTarget(base.directory, finished, base.watch_dirs), done
-        target = await self.backend(parsed.backend).log_target(parsed, role, k)
+        backend = self.backend(parsed.backend)
+        described = await backend.describe(parsed)
+        if described is None:
+            raise UnknownAppError(f"no app {handle}")
+        if described.to_status().replica(role, k) is None:
+            raise UnknownAppError(f"{handle} has no replica {role}/{k}")
+        target = await backend.log_target(parsed, role, k)
         if target is None:
             raise UnknownAppError(f"no app {handle}")
         return target, None

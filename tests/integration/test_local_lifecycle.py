@@ -17,6 +17,7 @@ from supervisor import (
     Role,
     SpecError,
     Supervisor,
+    UnknownAppError,
     WaitTimeout,
 )
 
@@ -325,3 +326,17 @@ async def test_another_supervisor_waits_for_and_cancels_an_app_it_did_not_start(
             seen_by_other = await other.wait(handle)
         assert seen_by_other.state is AppState.CANCELLED
         assert (await owner.wait(handle, timeout=5)).state is AppState.CANCELLED
+
+
+async def test_logs_of_an_unknown_replica_or_app_are_an_error(state_dir: Path) -> None:
+    async with Supervisor(session="owner") as owner, Supervisor(session="other") as other:
+        handle = await owner.submit(app(py_role("a", "print('x')")), "local")
+        await owner.wait(handle, timeout=30)
+        for sv in (owner, other):
+            with pytest.raises(UnknownAppError):
+                await _lines(sv, handle, "a", 5)
+            with pytest.raises(UnknownAppError):
+                await _lines(sv, handle, "nope", 0)
+        with pytest.raises(UnknownAppError):
+            await _lines(other, "local://owner/never", "a", 0)
+        assert await _lines(other, handle, "a", 0) == ["x\n"]

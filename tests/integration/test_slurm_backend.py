@@ -78,7 +78,9 @@ async def test_two_roles_succeed_on_distinct_nodes_with_logs(
 async def test_a_failing_replica_fails_the_app_and_stops_the_others(
     cluster: dict[str, object], state_dir: Path
 ) -> None:
-    bad = Role(name="bad", entrypoint=PY, args=["-c", "import sys, time; time.sleep(1); sys.exit(3)"])
+    bad = Role(
+        name="bad", entrypoint=PY, args=["-c", "import sys, time; time.sleep(1); sys.exit(3)"]
+    )
     slow = Role(name="slow", entrypoint="sleep", args=["60"], num_replicas=2)
     async with Supervisor(session="svc") as sv:
         handle = await sv.submit(AppDef(name="gang", roles=[bad, slow]), "slurm")
@@ -155,4 +157,6 @@ async def test_retry_policies_other_than_whole_job_are_rejected(state_dir: Path)
         with pytest.raises(SpecError, match="retry_policy"):
             sv.dryrun(AppDef(name="x", roles=[role]), "slurm")
         with pytest.raises(SpecError, match="cfg.time"):
-            sv.dryrun(AppDef(name="x", roles=[Role(name="r", entrypoint="true")]), "slurm", {"time": "1h"})
+            sv.dryrun(
+                AppDef(name="x", roles=[Role(name="r", entrypoint="true")]), "slurm", {"time": "1h"}
+            )

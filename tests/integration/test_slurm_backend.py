@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -35,8 +33,8 @@ REPORT = (
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[dict[str, object]]:
-    yield ensure_cluster(accounting=True)
+def cluster() -> dict[str, object]:
+    return ensure_cluster(accounting=True)
 
 
 async def _lines(sv: Supervisor, handle: str, role: str, k: int = 0) -> list[str]:
@@ -72,7 +70,7 @@ async def test_two_roles_succeed_on_distinct_nodes_with_logs(
         assert report["env"] == "a,b,c=d;$(id)"
         assert report["role"] == "trainer"
         assert report["node"] == status.replica("trainer", 1).hostname  # type: ignore[union-attr]
-    assert not Path("/tmp/pwned-by-asupervisor").exists()
+    assert not await anyio.Path("/tmp/pwned-by-asupervisor").exists()
 
 
 async def test_a_failing_replica_fails_the_app_and_stops_the_others(
@@ -112,9 +110,8 @@ async def test_cancel_wait_timeout_and_unknown_handles(
 async def test_foreign_jobs_are_ignored_and_other_processes_see_ours(
     cluster: dict[str, object], state_dir: Path
 ) -> None:
-    foreign = subprocess.run(
-        ["sbatch", "--parsable", "--wrap", "sleep 30"], capture_output=True, text=True, check=True
-    ).stdout.strip()
+    submitted = await anyio.run_process(["sbatch", "--parsable", "--wrap", "sleep 30"])
+    foreign = submitted.stdout.decode().strip()
     try:
         async with Supervisor(session="svc") as sv:
             handle = await sv.submit(
@@ -132,7 +129,7 @@ async def test_foreign_jobs_are_ignored_and_other_processes_see_ours(
                 lines = [line async for line in other.log_iter(handle, "r", 0, streams="stdout")]
             assert lines == []
     finally:
-        subprocess.run(["scancel", foreign], check=False)
+        await anyio.run_process(["scancel", foreign], check=False)
 
 
 async def test_one_squeue_per_tick_whatever_the_number_of_apps(
@@ -156,7 +153,7 @@ async def test_retry_policies_other_than_whole_job_are_rejected(state_dir: Path)
     async with Supervisor(session="svc") as sv:
         with pytest.raises(SpecError, match="retry_policy"):
             sv.dryrun(AppDef(name="x", roles=[role]), "slurm")
-        with pytest.raises(SpecError, match="cfg.time"):
+        with pytest.raises(SpecError, match=r"cfg\.time"):
             sv.dryrun(
                 AppDef(name="x", roles=[Role(name="r", entrypoint="true")]), "slurm", {"time": "1h"}
             )

@@ -18,6 +18,7 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from supervisor.backends.base import AppCancelRequested, AppNotice, AppRuntime, Request
+from supervisor.errors import BackendError
 from supervisor.events import ReplicaEvent
 from supervisor.fsm.app import AppFSM, RestartReplicas, RoleSpec, StopReplicas
 from supervisor.status import AppStatus, Transition
@@ -119,10 +120,7 @@ class AppActor:
                     else:
                         actions = await self.fsm.cancel()
                     for action in actions:
-                        if isinstance(action, StopReplicas):
-                            task_group.start_soon(runtime.stop, action.keys, action.reason)
-                        elif isinstance(action, RestartReplicas):
-                            task_group.start_soon(runtime.restart, action.attempts, action.reason)
+                        task_group.start_soon(self._carry_out, runtime, action)
                     self._publish()
                     if self.fsm.is_terminal:
                         break
@@ -131,6 +129,19 @@ class AppActor:
             finally:
                 self._finish()
         await runtime.aclose()
+
+    async def _carry_out(self, runtime: AppRuntime, action: StopReplicas | RestartReplicas) -> None:
+        """Run one action; a backend failure becomes the app's notice, not a crash of every app."""
+        try:
+            if isinstance(action, StopReplicas):
+                await runtime.stop(action.keys, action.reason)
+            else:
+                await runtime.restart(action.attempts, action.reason)
+        except BackendError as e:
+            verb = "stopping" if isinstance(action, StopReplicas) else "restarting"
+            retry = "a retry may help" if e.transient else "retrying will not help"
+            if not self.done.is_set():
+                self._send.send_nowait(AppNotice(message=f"{verb} replicas failed ({retry}): {e}"))
 
     def _finish(self) -> None:
         self.done.set()

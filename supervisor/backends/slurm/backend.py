@@ -11,7 +11,6 @@ in ``states.py``, into replica events for the app's state machines.
 from __future__ import annotations
 
 import shutil
-import signal
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,8 +18,6 @@ from typing import Any
 import anyio
 
 from supervisor.backends.base import (
-    AppCancelRequested,
-    AppNotice,
     AppRuntime,
     Backend,
     BackendContext,
@@ -32,20 +29,14 @@ from supervisor.backends.base import (
 from supervisor.backends.slurm.capabilities import SLURM_CAPABILITIES
 from supervisor.backends.slurm.options import check_slurm_cfg, slurm_run_opts
 from supervisor.backends.slurm.poller import JobView, PollerSettings, SlurmPoller
-from supervisor.backends.slurm.records import JobRecord
 from supervisor.backends.slurm.script import ClusterFacts, SlurmRequest, render
 from supervisor.backends.slurm.states import Meaning, meaning_of
+from supervisor.backends.slurm.translate import ViewTranslator, signal_name
 from supervisor.backends.slurm.transport import CliTransport, SlurmTransport
 from supervisor.backends.store import AppStore, Index, Owner
 from supervisor.errors import SubmitError
 from supervisor.events import (
-    Exited,
-    Lost,
-    Queued,
-    ReplicaEvent,
     ReplicaKey,
-    Requeued,
-    Started,
     Submitted,
 )
 from supervisor.fsm.rules import derive_app_state
@@ -76,15 +67,6 @@ _REPLICA_STATE = {
 }
 
 
-def _signal_name(number: int | None) -> str | None:
-    if not number:
-        return None
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
 class SlurmRuntime(AppRuntime):
     def __init__(
         self, backend: SlurmBackend, request: SlurmRequest, job_id: int, sink: EventSink
@@ -94,84 +76,17 @@ class SlurmRuntime(AppRuntime):
         self.job_id = job_id
         self.emit = sink
         self.store = AppStore(Path(request.app_dir))
-        self._keys: list[ReplicaKey] = [(r.role, r.replica_id) for r in request.replicas]
-        self._attempt = 0
-        self._stopping = False
-        self._external_cancel = False
-        self._noticed = False
+        self.translator = ViewTranslator(job_id, [(r.role, r.replica_id) for r in request.replicas])
 
     def on_view(self, view: JobView) -> None:
-        """Translate one poller answer into replica events; never blocks."""
-        if view.where == "error":
-            self._noticed = True
-            self.emit(AppNotice(message=view.problem))
-            return
-        if self._noticed:
-            self._noticed = False
-            self.emit(AppNotice(message=""))
-        if view.where == "gone":
-            for role, k in self._keys:
-                self.emit(Lost(role=role, replica_id=k, attempt=self._attempt, reason=view.problem))
-            return
-        # Real failures first: with kill-on-bad-exit the others were killed *because*
-        # of them, and the FSM attributes the app's failure to the first it hears of.
-        ordered = sorted(view.components, key=lambda c: (c.signal is not None, c.het_offset))
-        for comp in ordered:
-            for event in self._events(comp):
-                self.emit(event)
-
-    def _events(self, comp: JobRecord) -> list[ReplicaEvent | AppCancelRequested | AppNotice]:
-        if comp.het_offset >= len(self._keys):
-            return [AppNotice(message=f"job {comp.job_id} has an unexpected component")]
-        role, k = self._keys[comp.het_offset]
-        meaning = meaning_of(comp.state)
-        if meaning is None:
-            return [
-                AppNotice(message=f"Slurm reports state {comp.state!r}, unknown to asupervisor")
-            ]
-        out: list[ReplicaEvent | AppCancelRequested | AppNotice] = []
-        attempt = comp.restart_cnt
-        if meaning is Meaning.REQUEUED:
-            attempt = max(attempt, self._attempt + 1)
-        if attempt > self._attempt or meaning is Meaning.REQUEUED:
-            out.append(
-                Requeued(role=role, replica_id=k, attempt=attempt, reason=comp.reason or comp.state)
-            )
-        self._attempt = max(self._attempt, attempt)
-        base: dict[str, Any] = {"role": role, "replica_id": k, "attempt": attempt}
-        if meaning is Meaning.QUEUED:
-            out.append(Queued(**base, reason=comp.reason))
-        elif meaning is Meaning.RUNNING:
-            out.append(Started(**base, hostname=comp.nodes))
-        elif meaning is Meaning.SUCCEEDED:
-            out.append(Started(**base, hostname=comp.nodes))
-            out.append(Exited(**base, exit_code=0))
-        elif meaning in (Meaning.FAILED, Meaning.CANCELLED):
-            if meaning is Meaning.CANCELLED and not self._stopping and not self._external_cancel:
-                self._external_cancel = True
-                out.insert(
-                    0, AppCancelRequested(reason=f"job {self.job_id} was cancelled in Slurm")
-                )
-            code = comp.exit_code
-            if meaning is Meaning.FAILED and not code and comp.signal is None:
-                code = 1  # FAILED with nothing to show for it (NODE_FAIL, TIMEOUT, ...)
-            if comp.nodes:
-                out.append(Started(**base, hostname=comp.nodes))
-            out.append(
-                Exited(
-                    **base,
-                    exit_code=None if comp.signal else code,
-                    signal=_signal_name(comp.signal),
-                    msg=f"{role}/{k}: Slurm state {comp.state}"
-                    + (f" ({comp.reason})" if comp.reason and comp.reason != "None" else ""),
-                )
-            )
-        return out
+        """The poller's listener: runs on the loop, never blocks."""
+        for event in self.translator.events(view):
+            self.emit(event)
 
     async def stop(self, keys: Sequence[ReplicaKey], reason: str) -> None:
-        if self._stopping:
+        if self.translator.stopping:
             return
-        self._stopping = True  # the whole job goes: Slurm cannot stop one het component
+        self.translator.stopping = True  # the whole job goes: Slurm cannot stop one component
         await self._backend.transport.cancel(self.job_id)
         self._backend.poller.poke()
 
@@ -258,7 +173,7 @@ class SlurmBackend(Backend):
             self.index.add, request.session, request.app_id, store.app_dir
         )
         runtime = SlurmRuntime(self, request, job_id, sink)
-        for role, k in runtime._keys:
+        for role, k in runtime.translator.keys:
             sink(Submitted(role=role, replica_id=k))
         self.poller.track(job_id, runtime.on_view)
         return runtime
@@ -299,7 +214,7 @@ class SlurmBackend(Backend):
                     role=role,
                     hostname=rec.nodes if rec else "",
                     exit_code=rec.exit_code if rec else None,
-                    signal=_signal_name(rec.signal) if rec else None,
+                    signal=signal_name(rec.signal) if rec else None,
                     restarts=rec.restart_cnt if rec else 0,
                 )
             )

@@ -30,6 +30,7 @@ class JobRecord:
     comment: str = ""
     name: str = ""
     source: str = "squeue"
+    requeue: bool = False  # Slurm will put the job back in the queue after a node failure
 
 
 def _first(value: Any) -> str:
@@ -99,6 +100,7 @@ def from_squeue(job: Mapping[str, Any]) -> JobRecord:
         comment=str(job.get("comment") or ""),
         name=str(job.get("name") or ""),
         source="squeue",
+        requeue=job.get("requeue") is True,
     )
 
 

@@ -1,0 +1,121 @@
+"""From what Slurm reports about a job to events about its replicas."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Sequence
+from typing import Any
+
+from supervisor.backends.base import AppCancelRequested, AppNotice
+from supervisor.backends.slurm.poller import JobView
+from supervisor.backends.slurm.records import JobRecord
+from supervisor.backends.slurm.states import Meaning, meaning_of
+from supervisor.events import Exited, Lost, Queued, ReplicaEvent, ReplicaKey, Requeued, Started
+
+__all__ = ["Mail", "ViewTranslator", "signal_name"]
+
+Mail = ReplicaEvent | AppCancelRequested | AppNotice
+
+
+def signal_name(number: int | None) -> str | None:
+    if not number:
+        return None
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+class ViewTranslator:
+    """Turns successive poller views of one job into replica events (pure; keeps a little memory).
+
+    Memory is needed because Slurm reports states, not changes: which attempt
+    each replica is on, whether a requeue was already reported, whether we
+    asked for the cancel ourselves.
+    """
+
+    def __init__(self, job_id: int, keys: Sequence[ReplicaKey]) -> None:
+        self.job_id = job_id
+        self.keys = list(keys)
+        self._attempts = dict.fromkeys(self.keys, 0)
+        self._requeues_seen: dict[ReplicaKey, int] = {}
+        self.stopping = False
+        self._external_cancel = False
+        self._noticed = False
+
+    def events(self, view: JobView) -> list[Mail]:
+        if view.where == "error":
+            self._noticed = True
+            return [AppNotice(message=view.problem)]
+        out: list[Mail] = []
+        if self._noticed:
+            self._noticed = False
+            out.append(AppNotice(message=""))
+        if view.where == "gone":
+            for role, k in self.keys:
+                attempt = self._attempts[(role, k)]
+                out.append(Lost(role=role, replica_id=k, attempt=attempt, reason=view.problem))
+            return out
+        # Real failures first: with kill-on-bad-exit the others were killed *because*
+        # of them, and the FSM attributes the app's failure to the first it hears of.
+        ordered = sorted(view.components, key=lambda c: (c.signal is not None, c.het_offset))
+        for comp in ordered:
+            out.extend(self._events(comp))
+        return out
+
+    def _events(self, comp: JobRecord) -> list[Mail]:
+        if comp.het_offset >= len(self.keys):
+            return [AppNotice(message=f"job {comp.job_id} has an unexpected component")]
+        role, k = self.keys[comp.het_offset]
+        meaning = meaning_of(comp.state)
+        if comp.requeue and comp.state in ("NODE_FAIL", "PREEMPTED"):
+            meaning = Meaning.REQUEUED  # Slurm puts such a job back in the queue itself
+        if meaning is None:
+            return [
+                AppNotice(message=f"Slurm reports state {comp.state!r}, unknown to asupervisor")
+            ]
+        out: list[Mail] = []
+        key = (role, k)
+        # Slurm's restart count is the attempt number; a job caught in REQUEUED (or a
+        # node failure it will requeue) has not bumped it yet, so it counts one ahead,
+        # once per requeue however many ticks see it.
+        attempt = max(comp.restart_cnt, self._attempts[key])
+        if meaning is Meaning.REQUEUED and self._requeues_seen.get(key) != comp.restart_cnt:
+            self._requeues_seen[key] = comp.restart_cnt
+            attempt = max(comp.restart_cnt, self._attempts[key] + 1)
+        if attempt > self._attempts[key]:
+            out.append(
+                Requeued(role=role, replica_id=k, attempt=attempt, reason=comp.reason or comp.state)
+            )
+            self._attempts[key] = attempt
+        base: dict[str, Any] = {"role": role, "replica_id": k, "attempt": attempt}
+        if meaning is Meaning.QUEUED:
+            out.append(Queued(**base, reason=comp.reason))
+        elif meaning is Meaning.RUNNING:
+            out.append(Started(**base, hostname=comp.nodes))
+        elif meaning is Meaning.SUCCEEDED:
+            out.append(Started(**base, hostname=comp.nodes))
+            out.append(Exited(**base, exit_code=0))
+        elif meaning in (Meaning.FAILED, Meaning.CANCELLED):
+            if meaning is Meaning.CANCELLED and not self.stopping and not self._external_cancel:
+                self._external_cancel = True
+                out.insert(
+                    0, AppCancelRequested(reason=f"job {self.job_id} was cancelled in Slurm")
+                )
+            code = comp.exit_code
+            if meaning is Meaning.FAILED and not code and comp.signal is None:
+                code = 1  # FAILED with nothing to show for it (NODE_FAIL, TIMEOUT, ...)
+            if meaning is Meaning.CANCELLED and not code:
+                code = None  # cancelled before or while running: no success to report
+            if comp.nodes:
+                out.append(Started(**base, hostname=comp.nodes))
+            out.append(
+                Exited(
+                    **base,
+                    exit_code=None if comp.signal else code,
+                    signal=signal_name(comp.signal),
+                    msg=f"{role}/{k}: Slurm state {comp.state}"
+                    + (f" ({comp.reason})" if comp.reason and comp.reason != "None" else ""),
+                )
+            )
+        return out

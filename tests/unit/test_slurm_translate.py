@@ -1,0 +1,138 @@
+"""From Slurm's job records to replica events, and on through the real AppFSM.
+
+The records are built by hand here because states like REQUEUED, NODE_FAIL
+with requeue, or a controller that stops answering cannot be produced on
+demand at the exact tick a test needs; the integration tests do the real thing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from supervisor.backends.base import AppCancelRequested, AppNotice
+from supervisor.backends.slurm.poller import JobView
+from supervisor.backends.slurm.records import JobRecord, from_sacct, from_squeue
+from supervisor.backends.slurm.translate import Mail, ViewTranslator
+from supervisor.events import ReplicaEvent
+from supervisor.fsm.app import AppFSM, RoleSpec
+from supervisor.fsm.states import AppState, ReplicaState
+
+KEYS = [("trainer", 0), ("trainer", 1)]
+
+
+def _view(
+    state: str, *, restart: int = 0, codes: tuple[int | None, ...] = (0, 0), **kw: object
+) -> JobView:
+    comps = tuple(
+        JobRecord(
+            job_id=10 + i,
+            het_job_id=10,
+            het_offset=i,
+            state=state,
+            exit_code=code,
+            nodes=f"n{i + 1}",
+            restart_cnt=restart,
+            **kw,  # type: ignore[arg-type]
+        )
+        for i, code in enumerate(codes)
+    )
+    return JobView(10, comps, "queue")
+
+
+def _run(views: list[JobView], *, max_retries: int = 1) -> tuple[AppFSM, list[Mail]]:
+    translator = ViewTranslator(10, KEYS)
+    fsm = AppFSM([RoleSpec("trainer", 2, max_retries=max_retries)])
+    mail: list[Mail] = []
+
+    async def feed() -> None:
+        for view in views:
+            for item in translator.events(view):
+                mail.append(item)
+                if isinstance(item, ReplicaEvent):
+                    await fsm.apply(item)
+                elif isinstance(item, AppCancelRequested):
+                    await fsm.cancel()
+                    translator.stopping = True
+                else:
+                    fsm.set_notice(item.message)
+
+    asyncio.run(feed())
+    return fsm, mail
+
+
+def test_a_plain_run_succeeds() -> None:
+    fsm, _ = _run([_view("PENDING"), _view("RUNNING"), _view("COMPLETED")])
+    assert fsm.state is AppState.SUCCEEDED
+    assert fsm.snapshot().replica("trainer", 1).hostname == "n2"  # type: ignore[union-attr]
+
+
+def test_node_failure_with_requeue_is_a_restart_not_a_failure() -> None:
+    views = [
+        _view("RUNNING"),
+        _view("NODE_FAIL", requeue=True),
+        _view("NODE_FAIL", requeue=True),  # seen twice: still one requeue
+        _view("PENDING", restart=1),
+        _view("RUNNING", restart=1),
+        _view("COMPLETED", restart=1),
+    ]
+    fsm, _ = _run(views)
+    assert fsm.state is AppState.SUCCEEDED
+    assert fsm.num_restarts == 2  # one per replica: both components were requeued
+    replica = fsm.snapshot().replica("trainer", 0)
+    assert replica is not None and replica.restarts == 1
+    app_path = [(t.source, t.dest) for t in fsm.history if t.role is None]
+    assert ("RUNNING", "PENDING") in app_path and app_path[-1] == ("RUNNING", "SUCCEEDED")
+
+
+def test_failed_replica_is_blamed_not_the_ones_killed_with_it() -> None:
+    comps = (
+        JobRecord(10, 10, 0, "FAILED", signal=15, nodes="n1"),
+        JobRecord(11, 10, 1, "FAILED", exit_code=3, nodes="n2"),
+    )
+    fsm, _ = _run([_view("RUNNING"), JobView(10, comps, "queue")], max_retries=0)
+    snap = fsm.snapshot()
+    assert snap.state is AppState.FAILED
+    assert snap.replica("trainer", 1).state is ReplicaState.FAILED  # type: ignore[union-attr]
+    assert snap.replica("trainer", 0).state is ReplicaState.CANCELLED  # type: ignore[union-attr]
+    assert "trainer/1" in snap.msg
+
+
+def test_a_cancel_made_outside_is_a_cancel() -> None:
+    fsm, mail = _run([_view("RUNNING"), _view("CANCELLED", codes=(0, 0))])
+    assert fsm.state is AppState.CANCELLED
+    assert any(isinstance(m, AppCancelRequested) for m in mail)
+
+
+def test_errors_change_nothing_and_are_shown_while_they_last() -> None:
+    error = JobView(10, (), "error", "squeue failed: slurmctld restarting")
+    fsm, mail = _run([_view("RUNNING"), error, error])
+    assert fsm.state is AppState.RUNNING
+    assert "slurmctld restarting" in fsm.snapshot().msg
+    fsm, _ = _run([_view("RUNNING"), error, _view("RUNNING")])
+    assert fsm.snapshot().msg == ""
+    assert all(not isinstance(m, AppNotice) or m.message for m in mail[:2])
+
+
+def test_a_job_gone_without_accounting_is_unknown_with_a_reason() -> None:
+    gone = JobView(
+        10, (), "gone", "the job left the controller and this cluster keeps no accounting"
+    )
+    fsm, _ = _run([_view("RUNNING"), gone])
+    snap = fsm.snapshot()
+    assert snap.state is AppState.UNKNOWN
+    assert "no accounting" in snap.roles[0].replicas[0].msg
+
+
+def test_parsers_accept_both_state_shapes_and_exit_encodings() -> None:
+    old = from_squeue({"job_id": 5, "het_job_id": 4, "het_job_offset": 1, "job_state": "FAILED",
+                       "derived_exit_code": 768, "exit_code": 36608})  # fmt: skip
+    new = from_squeue({"job_id": 5, "het_job_id": 4, "het_job_offset": 1, "job_state": ["FAILED"],
+                       "derived_exit_code": {"status": ["EXITED"], "return_code": {"set": True, "number": 3}}})  # fmt: skip
+    assert (old.state, old.exit_code, old.het_job_id) == ("FAILED", 3, 4)
+    assert (new.state, new.exit_code) == ("FAILED", 3)
+    killed = from_squeue({"job_id": 7, "job_state": "CANCELLED", "derived_exit_code": 15})
+    assert (killed.exit_code, killed.signal, killed.het_job_id) == (None, 15, 7)
+    acct = from_sacct({"job_id": 9, "het": {"job_id": 8, "job_offset": 1},
+                       "state": {"current": "COMPLETED", "reason": "None"},
+                       "derived_exit_code": {"status": "SUCCESS", "return_code": 0}})  # fmt: skip
+    assert (acct.het_job_id, acct.het_offset, acct.state, acct.exit_code) == (8, 1, "COMPLETED", 0)

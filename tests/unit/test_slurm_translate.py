@@ -126,8 +126,9 @@ def test_a_job_gone_without_accounting_is_unknown_with_a_reason() -> None:
 def test_parsers_accept_both_state_shapes_and_exit_encodings() -> None:
     old = from_squeue({"job_id": 5, "het_job_id": 4, "het_job_offset": 1, "job_state": "FAILED",
                        "derived_exit_code": 768, "exit_code": 36608})  # fmt: skip
+    exited_3 = {"status": ["EXITED"], "return_code": {"set": True, "number": 3}}
     new = from_squeue({"job_id": 5, "het_job_id": 4, "het_job_offset": 1, "job_state": ["FAILED"],
-                       "derived_exit_code": {"status": ["EXITED"], "return_code": {"set": True, "number": 3}}})  # fmt: skip
+                       "derived_exit_code": exited_3})  # fmt: skip
     assert (old.state, old.exit_code, old.het_job_id) == ("FAILED", 3, 4)
     assert (new.state, new.exit_code) == ("FAILED", 3)
     killed = from_squeue({"job_id": 7, "job_state": "CANCELLED", "derived_exit_code": 15})

@@ -24,28 +24,16 @@ import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Literal
+from typing import Final
 
 import anyio
 
 from supervisor.errors import BackendError
-from supervisor.logs.lines import LineSplitter
-from supervisor.logs.timestamps import (
-    COMBINED_ID,
-    FILE_NAMES,
-    INDEX_NAME,
-    STDERR_ID,
-    STDOUT_ID,
-    IndexAppender,
-    write_all,
-)
+from supervisor.logs.files import STREAM_IDS, ReplicaFiles, StreamName
 
 __all__ = ["LogSink", "ReplicaLog", "StreamName"]
 
-StreamName = Literal["stdout", "stderr"]
-
-_STREAM_IDS: Final[dict[str, int]] = {"stdout": STDOUT_ID, "stderr": STDERR_ID}
-_OPEN_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+_STREAMS: Final[tuple[StreamName, ...]] = ("stdout", "stderr")
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,57 +81,6 @@ _STOP: Final = _Stop()
 _Item = _Open | _Write | _End | _Barrier | _Stop
 
 
-class _ReplicaFiles:
-    """Writer-thread state of one log directory: descriptors, offsets, partial lines."""
-
-    __slots__ = ("_fds", "_sizes", "directory", "ended", "index", "last_at", "splitters")
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self._fds: dict[int, int] = {}
-        self._sizes: dict[int, int] = {}
-        self.index = IndexAppender(directory / INDEX_NAME)
-        self.splitters: dict[str, LineSplitter] = {
-            "stdout": LineSplitter(),
-            "stderr": LineSplitter(),
-        }
-        # combined.log gets a stream's last partial line only at end_stream;
-        # it is dated by the arrival of its last byte, not by the EOF.
-        self.last_at: dict[str, float] = {"stdout": 0.0, "stderr": 0.0}
-        self.ended: set[str] = set()
-
-    def append(self, stream_id: int, data: bytes, at: float) -> None:
-        """Append to a stream's file and queue the index record for it."""
-        fd = self._fds.get(stream_id)
-        if fd is None:
-            fd = os.open(self.directory / FILE_NAMES[stream_id], _OPEN_FLAGS, 0o644)
-            self._fds[stream_id] = fd
-            # Offsets continue where a previous attempt (or process) stopped.
-            self._sizes[stream_id] = os.fstat(fd).st_size
-        write_all(fd, data)
-        self._sizes[stream_id] += len(data)
-        self.index.add(stream_id, self._sizes[stream_id], at)
-
-    def close_files(self) -> None:
-        """Close every descriptor, even if some close fails; raise the first failure."""
-        first: OSError | None = None
-        fds = list(self._fds.values())
-        self._fds.clear()
-        self._sizes.clear()
-        self.index.discard_pending()
-        for fd in fds:
-            try:
-                os.close(fd)
-            except OSError as exc:
-                first = first or exc
-        try:
-            self.index.close()
-        except OSError as exc:
-            first = first or exc
-        if first is not None:
-            raise first
-
-
 class _Writer:
     """Everything the writer thread owns; deliberately holds no reference to the sink.
 
@@ -153,7 +90,7 @@ class _Writer:
 
     def __init__(self, max_open_replicas: int) -> None:
         self.queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
-        self._replicas: dict[Path, _ReplicaFiles] = {}
+        self._replicas: dict[Path, ReplicaFiles] = {}
         self._open: OrderedDict[Path, None] = OrderedDict()
         self._max_open = max_open_replicas
         self._error_lock = threading.Lock()
@@ -197,10 +134,10 @@ class _Writer:
             self._record(exc, item.directory)
             self._close_quietly(item.directory)
 
-    def _state(self, directory: Path) -> _ReplicaFiles:
+    def _state(self, directory: Path) -> ReplicaFiles:
         state = self._replicas.get(directory)
         if state is None:
-            state = self._replicas[directory] = _ReplicaFiles(directory)
+            state = self._replicas[directory] = ReplicaFiles(directory)
         return state
 
     def _touch(self, directory: Path) -> None:
@@ -221,28 +158,21 @@ class _Writer:
         # Output after an end is a restarted attempt: the stream is live again.
         state.ended.discard(item.stream)
         self._touch(item.directory)
-        state.append(_STREAM_IDS[item.stream], item.data, item.at)
-        state.last_at[item.stream] = item.at
-        lines = state.splitters[item.stream].feed_block(item.data)
-        if lines:
-            state.append(COMBINED_ID, lines, item.at)
-        state.index.write_pending()
+        state.record(item.stream, item.data, item.at)
 
     def _end(self, item: _End) -> None:
         state = self._state(item.directory)
         self._flush_partial(state, item.stream)
         state.ended.add(item.stream)
-        if len(state.ended) == len(_STREAM_IDS):
+        if len(state.ended) == len(STREAM_IDS):
             self._open.pop(item.directory, None)
             del self._replicas[item.directory]
             state.close_files()
 
-    def _flush_partial(self, state: _ReplicaFiles, stream: str) -> None:
-        rest = state.splitters[stream].flush()
-        if rest:
+    def _flush_partial(self, state: ReplicaFiles, stream: StreamName) -> None:
+        if state.splitters[stream].pending_size:
             self._touch(state.directory)
-            state.append(COMBINED_ID, rest, state.last_at[stream])
-            state.index.write_pending()
+            state.flush_partial(stream)
 
     def _close_quietly(self, directory: Path) -> None:
         """After a failed write offsets are unknown; reopening re-reads them from disk."""
@@ -256,7 +186,7 @@ class _Writer:
         """Closing mid-attempt still completes combined.log with the partial lines."""
         for directory, state in list(self._replicas.items()):
             try:
-                for stream in _STREAM_IDS:
+                for stream in _STREAMS:
                     if stream not in state.ended:
                         self._flush_partial(state, stream)
                 state.close_files()
@@ -306,7 +236,7 @@ class LogSink:
 
     def write(self, log: ReplicaLog, stream: StreamName, data: bytes, at: float) -> None:
         """Queue ``data`` that arrived on ``stream`` at wall time ``at``."""
-        if stream not in _STREAM_IDS:
+        if stream not in STREAM_IDS:
             raise ValueError(f"stream must be 'stdout' or 'stderr', not {stream!r}")
         if data:
             self._submit(_Write(log.directory, stream, bytes(data), at))
@@ -319,7 +249,7 @@ class LogSink:
         restarted attempt) reopen them in append mode. After ``close`` this
         does nothing: closing already completed every partial line.
         """
-        if stream not in _STREAM_IDS:
+        if stream not in STREAM_IDS:
             raise ValueError(f"stream must be 'stdout' or 'stderr', not {stream!r}")
         self._submit(_End(log.directory, stream), strict=False)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import anyio
@@ -157,3 +158,32 @@ async def test_retry_policies_other_than_whole_job_are_rejected(state_dir: Path)
             sv.dryrun(
                 AppDef(name="x", roles=[Role(name="r", entrypoint="true")]), "slurm", {"time": "1h"}
             )
+
+
+async def test_logs_follow_streams_and_times_like_local_ones(
+    cluster: dict[str, object], state_dir: Path
+) -> None:
+    code = (
+        "import sys, time; print('early', flush=True); print('oops', file=sys.stderr, flush=True);"
+        "time.sleep(3); sys.stdout.write('late without newline')"
+    )
+    role = Role(name="t", entrypoint=PY, args=["-c", code])
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(AppDef(name="logs", roles=[role]), "slurm")
+        followed = []
+        with anyio.fail_after(90):
+            async for line in sv.log_iter(handle, "t", 0, should_tail=True):
+                status = sv.status(handle)
+                followed.append((line, status.state if status else None))
+        assert [line for line, _ in followed] == ["early\n", "oops\n", "late without newline"]
+        # Seen live, before the end (the poller may not have seen the start yet).
+        assert followed[0][1] in (AppState.PENDING, AppState.RUNNING)
+        final = sv.status(handle)
+        assert final is not None and final.state is AppState.SUCCEEDED
+        err = [line async for line in sv.log_iter(handle, "t", 0, streams="stderr")]
+        assert err == ["oops\n"]
+        marker = time.time() - 1.5  # between the first lines and the last one
+        late = [line async for line in sv.log_iter(handle, "t", 0, since=marker)]
+        assert late == ["late without newline"]
+        loud = [line async for line in sv.log_iter(handle, "t", 0, regex="oops|early")]
+        assert loud == ["early\n", "oops\n"]

@@ -117,7 +117,8 @@ def hetjob(cluster: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) ->
     assert sub.returncode == 0, _tail(sub)
     job_id = int(sub.stdout.strip().split(";")[0])
 
-    deadline = time.monotonic() + 30
+    # Alone on the cluster it is done in 1-4 s; other sessions' jobs on the same nodes can delay it.
+    deadline = time.monotonic() + 90
     components: list[dict[str, Any]] = []
     while time.monotonic() < deadline:
         q = _run("squeue", "--json")
@@ -128,7 +129,7 @@ def hetjob(cluster: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) ->
             break
         time.sleep(0.25)
     else:
-        pytest.fail(f"hetjob {job_id} did not finish in 30 s: {[_state(j) for j in components]}")
+        pytest.fail(f"hetjob {job_id} did not finish in 90 s: {[_state(j) for j in components]}")
     components.sort(key=lambda j: int(j["het_job_offset"]))
     output = Path(str(out).replace("%j", str(job_id))).read_text()
     return HetJob(job_id=job_id, components=components, output=output)
@@ -141,8 +142,7 @@ def test_hetjob_runs_on_two_nodes_and_completes(hetjob: HetJob) -> None:
     assert [j["het_job_offset"] for j in hetjob.components] == [0, 1]
     assert first["nodes"] != second["nodes"]
     assert all(j["exit_code"] == 0 for j in hetjob.components)
-    # Started by the backfill scheduler within seconds (bf_interval=1).
-    assert first["start_time"] - first["submit_time"] <= 15
+    assert first["start_time"] == second["start_time"]  # one allocation, started together
     lines = sorted(line for line in hetjob.output.splitlines() if line.startswith("component"))
     assert lines == [f"component 0 on {first['nodes']}", f"component 1 on {second['nodes']}"]
 

@@ -29,7 +29,8 @@ from supervisor.backends.base import (
 from supervisor.backends.slurm.capabilities import SLURM_CAPABILITIES
 from supervisor.backends.slurm.options import check_slurm_cfg, slurm_run_opts
 from supervisor.backends.slurm.poller import JobView, PollerSettings, SlurmPoller
-from supervisor.backends.slurm.script import ClusterFacts, SlurmRequest, render
+from supervisor.backends.slurm.script import ClusterFacts, SlurmRequest, pump_path, render
+from supervisor.backends.slurm.ship import ship_pump
 from supervisor.backends.slurm.states import Meaning, meaning_of
 from supervisor.backends.slurm.translate import ViewTranslator, signal_name
 from supervisor.backends.slurm.transport import CliTransport, SlurmTransport
@@ -160,6 +161,7 @@ class SlurmBackend(Backend):
         dirs = [Path(r.log_dir) for r in request.replicas]
         try:
             await anyio.to_thread.run_sync(store.create, dirs, record)
+            await anyio.to_thread.run_sync(ship_pump, Path(pump_path(request.app_dir)))
             if request.job_dir is not None:
                 await anyio.to_thread.run_sync(
                     _snapshot, Path(request.source_dir), Path(request.job_dir)

@@ -150,8 +150,13 @@ class SlurmPoller:
         except BackendError as e:
             self.counters["errors"] += 1
             return {job: JobView(job, (), "error", f"sacct failed: {e}") for job in missing}
+        latest: dict[tuple[int, int], JobRecord] = {}
+        for record in records:  # one record per attempt: the latest one is the job now
+            key = (record.het_job_id, record.het_offset)
+            if key not in latest or record.started >= latest[key].started:
+                latest[key] = record
         found: dict[int, list[JobRecord]] = {}
-        for record in records:
+        for record in latest.values():
             found.setdefault(record.het_job_id, []).append(record)
         views = {}
         for job in missing:

@@ -31,6 +31,7 @@ class JobRecord:
     name: str = ""
     source: str = "squeue"
     requeue: bool = False  # Slurm will put the job back in the queue after a node failure
+    started: int = 0  # epoch seconds; sacct lists a requeued job once per attempt
 
 
 def _first(value: Any) -> str:
@@ -126,4 +127,5 @@ def from_sacct(job: Mapping[str, Any]) -> JobRecord:
         comment=str(comment.get("job") or "") if isinstance(comment, Mapping) else str(comment),
         name=str(job.get("name") or ""),
         source="sacct",
+        started=_int((job.get("time") or {}).get("start")),
     )

@@ -30,6 +30,7 @@ __all__ = [
     "SlurmReplica",
     "SlurmRequest",
     "owner_comment",
+    "pump_path",
     "render",
 ]
 
@@ -60,18 +61,21 @@ class SlurmReplica:
     log_dir: str
     directives: tuple[str, ...]
 
-    def srun_group(self, het: bool) -> str:
-        """This replica's part of the srun line; ``het`` False for a one-replica (plain) job."""
-        pieces = [
+    def srun_group(self, het: bool, pump: str) -> str:
+        """This replica's part of the srun line; ``het`` False for a one-replica (plain) job.
+
+        The replica runs under the log pump (``$ASUP_PYTHON`` is the only
+        unquoted word: the node's interpreter, chosen when the job starts).
+        """
+        launcher = [
             *([f"--het-group={self.group}"] if het else []),
-            f"--output={self.log_dir}/stdout.log",
-            f"--error={self.log_dir}/stderr.log",
+            f"--output={self.log_dir}/launcher.log",
             "env",
             "--",
             *(f"{k}={v}" for k, v in self.env.items()),
-            *self.argv,
         ]
-        return shlex.join(pieces)
+        pumped = ["-S", pump, self.log_dir, "--", *self.argv]
+        return f'{shlex.join(launcher)} "$ASUP_PYTHON" {shlex.join(pumped)}'
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,11 @@ class SlurmRequest(Request):
             "max_retries": self.max_retries,
             "script": self.script,
         }
+
+
+def pump_path(app_dir: Path | str) -> str:
+    """Where launch ships the log pump: in the app directory, which the nodes share."""
+    return f"{app_dir}/.asupervisor/run_pump.py"
 
 
 def owner_comment(session: str, app_id: str, comment: str | None) -> str:
@@ -224,10 +233,12 @@ def _script(
         directives = list(replica.directives) + (job_level if replica.group == 0 else [])
         lines.extend(f"#SBATCH {q(d)}" for d in directives)
     het = len(replicas) > 1
-    groups = " \\\n    : ".join(r.srun_group(het) for r in replicas)
+    pump = pump_path(app_dir)
+    groups = " \\\n    : ".join(r.srun_group(het, pump) for r in replicas)
     lines += [
         "",
         "export SLURM_UNBUFFEREDIO=1",
+        'ASUP_PYTHON="${ASUPERVISOR_PYTHON:-python3}"',
         'export ASUPERVISOR_ATTEMPT="${SLURM_RESTART_COUNT:-0}"',
         "",
         "srun --kill-on-bad-exit=1 --wait=60 --open-mode=append \\",

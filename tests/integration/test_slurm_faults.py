@@ -1,0 +1,111 @@
+"""The slurm backend when the cluster misbehaves: a node dies, the controller restarts.
+
+Both faults are real: ``scontrol update state=down`` on the node a replica
+runs on, and a killed and restarted slurmctld.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from functools import partial
+from pathlib import Path
+
+import anyio
+import pytest
+
+from supervisor import AppDef, AppState, Role, Supervisor
+from supervisor.backends.slurm import SlurmBackend
+from supervisor.backends.slurm.poller import PollerSettings
+
+from .slurm_cluster import SCRIPT, ensure_cluster
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slurm]
+
+PY = sys.executable
+# Sleeps through its first attempt, so only a requeue lets it finish in time.
+SLOW_FIRST = (
+    "import os, time; attempt = int(os.environ['ASUPERVISOR_ATTEMPT']);"
+    "print('attempt', attempt, os.environ.get('SLURMD_NODENAME'), flush=True);"
+    "time.sleep(120 if attempt == 0 else 1)"
+)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> dict[str, object]:
+    return ensure_cluster(accounting=True)
+
+
+async def _running(sv: Supervisor, handle: str) -> None:
+    async for t in sv.watch(handle):
+        if t.role is None and t.dest == "RUNNING":
+            return
+
+
+async def test_node_failure_requeues_and_the_app_still_succeeds(
+    cluster: dict[str, object], state_dir: Path
+) -> None:
+    role = Role(name="w", entrypoint=PY, args=["-c", SLOW_FIRST], max_retries=1)
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(AppDef(name="nodefail", roles=[role]), "slurm")
+        with anyio.fail_after(60):
+            await _running(sv, handle)
+        status = sv.status(handle)
+        assert status is not None
+        node = status.replica("w", 0).hostname  # type: ignore[union-attr]
+        assert node in {"n1", "n2", "n3"}
+        try:
+            await anyio.run_process(
+                ["scontrol", "update", f"nodename={node}", "state=down", "reason=asupervisor-test"]
+            )
+            final = await sv.wait(handle, timeout=150)
+        finally:
+            await anyio.run_process(
+                ["scontrol", "update", f"nodename={node}", "state=resume"], check=False
+            )
+        history = [t async for t in sv.watch(handle)]
+    assert final.state is AppState.SUCCEEDED, final
+    assert final.num_restarts == 1
+    app_path = [t.dest for t in history if t.role is None]
+    assert app_path[-4:] == ["RUNNING", "PENDING", "RUNNING", "SUCCEEDED"], app_path
+    replica = final.replica("w", 0)
+    assert replica is not None and replica.restarts == 1
+
+
+async def test_controller_restart_causes_no_false_terminal_state(
+    cluster: dict[str, object], state_dir: Path
+) -> None:
+    role = Role(name="w", entrypoint="sleep", args=["20"])
+    pid_file = anyio.Path("/run/slurmctld.pid")
+    # A quick tick, so that several fall while the controller is away.
+    fast = partial(SlurmBackend, poller=PollerSettings(fast=0.5, slow=1.0))
+    async with Supervisor(session="svc", backends={"slurm": fast}) as sv:
+        handle = await sv.submit(AppDef(name="ctld", roles=[role]), "slurm")
+        with anyio.fail_after(60):
+            await _running(sv, handle)
+        seen_states = set()
+        seen_msgs = []
+
+        async def observe() -> None:
+            while True:
+                status = sv.status(handle)
+                if status is not None:
+                    seen_states.add(status.state)
+                    if status.msg:
+                        seen_msgs.append(status.msg)
+                await anyio.sleep(0.2)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(observe)
+            # SIGTERM: a restart that saves state (SIGKILL loses the last job changes).
+            os.kill(int((await pid_file.read_text()).strip()), signal.SIGTERM)
+            await anyio.sleep(15)  # longer than squeue's own retries (MessageTimeout)
+            restarted = await anyio.run_process(["bash", str(SCRIPT), "up"], check=False)
+            assert restarted.returncode == 0, restarted.stderr.decode()
+            final = await sv.wait(handle, timeout=90)
+            tg.cancel_scope.cancel()
+    assert final.state is AppState.SUCCEEDED, final
+    assert seen_states <= {AppState.RUNNING, AppState.SUCCEEDED}
+    assert any("squeue failed" in m for m in seen_msgs), seen_msgs
+    assert "squeue failed" not in final.msg

@@ -29,11 +29,12 @@ from supervisor.backends.base import (
 from supervisor.backends.slurm.capabilities import SLURM_CAPABILITIES
 from supervisor.backends.slurm.options import check_slurm_cfg, slurm_run_opts
 from supervisor.backends.slurm.poller import JobView, PollerSettings, SlurmPoller
+from supervisor.backends.slurm.records import latest_per_component
 from supervisor.backends.slurm.script import ClusterFacts, SlurmRequest, pump_path, render
 from supervisor.backends.slurm.ship import ship_pump
 from supervisor.backends.slurm.states import Meaning, meaning_of
 from supervisor.backends.slurm.translate import ViewTranslator, signal_name
-from supervisor.backends.slurm.transport import CliTransport, SlurmTransport
+from supervisor.backends.slurm.transport import AccountingDisabled, CliTransport, SlurmTransport
 from supervisor.backends.store import AppStore, Index, Owner
 from supervisor.errors import SubmitError
 from supervisor.events import (
@@ -195,10 +196,14 @@ class SlurmBackend(Backend):
         """The app's state as Slurm reports it now, without this process's FSM."""
         job_id = int(app["job_id"])
         records = [r for r in await self.transport.queue() if r.het_job_id == job_id]
+        gone = f"Slurm no longer knows job {job_id}"
         if not records:
-            records = [
-                r for r in await self.transport.accounting([job_id]) if r.het_job_id == job_id
-            ]
+            try:
+                accounted = latest_per_component(await self.transport.accounting([job_id]))
+            except AccountingDisabled:
+                accounted = []
+                gone += ": it left the controller and this cluster keeps no accounting"
+            records = [r for r in accounted if r.het_job_id == job_id]
         definition = AppDef.from_json(app["app"])
         keys = [(role.name, k) for role in definition.roles for k in range(role.num_replicas)]
         by_offset = {r.het_offset: r for r in records}
@@ -220,7 +225,7 @@ class SlurmBackend(Backend):
                     restarts=rec.restart_cnt if rec else 0,
                 )
             )
-        msg = "" if records else f"Slurm no longer knows job {job_id}"
+        msg = "" if records else gone
         return AppStatus(
             state=derive_app_state(states, cancel_requested=False),
             num_restarts=max((r.restart_cnt for r in records), default=0),

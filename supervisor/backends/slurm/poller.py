@@ -20,7 +20,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from supervisor.backends.slurm.records import JobRecord
+from supervisor.backends.slurm.records import JobRecord, latest_per_component
 from supervisor.backends.slurm.transport import AccountingDisabled, SlurmTransport
 from supervisor.errors import BackendError
 
@@ -50,6 +50,7 @@ class PollerSettings:
     fast: float = 1.0  # seconds between ticks while something changes
     slow: float = 10.0  # the longest pause while nothing does
     growth: float = 1.5  # how fast the pause grows towards ``slow``
+    stall: float = 5.0  # after this long without an answer, say so (the call goes on)
 
 
 class SlurmPoller:
@@ -110,11 +111,18 @@ class SlurmPoller:
     async def _tick(self) -> bool:
         self.counters["ticks"] += 1
         tracked = list(self._listeners)
-        try:
-            queue = await self.transport.queue()
-        except BackendError as e:
+        error: BackendError | None = None
+        async with anyio.create_task_group() as tg:
+            # squeue blocks, retrying, while the controller is away: say so while it lasts.
+            tg.start_soon(self._report_stall, tracked)
+            try:
+                queue = await self.transport.queue()
+            except BackendError as e:
+                error = e
+            tg.cancel_scope.cancel()
+        if error is not None:
             self.counters["errors"] += 1
-            return self._deliver_error(tracked, f"squeue failed: {e}")
+            return self._deliver_error(tracked, f"squeue failed: {error}")
         found: dict[int, list[JobRecord]] = {}
         wanted = set(tracked)
         for record in queue:
@@ -150,13 +158,8 @@ class SlurmPoller:
         except BackendError as e:
             self.counters["errors"] += 1
             return {job: JobView(job, (), "error", f"sacct failed: {e}") for job in missing}
-        latest: dict[tuple[int, int], JobRecord] = {}
-        for record in records:  # one record per attempt: the latest one is the job now
-            key = (record.het_job_id, record.het_offset)
-            if key not in latest or record.started >= latest[key].started:
-                latest[key] = record
         found: dict[int, list[JobRecord]] = {}
-        for record in latest.values():
+        for record in latest_per_component(records):
             found.setdefault(record.het_job_id, []).append(record)
         views = {}
         for job in missing:
@@ -166,6 +169,11 @@ class SlurmPoller:
             else:
                 views[job] = JobView(job, (), "gone", "neither squeue nor sacct knows the job")
         return views
+
+    async def _report_stall(self, jobs: list[int]) -> None:
+        await anyio.sleep(self.settings.stall)
+        self.counters["stalls"] += 1
+        self._deliver_error(jobs, f"squeue failed: no answer for {self.settings.stall:.0f} s yet")
 
     def _deliver_error(self, jobs: list[int], problem: str) -> bool:
         for job in jobs:

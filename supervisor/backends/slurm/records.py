@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["JobRecord", "from_sacct", "from_squeue"]
+__all__ = ["JobRecord", "from_sacct", "from_squeue", "latest_per_component"]
 
 
 @dataclass(frozen=True)
@@ -129,3 +129,13 @@ def from_sacct(job: Mapping[str, Any]) -> JobRecord:
         source="sacct",
         started=_int((job.get("time") or {}).get("start")),
     )
+
+
+def latest_per_component(records: list[JobRecord]) -> list[JobRecord]:
+    """sacct lists a requeued job once per attempt; the latest record is the job now."""
+    latest: dict[tuple[int, int], JobRecord] = {}
+    for record in records:
+        key = (record.het_job_id, record.het_offset)
+        if key not in latest or record.started >= latest[key].started:
+            latest[key] = record
+    return list(latest.values())

@@ -14,7 +14,7 @@ lines needs no server at all.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,8 @@ import anyio
 import httpx
 import pytest
 
-from supervisor.backends.slurm.rest import RestTransport, latest_records, parse_batch_script
+from supervisor.backends.slurm.records import latest_per_component
+from supervisor.backends.slurm.rest import RestTransport, parse_batch_script
 from supervisor.backends.slurm.transport import AccountingDisabled
 from supervisor.errors import BackendError, SpecError, SubmitError
 
@@ -30,7 +31,7 @@ pytestmark = pytest.mark.anyio
 
 GOLDEN = Path(__file__).parent / "golden"
 META = {"plugin": {"type": "openapi/v0.0.38"}, "Slurm": {"version": {"major": 22, "minor": 5}}}
-Handler = Callable[[httpx.Request], Awaitable[httpx.Response]]
+Handler = Callable[[httpx.Request], Coroutine[None, None, httpx.Response]]
 
 
 def _answer(status: int = 200, **body: Any) -> httpx.Response:
@@ -46,12 +47,8 @@ def _transport(handler: Handler, **kwargs: Any) -> RestTransport:
     return RestTransport(http_transport=httpx.MockTransport(handler), **kwargs)
 
 
-def _refused(request: httpx.Request) -> httpx.Response:
+async def _refused(request: httpx.Request) -> httpx.Response:
     raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
-
-
-async def _refused_async(request: httpx.Request) -> httpx.Response:
-    return _refused(request)
 
 
 async def _never_called(request: httpx.Request) -> httpx.Response:
@@ -102,7 +99,8 @@ def test_directive_forms_sbatch_accepts() -> None:
         "# a plain comment\n"
         "#SBATCH -J name -n 2 -c4 --time 10\n"
         "#SBATCH --no-requeue --exclusive --mem=100 --cpus-per-task=2\n"
-        "#SBATCH --requeue\n"
+        "#SBATCH --requeue  # an unquoted hash ends the line, as in sbatch\n"
+        "#SBATCH --comment=a#b\n"
         "#SBATCH hetjob\n"
         "#SBATCH --ntasks=1\n"
         "\n"
@@ -118,6 +116,7 @@ def test_directive_forms_sbatch_accepts() -> None:
         "exclusive": "exclusive",
         "memory_per_node": "100",
         "requeue": True,  # the later --requeue undoes --no-requeue
+        "comment": "a",
     }
     # --cpus-per-task and --exclusive start afresh in each component; --mem and --time carry.
     assert second == {
@@ -125,6 +124,7 @@ def test_directive_forms_sbatch_accepts() -> None:
         "time_limit": "10",
         "memory_per_node": "100",
         "requeue": True,
+        "comment": "a",
         "ntasks": "1",
     }
 
@@ -142,25 +142,32 @@ async def test_directives_slurmrestd_cannot_take_are_refused_before_sending(line
     assert transport.calls == {}
 
 
-def test_submission_body_sets_workdir_and_environment_on_every_component() -> None:
+def test_submission_body_is_sbatch_chdir_with_the_script_on_stdin() -> None:
     transport = RestTransport(url="http://h", environment={"PATH": "/bin", "LANG": "C"})
     single = transport.submission("#!/bin/bash\n#SBATCH --chdir=/elsewhere\ntrue\n", "/work")
-    assert set(single) == {"script", "job"}
-    assert single["job"]["current_working_directory"] == "/work"  # the argument wins
+    assert single == {
+        "script": "#!/bin/bash\n#SBATCH --chdir=/elsewhere\ntrue\n",
+        "job": {
+            "current_working_directory": "/work",  # sbatch's --chdir beats the script's
+            "job_name": "sbatch",  # what sbatch calls an unnamed job read from stdin
+            "environment": {"PATH": "/bin", "LANG": "C"},
+        },
+    }
     het = transport.submission((GOLDEN / "basic.sbatch").read_text(), "/work")
     assert set(het) == {"script", "jobs"} and len(het["jobs"]) == 3
     for component in het["jobs"]:
         assert component["environment"] == {"PATH": "/bin", "LANG": "C"}
-        assert (
-            component["current_working_directory"] == "/home/me/project"
-            or component is (het["jobs"][0])
-        )
-    assert het["jobs"][0]["current_working_directory"] == "/work"
+        assert component["current_working_directory"] == "/work"  # every component, as sbatch
+    assert [c["job_name"] for c in het["jobs"]] == ["trainer-0", "trainer-1", "ps-0"]
 
 
-def test_default_environment_is_only_the_callers_path(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_environment_is_the_callers_path_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", "/opt/x/bin:/usr/bin")
+    monkeypatch.setenv("HOME", "/home/caller")
+    monkeypatch.delenv("ASUPERVISOR_PYTHON", raising=False)
     assert RestTransport(url="http://h").environment == {"PATH": "/opt/x/bin:/usr/bin"}
+    monkeypatch.setenv("ASUPERVISOR_PYTHON", "/opt/py/bin/python3")  # the script reads it
+    assert RestTransport(url="http://h").environment["ASUPERVISOR_PYTHON"] == "/opt/py/bin/python3"
     monkeypatch.delenv("PATH")
     assert RestTransport(url="http://h").environment["PATH"].endswith("/usr/bin:/sbin:/bin")
 
@@ -169,7 +176,7 @@ def test_default_environment_is_only_the_callers_path(monkeypatch: pytest.Monkey
 
 
 async def test_connection_refused_is_transient_and_counted() -> None:
-    transport = _transport(_refused_async)
+    transport = _transport(_refused)
     with pytest.raises(BackendError) as err:
         await transport.queue()
     assert err.value.transient and "Connection refused" in str(err.value)
@@ -341,12 +348,16 @@ def _sacct(job_id: int, het: int, offset: int | None, state: str, submitted: int
         "exit_code": {"status": "SUCCESS", "return_code": 0},
         "derived_exit_code": {"status": "SUCCESS", "return_code": 0},
         "nodes": "n1",
-        "time": {"submission": submitted},
+        "time": {"submission": submitted, "start": submitted},
     }
 
 
-async def test_accounting_is_one_call_and_keeps_the_latest_record_of_each_id() -> None:
-    """A controller that lost its state reuses ids: slurmdbd then holds stale records too."""
+async def test_accounting_is_one_call_for_every_id_and_keeps_every_record() -> None:
+    """A controller that lost its state reuses ids: slurmdbd then holds stale records too.
+
+    Like the CLI transport, every record comes back; the poller's
+    ``latest_per_component`` picks the job as it is now.
+    """
     seen: list[httpx.Request] = []
     jobs = [
         _sacct(12, 0, None, "PENDING", 100),  # stale: a job 12 from before the state was lost
@@ -363,21 +374,18 @@ async def test_accounting_is_one_call_and_keeps_the_latest_record_of_each_id() -
     transport = _transport(handler)
     records = await transport.accounting([40, 12])
     assert [(r.job_id, r.het_job_id, r.het_offset, r.state) for r in records] == [
+        (12, 12, 0, "PENDING"),
         (12, 12, 0, "COMPLETED"),
         (13, 12, 1, "COMPLETED"),
         (40, 40, 0, "FAILED"),
     ]
+    now = {(r.job_id, r.state) for r in latest_per_component(records)}
+    assert now == {(12, "COMPLETED"), (13, "COMPLETED"), (40, "FAILED")}
     assert len(seen) == 1 and transport.calls == {"slurmdb_jobs": 1}
     assert seen[0].url.params["step"] == "12,40"
     assert seen[0].url.params["skip_steps"] == "true"
     assert await transport.accounting([]) == []
     assert transport.calls == {"slurmdb_jobs": 1}
-
-
-def test_latest_records_breaks_ties_by_position() -> None:
-    first, second = _sacct(5, 5, 0, "REQUEUED", 10), _sacct(5, 5, 0, "RUNNING", 10)
-    assert latest_records([first, second]) == [second]
-    assert latest_records([{"job_id": "x"}]) == []
 
 
 async def test_requeue_is_refused_without_a_request() -> None:

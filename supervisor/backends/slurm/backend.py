@@ -10,6 +10,7 @@ in ``states.py``, into replica events for the app's state machines.
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,13 +31,19 @@ from supervisor.backends.slurm.capabilities import SLURM_CAPABILITIES
 from supervisor.backends.slurm.options import check_slurm_cfg, slurm_run_opts
 from supervisor.backends.slurm.poller import JobView, PollerSettings, SlurmPoller
 from supervisor.backends.slurm.records import latest_per_component
-from supervisor.backends.slurm.script import ClusterFacts, SlurmRequest, pump_path, render
+from supervisor.backends.slurm.script import (
+    ClusterFacts,
+    SlurmRequest,
+    owner_comment,
+    pump_path,
+    render,
+)
 from supervisor.backends.slurm.ship import ship_pump
 from supervisor.backends.slurm.states import Meaning, meaning_of
 from supervisor.backends.slurm.translate import ViewTranslator, signal_name
 from supervisor.backends.slurm.transport import AccountingDisabled, CliTransport, SlurmTransport
 from supervisor.backends.store import AppStore, Index, Owner
-from supervisor.errors import SubmitError
+from supervisor.errors import Problem, SpecError, SubmitError
 from supervisor.events import (
     ReplicaKey,
     Submitted,
@@ -82,6 +89,11 @@ class SlurmRuntime(AppRuntime):
 
     def on_view(self, view: JobView) -> None:
         """The poller's listener: runs on the loop, never blocks."""
+        tag = owner_comment(self.request.session, self.request.app_id, None)
+        ours = (tag, tag + " ")
+        if any(c.comment and not c.comment.startswith(ours) for c in view.components):
+            # A controller that lost its state reuses job ids: this is someone else's job.
+            view = JobView(view.job_id, (), "gone", f"job id {self.job_id} now names another job")
         for event in self.translator.events(view):
             self.emit(event)
 
@@ -114,9 +126,15 @@ class SlurmBackend(Backend):
     name = "slurm"
     durable = True
 
-    def __init__(self, context: BackendContext, *, poller: PollerSettings | None = None) -> None:
+    def __init__(
+        self,
+        context: BackendContext,
+        *,
+        poller: PollerSettings | None = None,
+        transport: SlurmTransport | None = None,
+    ) -> None:
         super().__init__(context)
-        self.transport: SlurmTransport = CliTransport()
+        self.transport: SlurmTransport = transport or transport_from_env()
         self.poller = SlurmPoller(self.transport, context.task_group, poller or PollerSettings())
         self.index = Index(context.state_dir, "slurm")
         self.owner = Owner.current()
@@ -286,6 +304,38 @@ class SlurmBackend(Backend):
 
     async def aclose(self) -> None:
         await self.transport.aclose()
+
+
+def transport_from_env() -> SlurmTransport:
+    """The transport a Supervisor's Slurm backend uses, chosen by the environment.
+
+    ``ASUPERVISOR_SLURM_TRANSPORT=cli`` (default: the Slurm commands) or ``rest``:
+    slurmrestd at ``ASUPERVISOR_SLURMRESTD`` (``unix:/path`` or ``http://host:port``),
+    as ``ASUPERVISOR_SLURMRESTD_USER`` with the JWT in ``SLURM_JWT`` when given.
+    One transport per backend, because one poller serves every app; pass
+    ``transport=`` to ``SlurmBackend`` (via ``Supervisor(backends=...)``) instead.
+    """
+    kind = os.environ.get("ASUPERVISOR_SLURM_TRANSPORT", "cli")
+    if kind == "cli":
+        return CliTransport()
+    if kind != "rest":
+        raise SpecError(
+            [Problem("ASUPERVISOR_SLURM_TRANSPORT", f"{kind!r} is neither 'cli' nor 'rest'")],
+            context="invalid slurm backend settings",
+        )
+    from supervisor.backends.slurm.rest import RestTransport  # httpx only when asked for
+
+    where = os.environ.get("ASUPERVISOR_SLURMRESTD", "")
+    token = os.environ.get("SLURM_JWT") or None
+    user = os.environ.get("ASUPERVISOR_SLURMRESTD_USER") or None
+    if where.startswith("unix:"):
+        return RestTransport(socket=where[len("unix:") :], token=token, user=user)
+    if where.startswith(("http://", "https://")):
+        return RestTransport(url=where, token=token, user=user)
+    raise SpecError(
+        [Problem("ASUPERVISOR_SLURMRESTD", f"{where!r} is not unix:/path or http://host:port")],
+        context="invalid slurm backend settings",
+    )
 
 
 def _snapshot(source: Path, destination: Path) -> None:

@@ -90,6 +90,8 @@ class SlurmPoller:
             "tracked_jobs": len(self._listeners),
             "interval_s": self.interval,
             "accounting": self.accounting,
+            "queue_calls": self.transport.calls[self.transport.queue_call],
+            "accounting_calls": self.transport.calls[self.transport.accounting_call],
             **{f"calls_{k}": v for k, v in self.transport.calls.items()},
             **dict(self.counters),
         }

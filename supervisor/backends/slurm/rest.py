@@ -18,9 +18,9 @@ parses both. What differs from the CLI, found against a real slurmrestd:
   messages, not from the HTTP status alone.
 * ``/slurmdb/.../jobs`` takes ``step=ID,ID,...`` (sacct's ``-j``): one call
   for every job that left the controller. Like ``sacct --json`` it returns
-  every record with a matching id (earlier attempts of a requeued job,
-  stale records left by a controller that lost its state); the latest
-  submission of each id is kept.
+  every record with a matching id (each attempt of a requeued job, stale
+  records left by a controller that lost its state); they are all returned,
+  as the CLI transport does, for ``records.latest_per_component`` to pick.
 * There is no requeue operation in v0.0.38.
 """
 
@@ -40,10 +40,11 @@ from supervisor.backends.slurm.script import ClusterFacts
 from supervisor.backends.slurm.transport import AccountingDisabled, SlurmTransport, _transient
 from supervisor.errors import BackendError, Problem, SpecError, SubmitError
 
-__all__ = ["DEFAULT_PATH", "RestTransport", "parse_batch_script"]
+__all__ = ["DEFAULT_PATH", "RestTransport", "default_environment", "parse_batch_script"]
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 """The job's PATH when the submitting process has none."""
+_PASSED_THROUGH = ("ASUPERVISOR_PYTHON",)  # read by the rendered script (the node's interpreter)
 
 # Slurm error codes (slurm/slurm_errno.h, plus errno values) after which asking again may work:
 # lost connections and timeouts to slurmctld or slurmdbd, a controller shutting down or in standby.
@@ -58,6 +59,8 @@ _TRANSIENT_CODES = frozenset(
         7000, 7008,  # ESLURM_DB_CONNECTION, ESLURM_DB_CONNECTION_INVALID
     }
 )  # fmt: skip
+# What slurmrestd 22.05 says both when slurmctld cannot be reached and when it rejects the JWT.
+_AMBIGUOUS = frozenset({None, -1, 5005})
 _EMPTY_RESULT = 9003  # ESLURM_REST_EMPTY_RESULT: "Nothing found with query"
 _JOB_HELD = 2042  # ESLURM_JOB_HELD: a submission that worked, with the job held
 _ACCOUNTING_OFF_HINTS = ("accounting storage is disabled", "not configured with slurmdbd")
@@ -194,7 +197,7 @@ def parse_batch_script(script: str) -> list[dict[str, Any]]:
         if text != "#SBATCH" and not text.startswith(("#SBATCH ", "#SBATCH\t")):
             continue
         try:
-            words = shlex.split(text[len("#SBATCH") :])
+            words = shlex.split(text[len("#SBATCH") :], comments=True)  # "#" ends it, as in sbatch
         except ValueError as e:
             raise SubmitError(f"script line {number}: {e}: {text}", transient=False) from e
         if words and words[0] in _HET_SEPARATORS:
@@ -259,16 +262,15 @@ class RestTransport(SlurmTransport):
 
     ``environment`` is what each job starts with (sbatch would send the whole
     environment of the caller, which a service may not want to leak onto the
-    nodes). By default only ``PATH``, the caller's, so ``srun``, ``scontrol``
-    and the programs the script names resolve as they would under sbatch;
-    Slurm adds its ``SLURM_*`` variables, and the rendered script passes each
-    replica's own variables explicitly. ``HOME`` and ``USER`` are left out on
-    purpose: the job may run as another user than the caller.
+    nodes); ``default_environment()`` when not given.
 
     ``http_transport`` replaces the network (tests pass ``httpx.MockTransport``).
     """
 
     kind = "rest"
+
+    queue_call = "jobs"
+    accounting_call = "slurmdb_jobs"
 
     def __init__(
         self,
@@ -298,9 +300,7 @@ class RestTransport(SlurmTransport):
         self.api_version = api_version
         self.timeout = timeout
         self.environment: dict[str, str] = (
-            dict(environment)
-            if environment is not None
-            else {"PATH": os.environ.get("PATH") or DEFAULT_PATH}
+            dict(environment) if environment is not None else default_environment()
         )
         self._token = token
         self._http_transport = http_transport
@@ -372,6 +372,8 @@ class RestTransport(SlurmTransport):
         if not isinstance(data, dict):
             text = response.text.strip()[:500]
             if status >= 400:
+                if status == 404:
+                    text += f" (does this slurmrestd serve API {self.api_version}?)"
                 raise _HttpError(
                     f"{what} answered HTTP {status}: {text or response.reason_phrase}",
                     status=status,
@@ -385,6 +387,11 @@ class RestTransport(SlurmTransport):
             message = "; ".join(_describe(e) for e in shown) or response.reason_phrase
             if any(_accounting_off(_describe(e)) for e in shown):
                 raise AccountingDisabled(f"{what}: {message}")
+            if self._token is not None and all(_code(e) in _AMBIGUOUS for e in shown):
+                message += (
+                    " (if this lasts, check the JWT: slurmctld answers a token it rejects "
+                    "by dropping the connection)"
+                )
             raise _HttpError(
                 f"{what} failed (HTTP {status}): {message}",
                 status=status,
@@ -397,13 +404,16 @@ class RestTransport(SlurmTransport):
 
     # ------------------------------------------------------------------ operations
     def submission(self, script: str, workdir: str) -> dict[str, Any]:
-        """The ``job/submit`` body for ``sbatch --chdir=workdir`` with this script on stdin."""
+        """The ``job/submit`` body for ``sbatch --parsable --chdir=workdir < script``.
+
+        As with sbatch, the command line's ``--chdir`` applies to every het
+        component (over the script's own), and a job the script leaves
+        unnamed is called "sbatch".
+        """
         components = parse_batch_script(script)
-        for index, component in enumerate(components):
-            if index == 0:  # the command line's --chdir wins over the script's, as with sbatch
-                component["current_working_directory"] = workdir
-            else:  # and is the one later components inherit, unless they set their own
-                component.setdefault("current_working_directory", workdir)
+        for component in components:
+            component["current_working_directory"] = workdir
+            component.setdefault("job_name", "sbatch")
             component["environment"] = dict(self.environment)
         if len(components) == 1:
             return {"script": script, "job": components[0]}
@@ -453,7 +463,7 @@ class RestTransport(SlurmTransport):
                     f"openapi/db{self.api_version} plugin)"
                 ) from e
             raise
-        records = [from_sacct(j) for j in latest_records(_dicts(data.get("jobs")))]
+        records = [from_sacct(j) for j in _dicts(data.get("jobs"))]
         return [r for r in records if r.job_id in wanted or r.het_job_id in wanted]
 
     async def cancel(self, job_id: int) -> None:
@@ -475,6 +485,23 @@ class RestTransport(SlurmTransport):
         partitions = await self._request("partitions", "GET", self._path("slurm", "partitions"))
         nodes = await self._request("nodes", "GET", self._path("slurm", "nodes"))
         return facts_from_rest(partitions, nodes)
+
+
+def default_environment() -> dict[str, str]:
+    """The caller's ``PATH`` (and ``ASUPERVISOR_PYTHON`` if set), nothing else.
+
+    ``PATH`` so that ``srun``, ``scontrol``, ``python3`` and the programs the
+    script names resolve as they would under sbatch; ``ASUPERVISOR_PYTHON``
+    because the rendered script reads it. Slurm adds its ``SLURM_*``
+    variables and the script passes each replica's own explicitly. ``HOME``
+    and ``USER`` are left out on purpose: the job may run as another user
+    than the caller (always so over a ``rest_auth/local`` socket).
+    """
+    environment = {"PATH": os.environ.get("PATH") or DEFAULT_PATH}
+    for name in _PASSED_THROUGH:
+        if os.environ.get(name):
+            environment[name] = os.environ[name]
+    return environment
 
 
 def facts_from_rest(partitions: Mapping[str, Any], nodes: Mapping[str, Any]) -> ClusterFacts:
@@ -507,27 +534,12 @@ def facts_from_rest(partitions: Mapping[str, Any], nodes: Mapping[str, Any]) -> 
     return ClusterFacts(version=version, default_partition=default, real_memory_mb=memory)
 
 
-def latest_records(jobs: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """One accounting record per job id: the latest submission (as sacct without ``-D``)."""
-    best: dict[int, tuple[tuple[int, int], Mapping[str, Any]]] = {}
-    for position, job in enumerate(jobs):
-        job_id = job.get("job_id")
-        if not isinstance(job_id, int):
-            continue
-        times = job.get("time")
-        submitted = times.get("submission") if isinstance(times, Mapping) else None
-        key = (submitted if isinstance(submitted, int) else 0, position)
-        if job_id not in best or key > best[job_id][0]:
-            best[job_id] = (key, job)
-    return [job for _, job in sorted(best.values(), key=lambda item: item[0][1])]
-
-
 def _dicts(value: Any) -> list[dict[str, Any]]:
     return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
 
 
 def _code(error: Mapping[str, Any]) -> int | None:
-    for key in ("error_code", "error_number"):
+    for key in ("error_code", "error_number", "errno"):
         value = error.get(key)
         if isinstance(value, int) and not isinstance(value, bool):
             return value

@@ -46,6 +46,8 @@ class AccountingDisabled(BackendError):
 
 class SlurmTransport(abc.ABC):
     kind: str
+    queue_call: str  # the name ``calls`` counts queue() under
+    accounting_call: str
 
     def __init__(self) -> None:
         self.calls: Counter[str] = Counter()
@@ -81,6 +83,8 @@ def _transient(text: str) -> bool:
 
 class CliTransport(SlurmTransport):
     kind = "cli"
+    queue_call = "squeue"
+    accounting_call = "sacct"
 
     async def _run(self, tool: str, *args: str, stdin: bytes | None = None) -> str:
         self.calls[tool] += 1

@@ -42,14 +42,15 @@ Options of `run` itself go before TARGET.
 
 Without --dryrun the handle is printed at once. Local replicas live only as
 long as this process supervises them, so `run` stays until the app ends even
-without --wait (quietly then); other backends may return at once later.
+without --wait (quietly then); Slurm keeps its jobs, so there `run` returns
+once the job is submitted (exit 0) unless --wait or --log is given.
 --wait prints every transition to stderr and the final status table on
 stdout; --log prints every replica's output (`role/k | line`) and implies
 --wait. Ctrl-C or SIGTERM cancels the app, waits for its replicas to stop,
 and exits 130 or 143.
 
 \b
-Exit codes, with or without --wait: 0 SUCCEEDED, 1 FAILED (or a launch
+Exit codes, once the app ended: 0 SUCCEEDED, 1 FAILED (or a launch
 error), 2 usage error (invalid app or --cfg), 3 CANCELLED, 4 UNKNOWN,
 130 SIGINT, 143 SIGTERM.
 """
@@ -145,6 +146,7 @@ async def execute(plan: RunPlan, session: str | None, state_dir: Path | None) ->
     """Dry-run or launch ``plan.app``; the exit code once it is done."""
     async with Supervisor(session, state_dir=state_dir) as sv:
         given = parse_cfg_string(plan.cfg, sv.run_opts(plan.backend)) if plan.cfg else {}
+        await sv.prepare(plan.backend)  # e.g. Slurm's version and partitions shape the script
         info = sv.dryrun(plan.app, plan.backend, given)
         if plan.dryrun:
             if plan.as_json:
@@ -160,6 +162,8 @@ async def execute(plan: RunPlan, session: str | None, state_dir: Path | None) ->
                 echo_json({"handle": handle}, compact=True)
             else:
                 click.echo(handle)
+            if not plan.wait and sv.backend(plan.backend).durable:
+                return codes.OK  # the scheduler keeps the app; follow it with status/log
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_on_signals, sv, handle, signals, interrupt)
                 final = await _follow(sv, handle, plan)

@@ -137,3 +137,24 @@ def test_parsers_accept_both_state_shapes_and_exit_encodings() -> None:
                        "state": {"current": "COMPLETED", "reason": "None"},
                        "derived_exit_code": {"status": "SUCCESS", "return_code": 0}})  # fmt: skip
     assert (acct.het_job_id, acct.het_offset, acct.state, acct.exit_code) == (8, 1, "COMPLETED", 0)
+
+
+def test_a_requeue_is_seen_even_when_the_restart_count_stays_at_zero() -> None:
+    # Slurm 22.05 leaves restart_cnt at 0 for a het job that requeued itself.
+    views = [
+        _view("RUNNING", started=100),
+        _view("PENDING", started=300),  # back in the queue: its expected start time
+        _view("RUNNING", started=200),
+        _view("COMPLETED", started=200),
+    ]
+    fsm, _ = _run(views)
+    assert fsm.state is AppState.SUCCEEDED
+    assert [r.restarts for r in fsm.snapshot().roles[0].replicas] == [1, 1]
+
+
+def test_a_requeue_missed_between_two_ticks_is_seen_from_the_new_start_time() -> None:
+    fsm, _ = _run([_view("RUNNING", started=100), _view("COMPLETED", started=250)])
+    assert fsm.state is AppState.SUCCEEDED
+    assert [r.restarts for r in fsm.snapshot().roles[0].replicas] == [1, 1]
+    fsm, _ = _run([_view("RUNNING", started=100), _view("COMPLETED", started=100)])
+    assert [r.restarts for r in fsm.snapshot().roles[0].replicas] == [0, 0]

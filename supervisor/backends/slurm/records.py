@@ -31,7 +31,7 @@ class JobRecord:
     name: str = ""
     source: str = "squeue"
     requeue: bool = False  # Slurm will put the job back in the queue after a node failure
-    started: int = 0  # epoch seconds; sacct lists a requeued job once per attempt
+    started: int = 0  # epoch seconds the current (or last) run began; 0 if unknown
 
 
 def _first(value: Any) -> str:
@@ -102,6 +102,7 @@ def from_squeue(job: Mapping[str, Any]) -> JobRecord:
         name=str(job.get("name") or ""),
         source="squeue",
         requeue=job.get("requeue") is True,
+        started=_int(job.get("start_time")),
     )
 
 

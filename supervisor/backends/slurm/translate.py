@@ -39,6 +39,7 @@ class ViewTranslator:
         self.keys = list(keys)
         self._attempts = dict.fromkeys(self.keys, 0)
         self._requeues_seen: dict[ReplicaKey, int] = {}
+        self._run_start: dict[ReplicaKey, int] = {}  # start time of the run seen this attempt
         self.stopping = False
         self._external_cancel = False
         self._noticed = False
@@ -83,6 +84,19 @@ class ViewTranslator:
         if meaning is Meaning.REQUEUED and self._requeues_seen.get(key) != comp.restart_cnt:
             self._requeues_seen[key] = comp.restart_cnt
             attempt = max(comp.restart_cnt, self._attempts[key] + 1)
+        # restart_cnt does not always move (22.05 leaves it at 0 for a het job that
+        # requeued itself), so a run seen to end in the queue again, or a run with
+        # another start time, is a requeue too.
+        seen_start = self._run_start.get(key)
+        ran = meaning in (Meaning.RUNNING, Meaning.SUCCEEDED, Meaning.FAILED, Meaning.CANCELLED)
+        if seen_start is not None and (
+            meaning is Meaning.QUEUED or (ran and comp.started and comp.started != seen_start)
+        ):
+            attempt = max(attempt, self._attempts[key] + 1)
+        if attempt > self._attempts[key] or meaning in (Meaning.QUEUED, Meaning.REQUEUED):
+            self._run_start.pop(key, None)
+        if ran and comp.started and key not in self._run_start:
+            self._run_start[key] = comp.started
         if attempt > self._attempts[key]:
             out.append(
                 Requeued(role=role, replica_id=k, attempt=attempt, reason=comp.reason or comp.state)

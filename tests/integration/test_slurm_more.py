@@ -1,0 +1,96 @@
+"""More of the slurm backend on the real cluster: whole-job retries, job_dir, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+from supervisor import AppDef, AppState, Role, Supervisor
+
+from .slurm_cluster import ensure_cluster
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slurm]
+
+PY = sys.executable
+CLI = [PY, "-m", "supervisor.cli.main"]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> dict[str, object]:
+    return ensure_cluster(accounting=True)
+
+
+async def test_a_failed_attempt_is_retried_by_requeueing_the_whole_job(
+    cluster: dict[str, object], state_dir: Path
+) -> None:
+    flaky = (
+        "import os, sys; attempt = int(os.environ['ASUPERVISOR_ATTEMPT']);"
+        "print('attempt', attempt, flush=True); sys.exit(0 if attempt else 5)"
+    )
+    role = Role(name="w", entrypoint=PY, args=["-c", flaky], num_replicas=2, max_retries=1)
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(AppDef(name="retry", roles=[role]), "slurm")
+        final = await sv.wait(handle, timeout=120)
+        lines = [line async for line in sv.log_iter(handle, "w", 0, streams="stdout")]
+    assert final.state is AppState.SUCCEEDED, final
+    assert all(r.restarts == 1 for r in final.roles[0].replicas), final
+    assert lines == ["attempt 0\n", "attempt 1\n"]  # logs of both attempts are kept
+
+
+async def test_job_dir_runs_in_a_snapshot_of_the_workspace(
+    cluster: dict[str, object], state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "train.py").write_text("import os; print(os.getcwd(), sorted(os.listdir('.')))\n")
+    (workspace / "big.ckpt").write_text("x")
+    (workspace / ".asupervisorignore").write_text("# not shipped\n*.ckpt\n")
+    monkeypatch.chdir(workspace)
+    job_dir = tmp_path / "jobs" / "run-1"
+    role = Role(name="t", entrypoint=PY, args=["train.py"])
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(
+            AppDef(name="jd", roles=[role]), "slurm", {"job_dir": str(job_dir)}
+        )
+        assert (await sv.wait(handle, timeout=90)).state is AppState.SUCCEEDED
+        (line,) = [x async for x in sv.log_iter(handle, "t", 0, streams="stdout")]
+    assert line == f"{job_dir} ['.asupervisorignore', 'train.py']\n"
+    (workspace / "train.py").write_text("changed after submission")
+    assert (job_dir / "train.py").read_text().startswith("import os")
+
+
+def _cli(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "ASUPERVISOR_HOME": str(state_dir)}
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+async def test_the_cli_submits_follows_and_cancels_slurm_apps(
+    cluster: dict[str, object], state_dir: Path
+) -> None:
+    done = await anyio.to_thread.run_sync(
+        lambda: _cli(state_dir, "run", "--backend", "slurm", "--wait", "--", PY, "-c", "print(1)")
+    )
+    assert done.returncode == 0, done.stderr
+    assert "SUCCEEDED" in done.stdout
+    # Without --wait, run returns once Slurm has the job: Slurm keeps it, not this process.
+    started = await anyio.to_thread.run_sync(
+        lambda: _cli(state_dir, "run", "--backend", "slurm", "--", "sleep", "60")
+    )
+    assert started.returncode == 0, started.stderr
+    handle = started.stdout.strip().splitlines()[-1]
+    assert handle.startswith("slurm://")
+    status = json.loads(
+        (await anyio.to_thread.run_sync(lambda: _cli(state_dir, "status", "--json", handle))).stdout
+    )
+    assert status["state"] in ("PENDING", "RUNNING")
+    cancelled = await anyio.to_thread.run_sync(lambda: _cli(state_dir, "cancel", handle))
+    assert cancelled.returncode == 0, cancelled.stderr
+    async with Supervisor(session="observer") as sv:
+        final = await sv.wait(handle, timeout=60)
+    assert final.state is AppState.CANCELLED

@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import difflib
 import enum
-import reprlib
 import typing
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Final, overload
 
+from supervisor.brief import brief as _brief
 from supervisor.errors import Problem, SpecError
 
 __all__ = [
@@ -47,37 +47,6 @@ OptValue = str | int | float | bool | tuple[str, ...] | None
 
 _CONTEXT: Final = "invalid run options"
 _DECLARATION_CONTEXT: Final = "invalid run option declaration"
-
-
-class _BriefRepr(reprlib.Repr):
-    """``reprlib`` limits, but a failing ``__repr__`` gives ``<TypeName>`` (no address)."""
-
-    def repr_instance(self, x: object, level: int) -> str:
-        try:
-            text = repr(x)
-        except Exception:
-            return f"<{type(x).__name__}>"
-        if len(text) > self.maxother:
-            half = (self.maxother - 3) // 2
-            return f"{text[:half]}...{text[len(text) - half :]}"
-        return text
-
-
-_short = _BriefRepr()
-_short.maxstring = 40
-_short.maxother = 40
-_short.maxlist = 4
-_short.maxtuple = 4
-_short.maxdict = 4
-_short.maxlevel = 2
-
-
-def _brief(value: object) -> str:
-    """A short repr for messages; never raises, whatever ``value`` does in ``__repr__``."""
-    try:
-        return _short.repr(value)
-    except Exception:
-        return f"<{type(value).__name__}>"
 
 
 class OptType(enum.Enum):

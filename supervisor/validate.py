@@ -19,12 +19,12 @@ Pure: no I/O, no environment lookups.
 from __future__ import annotations
 
 import re
-import reprlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Final, TypeGuard
 
+from supervisor.brief import brief as _brief
 from supervisor.errors import Problem, SpecError
 from supervisor.specs import (
     AppDef,
@@ -61,37 +61,6 @@ class Capabilities:
 # A role name becomes a directory name and part of environment variable names.
 _ROLE_NAME: Final = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 _MOUNT_TYPES: Final = (BindMount, VolumeMount, DeviceMount)
-
-
-class _BriefRepr(reprlib.Repr):
-    """``reprlib`` limits, but a failing ``__repr__`` gives ``<TypeName>`` (no address)."""
-
-    def repr_instance(self, x: object, level: int) -> str:
-        try:
-            text = repr(x)
-        except Exception:
-            return f"<{type(x).__name__}>"
-        if len(text) > self.maxother:
-            half = (self.maxother - 3) // 2
-            return f"{text[:half]}...{text[len(text) - half :]}"
-        return text
-
-
-_short = _BriefRepr()
-_short.maxstring = 40
-_short.maxother = 40
-_short.maxlist = 4
-_short.maxtuple = 4
-_short.maxdict = 4
-_short.maxlevel = 2
-
-
-def _brief(value: object) -> str:
-    """A short repr for messages and paths; never raises."""
-    try:
-        return _short.repr(value)
-    except Exception:
-        return f"<{type(value).__name__}>"
 
 
 def _key(key: object) -> str:

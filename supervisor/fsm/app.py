@@ -10,6 +10,7 @@ the single writer of these machines.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -32,7 +33,7 @@ from supervisor.fsm.machines import (
     build_replica_machine,
     fire,
 )
-from supervisor.fsm.rules import ExitOutcome, derive_app_state, exit_outcome
+from supervisor.fsm.rules import ExitOutcome, derive_from_counts, exit_outcome
 from supervisor.fsm.states import TERMINAL, AppState, ReplicaState
 from supervisor.fsm.tables import APP_TRANSITIONS, REPLICA_TRANSITIONS
 from supervisor.specs import RetryPolicy
@@ -90,6 +91,9 @@ class AppFSM:
             (r.name, k): ReplicaModel(r.name, k) for r in roles for k in range(r.num_replicas)
         }
         self._replica_machine = build_replica_machine(list(self.replicas.values()))
+        # Kept up to date on every replica transition, so deriving the app's
+        # state costs the same for 1 replica or 1,000.
+        self._counts: Counter[str] = Counter({"UNSUBMITTED": len(self.replicas)})
         self.app = AppModel()
         self._app_machine = build_app_machine(self.app)
         self.history: list[Transition] = []
@@ -294,10 +298,12 @@ class AppFSM:
     async def _fire(self, model: ReplicaModel, trigger: str, at: float, msg: str) -> None:
         source = model.state.name
         await fire(model, trigger)
+        self._counts[source] -= 1
+        self._counts[model.state.name] += 1
         self._record(at, source, model.state.name, trigger, model, msg)
 
     async def _update_app(self, at: float) -> None:
-        target = derive_app_state((m.state for m in self.replicas.values()), self.cancel_requested)
+        target = derive_from_counts(self._counts, self.cancel_requested)
         step = plan(APP_TRANSITIONS, self.app.state.name, target.name, _APP_FINALS)
         if isinstance(step, Drop):
             return

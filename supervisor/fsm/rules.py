@@ -7,11 +7,12 @@ as plain functions of their inputs.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Mapping
 
 from supervisor.fsm.states import TERMINAL, AppState, ReplicaState
 
-__all__ = ["ExitOutcome", "derive_app_state", "exit_outcome"]
+__all__ = ["ExitOutcome", "derive_app_state", "derive_from_counts", "exit_outcome"]
 
 
 class ExitOutcome(enum.Enum):
@@ -38,16 +39,20 @@ def exit_outcome(exit_code: int | None, stopping: bool, retries_left: bool) -> E
 
 
 def derive_app_state(replicas: Iterable[ReplicaState], cancel_requested: bool) -> AppState:
-    """The app's state as a function of its replicas' states.
+    """The app's state as a function of its replicas' states."""
+    return derive_from_counts(Counter(s.name for s in replicas), cancel_requested)
+
+
+def derive_from_counts(counts: Mapping[str, int], cancel_requested: bool) -> AppState:
+    """``derive_app_state`` from how many replicas are in each state (O(states), not O(replicas)).
 
     The app is terminal only once every replica is, so nothing is still running
     when ``wait`` returns. A failure outranks a later cancel; CANCELLED needs a
     cancel (by the user, or by the scheduler where a backend reports one).
     """
-    states = list(replicas)
-    if not states:
+    names = {name for name, count in counts.items() if count > 0}
+    if not names:
         return AppState.UNSUBMITTED
-    names = {s.name for s in states}
     if names <= TERMINAL:
         if "FAILED" in names:
             return AppState.FAILED

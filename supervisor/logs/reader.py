@@ -41,6 +41,8 @@ _CHUNK = 1 << 20
 # Inotify can be missing (instance limit reached, network file systems);
 # this bounds how late a follower notices changes then.
 _RECHECK_S = 2.0
+# With a working shared watch, events are trusted: the re-check is only a backstop.
+_HUB_RECHECK_S = 30.0
 _TOKENS = itertools.count()  # subscriber identities for WatchHub; only ever increases
 # How long after ``until`` output stamped before it may still be on its way
 # through the sink's queue to the file.
@@ -502,12 +504,15 @@ class _HubWatcher(_Watcher):
         self._token = next(_TOKENS)
         self._changed = anyio.Event()
         self._watching = True
+        self._complete = False
 
     async def prepare(self) -> bool:
         if not self._dirty:
             return False
         self._dirty = False
         wanted = await anyio.to_thread.run_sync(self._wanted)
+        # Watching an ancestor means waiting for a directory to appear: keep re-checking.
+        self._complete = set(wanted) == set(self._targets)
         by_wd: dict[int, _Interest] = {}
         for path, interest in wanted.items():
             wd = self._hub.subscribe(path, self._token, self._on_event)
@@ -529,14 +534,15 @@ class _HubWatcher(_Watcher):
             self._changed.set()
 
     async def wait(self, finished_event: anyio.Event | None) -> None:
-        with anyio.move_on_after(_RECHECK_S) as timer:
+        healthy = self._watching and self._complete
+        with anyio.move_on_after(_HUB_RECHECK_S if healthy else _RECHECK_S) as timer:
             async with anyio.create_task_group() as group:
                 group.start_soon(_wait_event, self._changed, group.cancel_scope)
                 if finished_event is not None:
                     group.start_soon(_wait_event, finished_event, group.cancel_scope)
         if self._changed.is_set():
             self._changed = anyio.Event()
-        if timer.cancelled_caught:
+        if timer.cancelled_caught and not healthy:
             self._dirty = True
 
     def close(self) -> None:

@@ -228,6 +228,8 @@ class LogSink:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._submitted = 0  # items queued so far
+        self._barrier: tuple[int, asyncio.Future[None]] | None = None  # the latest, and when
 
     def open(self, directory: Path) -> ReplicaLog:
         """A handle for ``directory``; the writer thread creates it."""
@@ -256,10 +258,18 @@ class LogSink:
     async def flush(self) -> None:
         """Return once everything queued before the call is written (no fsync)."""
         loop = asyncio.get_running_loop()
+        pending = self._barrier
+        if pending is not None and pending[0] == self._submitted and not pending[1].done():
+            # Nothing was queued since that barrier: many replicas ending at once
+            # share one round trip to the writer thread.
+            await asyncio.shield(pending[1])
+            self._raise_pending()
+            return
         future: asyncio.Future[None] = loop.create_future()
         # Without a thread nothing was ever queued: no reason to start one.
         if self._submit(_Barrier(loop, future), strict=False, start=False):
-            await future
+            self._barrier = (self._submitted, future)
+            await asyncio.shield(future)
         self._raise_pending()
 
     def close(self) -> None:
@@ -300,6 +310,7 @@ class LogSink:
                 self._thread = thread
                 weakref.finalize(self, self._writer.queue.put, _STOP)
             self._writer.queue.put(item)
+            self._submitted += 1
             return True
 
     def _begin_close(self) -> threading.Thread | None:

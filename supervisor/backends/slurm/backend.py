@@ -303,6 +303,7 @@ class SlurmBackend(Backend):
         return self.make_log_target(found[0], role, replica_id)
 
     async def aclose(self) -> None:
+        await self.poller.aclose()
         await self.transport.aclose()
 
 

@@ -64,6 +64,8 @@ class SlurmPoller:
         self._last: dict[int, JobView] = {}
         self._wake = anyio.Event()
         self._running = False
+        self._closing = False
+        self._stopped = anyio.Event()
         self.accounting: bool | None = None  # unknown until sacct first answers
         self.counters: Counter[str] = Counter()
         self.interval = settings.fast
@@ -96,8 +98,21 @@ class SlurmPoller:
             **dict(self.counters),
         }
 
+    async def aclose(self) -> None:
+        """Stop after the tick in progress, if any: a Slurm command is never cut off."""
+        self._closing = True
+        if self._running:
+            self._wake.set()
+            await self._stopped.wait()
+
     async def _loop(self) -> None:
-        while True:
+        try:
+            await self._ticks()
+        finally:
+            self._stopped.set()
+
+    async def _ticks(self) -> None:
+        while not self._closing:
             if self._listeners:
                 changed = await self._tick()
                 if changed:

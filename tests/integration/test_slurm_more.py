@@ -6,12 +6,15 @@ import json
 import os
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import anyio
 import pytest
 
 from supervisor import AppDef, AppState, Role, Supervisor
+from supervisor.backends.slurm import SlurmBackend
+from supervisor.backends.slurm.poller import PollerSettings
 
 from .slurm_cluster import ensure_cluster
 
@@ -30,11 +33,14 @@ async def test_a_failed_attempt_is_retried_by_requeueing_the_whole_job(
     cluster: dict[str, object], state_dir: Path
 ) -> None:
     flaky = (
-        "import os, sys; attempt = int(os.environ['ASUPERVISOR_ATTEMPT']);"
-        "print('attempt', attempt, flush=True); sys.exit(0 if attempt else 5)"
+        "import os, sys, time; attempt = int(os.environ['ASUPERVISOR_ATTEMPT']);"
+        "print('attempt', attempt, flush=True); time.sleep(3); sys.exit(0 if attempt else 5)"
     )
     role = Role(name="w", entrypoint=PY, args=["-c", flaky], num_replicas=2, max_retries=1)
-    async with Supervisor(session="svc") as sv:
+    # Slurm 22.05 leaves restart_cnt at 0 for het jobs, so a requeue is seen from the
+    # run before it: tick often enough not to miss that run entirely.
+    fast = partial(SlurmBackend, poller=PollerSettings(fast=0.5, slow=1.0))
+    async with Supervisor(session="svc", backends={"slurm": fast}) as sv:
         handle = await sv.submit(AppDef(name="retry", roles=[role]), "slurm")
         final = await sv.wait(handle, timeout=120)
         lines = [line async for line in sv.log_iter(handle, "w", 0, streams="stdout")]

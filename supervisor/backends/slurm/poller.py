@@ -21,6 +21,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from supervisor.backends.slurm.records import JobRecord, latest_per_component
+from supervisor.backends.slurm.states import Meaning, meaning_of
 from supervisor.backends.slurm.transport import AccountingDisabled, SlurmTransport
 from supervisor.errors import BackendError
 
@@ -43,6 +44,8 @@ class JobView:
 
 
 Listener = Callable[[JobView], None]
+
+_ENDED = (Meaning.SUCCEEDED, Meaning.FAILED, Meaning.CANCELLED)
 
 
 @dataclass(frozen=True)
@@ -182,6 +185,13 @@ class SlurmPoller:
         for job in missing:
             if job in found:
                 comps = tuple(sorted(found[job], key=lambda r: r.het_offset))
+                if not all(meaning_of(c.state) in _ENDED for c in comps):
+                    # A live job the controller does not list: it is restarting, or
+                    # slurmdbd lags. Accounting's older picture must not move it back.
+                    views[job] = JobView(
+                        job, (), "error", "squeue does not list the job but sacct says it is live"
+                    )
+                    continue
                 views[job] = JobView(job, comps, "accounting")
             else:
                 views[job] = JobView(job, (), "gone", "neither squeue nor sacct knows the job")

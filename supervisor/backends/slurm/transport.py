@@ -124,6 +124,10 @@ class CliTransport(SlurmTransport):
 
     async def queue(self) -> list[JobRecord]:
         data = _json(await self._run("squeue", "--json"), "squeue")
+        errors = data.get("errors") or []
+        if errors:
+            # An answer with errors is not "no jobs": never let it make jobs disappear.
+            raise BackendError(f"squeue reported errors: {errors}", transient=True)
         return [from_squeue(j) for j in data.get("jobs", [])]
 
     async def accounting(self, job_ids: Sequence[int]) -> list[JobRecord]:

@@ -116,9 +116,6 @@ class AppFSM:
     def is_terminal(self) -> bool:
         return self.app.state.name in TERMINAL
 
-    def live_keys(self) -> list[ReplicaKey]:
-        return [k for k, r in self.replicas.items() if r.state.name not in TERMINAL]
-
     def snapshot(self) -> AppStatus:
         """The current status; rebuilt only after a change, so reads are cheap."""
         if self._snapshot is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -18,3 +19,9 @@ def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "state"
     monkeypatch.setenv("ASUPERVISOR_HOME", str(home))
     return home
+
+
+@pytest.fixture(autouse=True)
+def _library_debug_log(caplog: pytest.LogCaptureFixture) -> None:
+    """Keep the library's debug trace: pytest shows it only for a failed test."""
+    caplog.set_level(logging.DEBUG, logger="supervisor")

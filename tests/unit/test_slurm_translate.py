@@ -158,3 +158,57 @@ def test_a_requeue_missed_between_two_ticks_is_seen_from_the_new_start_time() ->
     assert [r.restarts for r in fsm.snapshot().roles[0].replicas] == [1, 1]
     fsm, _ = _run([_view("RUNNING", started=100), _view("COMPLETED", started=100)])
     assert [r.restarts for r in fsm.snapshot().roles[0].replicas] == [0, 0]
+
+
+def test_one_requeue_seen_over_several_ticks_counts_once() -> None:
+    # Seen on 22.05 with fast ticks: REQUEUED before and after the restart count moved.
+    views = [
+        _view("RUNNING", started=100),
+        _view("REQUEUED", started=100),
+        _view("REQUEUED", restart=1, started=100),
+        _view("PENDING", restart=1, started=300),
+        _view("RUNNING", restart=1, started=200),
+        _view("COMPLETED", restart=1, started=200),
+    ]
+    fsm, _ = _run(views, max_retries=3)  # room to overcount
+    assert fsm.state is AppState.SUCCEEDED
+    assert [r.restarts for r in fsm.snapshot().roles[0].replicas] == [1, 1]
+
+
+def test_a_second_requeue_after_a_run_counts_again() -> None:
+    views = [
+        _view("RUNNING", started=100),
+        _view("REQUEUED", started=100),
+        _view("RUNNING", started=200),
+        _view("REQUEUED", started=200),
+        _view("PENDING", started=400),
+        _view("RUNNING", started=300),
+        _view("COMPLETED", started=300),
+    ]
+    fsm, _ = _run(views, max_retries=2)
+    assert fsm.state is AppState.SUCCEEDED
+    assert [r.restarts for r in fsm.snapshot().roles[0].replicas] == [2, 2]
+
+
+def test_the_teardown_of_a_requeued_run_is_not_a_new_run() -> None:
+    # Seen on 22.05 (fast ticks): one component COMPLETING with the count already
+    # bumped and the next start time set, the other already PENDING again.
+    first = JobView(
+        10,
+        (
+            JobRecord(10, 10, 0, "COMPLETING", nodes="n1", restart_cnt=1, started=571),
+            JobRecord(11, 10, 1, "PENDING", nodes="n2", restart_cnt=1, started=577),
+        ),
+        "queue",
+    )
+    views = [
+        _view("RUNNING", started=567),
+        first,
+        _view("PENDING", restart=1, started=577),
+        _view("RUNNING", restart=1, started=578),
+        _view("COMPLETED", restart=1, started=578),
+    ]
+    fsm, mail = _run(views, max_retries=3)
+    assert fsm.state is AppState.SUCCEEDED
+    assert [r.restarts for r in fsm.snapshot().roles[0].replicas] == [1, 1]
+    assert max(getattr(m, "attempt", 0) for m in mail) == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 from collections.abc import Sequence
 from typing import Any
@@ -13,6 +14,8 @@ from supervisor.backends.slurm.states import Meaning, meaning_of
 from supervisor.events import Exited, Lost, Queued, ReplicaEvent, ReplicaKey, Requeued, Started
 
 __all__ = ["Mail", "ViewTranslator", "signal_name"]
+
+_log = logging.getLogger(__name__)
 
 Mail = ReplicaEvent | AppCancelRequested | AppNotice
 
@@ -38,7 +41,10 @@ class ViewTranslator:
         self.job_id = job_id
         self.keys = list(keys)
         self._attempts = dict.fromkeys(self.keys, 0)
-        self._requeues_seen: dict[ReplicaKey, int] = {}
+        # Replicas whose requeue was counted and whose next run has not been seen:
+        # Slurm may show one requeue over several ticks (REQUEUED, then the count
+        # bumped while still REQUEUED, then PENDING), and it must count once.
+        self._awaiting_run: set[ReplicaKey] = set()
         self._run_start: dict[ReplicaKey, int] = {}  # start time of the run seen this attempt
         self.stopping = False
         self._external_cancel = False
@@ -62,6 +68,15 @@ class ViewTranslator:
         ordered = sorted(view.components, key=lambda c: (c.signal is not None, c.het_offset))
         for comp in ordered:
             out.extend(self._events(comp))
+        if _log.isEnabledFor(logging.DEBUG):
+            # Slurm reports states, not changes: this trace is what explains a count.
+            _log.debug(
+                "job %s from %s: %s -> %s",
+                self.job_id,
+                view.where,
+                [(c.het_offset, c.state, c.restart_cnt, c.started, c.reason) for c in ordered],
+                [type(m).__name__ + str(getattr(m, "attempt", "")) for m in out],
+            )
         return out
 
     def _events(self, comp: JobRecord) -> list[Mail]:
@@ -77,24 +92,34 @@ class ViewTranslator:
             ]
         out: list[Mail] = []
         key = (role, k)
+        seen_start = self._run_start.get(key)
+        if comp.state.startswith("COMPLETING") and (
+            comp.restart_cnt > self._attempts[key]
+            or (seen_start is not None and comp.started and comp.started != seen_start)
+        ):
+            # The last run's teardown after a requeue: Slurm has already bumped the
+            # count or set the next start time, but nothing new runs yet.
+            meaning = Meaning.REQUEUED
         # Slurm's restart count is the attempt number; a job caught in REQUEUED (or a
-        # node failure it will requeue) has not bumped it yet, so it counts one ahead,
-        # once per requeue however many ticks see it.
+        # node failure it will requeue) may not have bumped it yet, so it counts one
+        # ahead, once per requeue however many ticks see it.
         attempt = max(comp.restart_cnt, self._attempts[key])
-        if meaning is Meaning.REQUEUED and self._requeues_seen.get(key) != comp.restart_cnt:
-            self._requeues_seen[key] = comp.restart_cnt
-            attempt = max(comp.restart_cnt, self._attempts[key] + 1)
+        if meaning is Meaning.REQUEUED and key not in self._awaiting_run:
+            attempt = max(attempt, self._attempts[key] + 1)
         # restart_cnt does not always move (22.05 leaves it at 0 for a het job that
         # requeued itself), so a run seen to end in the queue again, or a run with
         # another start time, is a requeue too.
-        seen_start = self._run_start.get(key)
         ran = meaning in (Meaning.RUNNING, Meaning.SUCCEEDED, Meaning.FAILED, Meaning.CANCELLED)
         if seen_start is not None and (
             meaning is Meaning.QUEUED or (ran and comp.started and comp.started != seen_start)
         ):
             attempt = max(attempt, self._attempts[key] + 1)
+        if attempt > self._attempts[key]:
+            self._awaiting_run.add(key)
         if attempt > self._attempts[key] or meaning in (Meaning.QUEUED, Meaning.REQUEUED):
             self._run_start.pop(key, None)
+        if ran:
+            self._awaiting_run.discard(key)
         if ran and comp.started and key not in self._run_start:
             self._run_start[key] = comp.started
         if attempt > self._attempts[key]:

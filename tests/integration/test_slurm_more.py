@@ -100,3 +100,23 @@ async def test_the_cli_submits_follows_and_cancels_slurm_apps(
     async with Supervisor(session="observer") as sv:
         final = await sv.wait(handle, timeout=60)
     assert final.state is AppState.CANCELLED
+
+
+async def test_the_poller_keeps_ticking_every_second_while_a_job_runs(
+    cluster: dict[str, object], state_dir: Path
+) -> None:
+    # Unchanged answers back the pause off towards `slow`, but never past `running`
+    # while a job runs, so its end is seen within a second.
+    role = Role(name="s", entrypoint="sleep", args=["60"])
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(AppDef(name="ticker", roles=[role]), "slurm")
+        async for t in sv.watch(handle):
+            if t.role is None and t.dest == "RUNNING":
+                break
+        before = sv.statistics()["slurm"]["ticks"]
+        await anyio.sleep(6)  # unchanged: 1 -> 1.5 -> 2.25 -> 3.4 s if it backed off
+        stats = sv.statistics()["slurm"]
+        await sv.cancel(handle)
+        assert (await sv.wait(handle, timeout=60)).state is AppState.CANCELLED
+    assert stats["interval_s"] == PollerSettings().running == 1.0
+    assert stats["ticks"] - before >= 5

@@ -51,7 +51,9 @@ _ENDED = (Meaning.SUCCEEDED, Meaning.FAILED, Meaning.CANCELLED)
 @dataclass(frozen=True)
 class PollerSettings:
     fast: float = 1.0  # seconds between ticks while something changes
-    slow: float = 10.0  # the longest pause while nothing does
+    slow: float = 10.0  # the longest pause while nothing does and nothing runs
+    # The longest pause while a tracked job runs: its end is seen within this.
+    running: float = 1.0
     growth: float = 1.5  # how fast the pause grows towards ``slow``
     stall: float = 5.0  # after this long without an answer, say so (the call goes on)
 
@@ -121,12 +123,23 @@ class SlurmPoller:
                 if changed:
                     self.interval = self.settings.fast
                 else:
-                    self.interval = min(self.interval * self.settings.growth, self.settings.slow)
+                    ceiling = self.settings.running if self._any_running() else self.settings.slow
+                    self.interval = min(self.interval * self.settings.growth, ceiling)
                 with anyio.move_on_after(self.interval):
                     await self._wake.wait()
             else:
                 await self._wake.wait()
             self._wake = anyio.Event()
+
+    def _any_running(self) -> bool:
+        # Only a queue that merely waits may back off all the way: a running job can
+        # end at any moment, and wait() should hear of it within ``running`` seconds.
+        return any(
+            meaning_of(c.state) is Meaning.RUNNING
+            for job in self._listeners
+            if (view := self._last.get(job)) is not None
+            for c in view.components
+        )
 
     async def _tick(self) -> bool:
         self.counters["ticks"] += 1

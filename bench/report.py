@@ -1,0 +1,955 @@
+"""Render a results JSON into markdown tables and PNG plots.
+
+    bench/.venv/bin/python -m bench.report [RESULTS.json] [--out-md PATH] [--plots DIR]
+
+By default a full run renders into ``docs/benchmarks.md`` and
+``docs/bench/*.png``; a ``--quick`` run into ``bench/results/quick/`` so that
+smoke runs never overwrite the committed figures. In an existing markdown
+file only the part between the ``BEGIN GENERATED`` and ``END GENERATED``
+markers is replaced: the hand-written analysis around it stays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.util import REPO, Json, median_of, ratio
+
+BEGIN = "<!-- BEGIN GENERATED (bench/report.py) -->"
+END = "<!-- END GENERATED -->"
+
+WAIT_TARGET_S = 0.010
+SUBMIT_TARGET_RATIO = 2.0
+CPU_TARGET_PCT = 1.0
+LOG_TARGET_RATE = 1_000_000
+SLURM_JOB_INFO_PER_TICK = 1.0
+SLURM_END_TARGET_S = 1.0
+
+COLORS = {
+    "asupervisor": "#1f77b4",
+    "asupervisor-cli": "#6baed6",
+    "asupervisor-nologs": "#c6dbef",
+    "torchx": "#d62728",
+    "torchx-cli": "#d62728",
+    "torchx-wait1": "#d62728",
+    "torchx-wait10": "#ff9896",
+    "anyio": "#7f7f7f",
+    "anyio-open-process": "#bcbd22",
+    "popen": "#7f7f7f",
+    "grep": "#7f7f7f",
+    "pipe": "#7f7f7f",
+    "asupervisor → slurmctld": "#1f77b4",
+    "asupervisor → slurmdbd": "#9ecae1",
+    "TorchX → slurmctld": "#d62728",
+    "TorchX → slurmdbd": "#ff9896",
+}
+
+
+# ------------------------------------------------------------------------- formatting
+def fmt_s(value: float | None) -> str:
+    if value is None:
+        return "–"
+    if value >= 1:
+        return f"{value:.2f} s"
+    if value >= 0.001:
+        return f"{value * 1000:.1f} ms"
+    return f"{value * 1e6:.0f} µs"
+
+
+def fmt_rate(value: float | None) -> str:
+    if value is None:
+        return "–"
+    if value >= 1e6:
+        return f"{value / 1e6:.2f} M/s"
+    return f"{value / 1e3:.0f} k/s"
+
+
+def fmt_num(value: float | None, digits: int = 2, unit: str = "") -> str:
+    if value is None:
+        return "–"
+    return f"{value:,.{digits}f}{unit}"
+
+
+def fmt_ratio(value: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.1f}×" if value >= 10 else f"{value:.2f}×"
+
+
+def cell(stats: Json | None, fmt: Callable[[float | None], str]) -> str:
+    """``median (min–max)`` of a stats dict; ``–`` when missing."""
+    if not stats or not stats.get("n"):
+        return "–"
+    if stats["n"] == 1:
+        return f"{fmt(stats['median'])} (1 run)"
+    return f"**{fmt(stats['median'])}** ({fmt(stats['min'])} – {fmt(stats['max'])})"
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def find(rows: Sequence[Json], **match: Any) -> Json | None:
+    for row in rows:
+        if all(row.get(k) == v for k, v in match.items()):
+            return row
+    return None
+
+
+def row_cell(row: Json | None, fmt: Callable[[float | None], str], key: str = "stats") -> str:
+    if row is None:
+        return "not run"
+    if "error" in row:
+        return f"failed: {str(row['error'])[:80]}"
+    value = row.get(key)
+    return cell(value if isinstance(value, dict) else None, fmt)
+
+
+# ---------------------------------------------------------------------------- sections
+def machine_section(results: Json, source: str) -> list[str]:
+    m = results["machine"]
+    versions = m.get("versions", {})
+    dirty = " (uncommitted changes)" if m.get("git_dirty") else ""
+    load_start = ", ".join(f"{x:.2f}" for x in m.get("loadavg_at_start", []))
+    load_end = ", ".join(f"{x:.2f}" for x in m.get("loadavg_at_end", []))
+    mem = m.get("memory_mib")
+    return [
+        f"Run **{m['date']}** with `{results['command']}`"
+        f" ({results.get('elapsed_s', 0) / 60:.1f} min; results: `{source}`).",
+        "",
+        *table(
+            ["machine", ""],
+            [
+                ["CPU", f"{m.get('nproc')} × {m.get('cpu_model')}"],
+                ["memory", f"{mem / 1024:.1f} GiB" if mem else "?"],
+                ["kernel / OS", f"{m.get('kernel')} / {m.get('os')}"],
+                ["Python", str(m.get("python"))],
+                [
+                    "versions",
+                    f"asupervisor {versions.get('asupervisor')} (git {m.get('git_commit')}"
+                    f"{dirty}), TorchX {versions.get('torchx')}, anyio {versions.get('anyio')}",
+                ],
+                ["load average (1, 5, 15 min)", f"at start {load_start}; at end {load_end}"],
+                [
+                    "limits",
+                    f"RLIMIT_NOFILE hard {m.get('nofile_hard_limit')} (each child raises its soft"
+                    f" limit to it); inotify max_user_instances"
+                    f" {m.get('inotify_max_user_instances')}",
+                ],
+            ],
+        ),
+        "",
+        "Figures are **median** (min – max) over the repetitions; ratios divide"
+        " medians by the baseline's median at the same N, measured in the same run.",
+        *merged_note(results),
+    ]
+
+
+def merged_note(results: Json) -> list[str]:
+    """Which cases come from earlier runs (a ``--cases`` run merges into latest.json)."""
+    merged = results.get("merged_from") or {}
+    if not merged:
+        return []
+    runs: dict[tuple[str, str], list[str]] = {}
+    for case, run in merged.items():
+        runs.setdefault((str(run.get("date")), str(run.get("command"))), []).append(case)
+    parts = [
+        f"{', '.join(f'*{c}*' for c in cases)} from the run of {date} (`{command}`)"
+        for (date, command), cases in runs.items()
+    ]
+    this = ", ".join(f"*{c}*" for c in results["cases"] if c not in merged)
+    return [
+        "",
+        f"This run measured {this}; the other cases are kept from earlier runs"
+        f" (machine and load as then): {'; '.join(parts)}.",
+    ]
+
+
+def targets_section(results: Json) -> list[str]:
+    cases = results["cases"]
+    rows: list[list[str]] = []
+    wait = cases.get("wait", {}).get("rows", [])
+    for row in wait:
+        if row.get("impl") != "asupervisor":
+            continue
+        med = median_of(row)
+        rows.append(
+            [
+                f"wait within 10 ms of the last exit, N={row['n']}",
+                fmt_s(med),
+                verdict(med, WAIT_TARGET_S, lower_is_better=True, fmt=fmt_s),
+            ]
+        )
+    submit = cases.get("submit", {}).get("rows", [])
+    for row in submit:
+        if row.get("impl") != "asupervisor":
+            continue
+        r = row.get("ratio_to_baseline")
+        rows.append(
+            [
+                f"submit within 2× of the Popen loop, N={row['n']}",
+                f"{fmt_s(median_of(row))} = {fmt_ratio(r)} Popen",
+                verdict(r, SUBMIT_TARGET_RATIO, lower_is_better=True, fmt=fmt_ratio),
+            ]
+        )
+    sup = cases.get("supervise", {}).get("rows", [])
+    for impl in ("asupervisor", "asupervisor-cli", "asupervisor-nologs"):
+        row = find(sup, impl=impl, n=1000)
+        if row is None:
+            continue
+        pct = median_of({"stats": row.get("steady_pct")})
+        what = {
+            "asupervisor": "library, logs followed",
+            "asupervisor-cli": "`run --log`",
+            "asupervisor-nologs": "library, no log following",
+        }[impl]
+        rows.append(
+            [
+                f"1,000 sleeping replicas < 1 % of a core ({what})",
+                fmt_num(pct, 2, " %"),
+                verdict(
+                    pct, CPU_TARGET_PCT, lower_is_better=True, fmt=lambda v: fmt_num(v, 2, " %")
+                ),
+            ]
+        )
+    logs = cases.get("logs", {}).get("rows", [])
+    for mode in ("regex", "regex-all"):
+        row = find(logs, impl="asupervisor", mode=mode)
+        if row is None:
+            continue
+        rate = median_of(row)
+        rows.append(
+            [
+                f"≥ 1,000,000 log lines/s with a regex (`{row.get('regex')}`)",
+                fmt_rate(rate),
+                verdict(rate, LOG_TARGET_RATE, lower_is_better=False, fmt=fmt_rate),
+            ]
+        )
+    rows += slurm_targets(cases.get("slurm", {}))
+    return table(["target", "measured (median)", "verdict"], rows)
+
+
+def slurm_targets(case: Json) -> list[list[str]]:
+    rows: list[list[str]] = []
+    for row in case.get("rows", []):
+        if row.get("impl") != "asupervisor" or "error" in row:
+            continue
+        per_tick = row.get("job_info_per_tick")
+        rows.append(
+            [
+                f"Slurm: REQUEST_JOB_INFO one per tick whatever N, N={row['n']} apps",
+                f"{fmt_num(per_tick)} per tick ({row.get('job_info')} in"
+                f" {row.get('squeue_in_window')} ticks)",
+                verdict(
+                    per_tick,
+                    SLURM_JOB_INFO_PER_TICK,
+                    lower_is_better=True,
+                    fmt=lambda v: fmt_num(v, 2, " per tick"),
+                ),
+            ]
+        )
+    delay = case.get("delay") or {}
+    poll = median_of({"stats": delay.get("poll")})
+    if poll is not None:
+        rows.append(
+            [
+                "Slurm: a job's end seen within one tick (1 s when active):"
+                " COMPLETED in squeue → `wait()` returns",
+                f"{fmt_s(poll)} (from the job's last output: "
+                f"{fmt_s(median_of({'stats': delay.get('stats')}))})",
+                verdict(poll, SLURM_END_TARGET_S, lower_is_better=True, fmt=fmt_s),
+            ]
+        )
+    return rows
+
+
+def verdict(
+    value: float | None,
+    target: float,
+    *,
+    lower_is_better: bool,
+    fmt: Callable[[float | None], str],
+) -> str:
+    if value is None:
+        return "not measured"
+    met = value <= target if lower_is_better else value >= target
+    factor = value / target if lower_is_better else target / value if value else math.inf
+    if met:
+        return f"met ({fmt_ratio(1 / factor if factor else None)} margin)"
+    return f"**missed** by {fmt_ratio(factor)} ({fmt(value)} vs {fmt(target)})"
+
+
+def wait_section(case: Json) -> list[str]:
+    rows = case.get("rows", [])
+    ns = sorted({r["n"] for r in rows})
+    impls = ["asupervisor", "torchx-wait1", "torchx-wait10", "anyio"]
+    body = []
+    for n in ns:
+        line = [f"{n:,}"]
+        for impl in impls:
+            line.append(row_cell(find(rows, impl=impl, n=n), fmt_s))
+        ours = find(rows, impl="asupervisor", n=n)
+        tx = find(rows, impl="torchx-wait1", n=n)
+        line.append(fmt_ratio(ours.get("ratio_to_baseline") if ours else None))
+        line.append(fmt_ratio(tx.get("ratio_to_baseline") if tx else None))
+        body.append(line)
+    header = [
+        "N",
+        "asupervisor `sv.wait`",
+        "TorchX `wait(wait_interval=1)`",
+        "TorchX `wait()` (10 s)",
+        "baseline `process.wait()`",
+        "ours / baseline",
+        "TorchX(1 s) / baseline",
+    ]
+    lines = [
+        "Time from the last replica's exit (each replica stamps the wall clock just"
+        " before exiting; all N exit together at a deadline) to the wait returning."
+        " Repetitions per cell are in the results JSON; TorchX's 10 s poll runs only"
+        " for N ≤ 10 and TorchX at N=1,000 once, as those runs take tens of seconds"
+        " each (most of it joining one log thread per replica).",
+        "",
+        *table(header, body),
+        "",
+        "![wait latency](bench/wait_latency.png)",
+    ]
+    spread = [
+        f"N={r['n']:,}: {fmt_s(median_of({'stats': r.get('exit_spread')}))}"
+        for r in rows
+        if r.get("impl") == "asupervisor" and r.get("exit_spread")
+    ]
+    if spread:
+        lines += [
+            "",
+            "Spread of the exits (first to last stamp, median): " + "; ".join(spread) + ".",
+        ]
+    return lines
+
+
+def submit_section(case: Json) -> list[str]:
+    rows = case.get("rows", [])
+    ns = sorted({r["n"] for r in rows})
+    impls = ["asupervisor", "torchx", "popen", "anyio-open-process"]
+    body = []
+    for n in ns:
+        line = [f"{n:,}"]
+        for impl in impls:
+            line.append(row_cell(find(rows, impl=impl, n=n), fmt_s))
+        for impl in ("asupervisor", "torchx"):
+            row = find(rows, impl=impl, n=n)
+            line.append(fmt_ratio(row.get("ratio_to_baseline") if row else None))
+        body.append(line)
+    header = [
+        "N",
+        "asupervisor `submit`",
+        "TorchX `runner.run`",
+        "baseline Popen loop",
+        "`anyio.open_process` loop",
+        "ours / Popen",
+        "TorchX / Popen",
+    ]
+    per = [
+        f"{impl} {fmt_num(median_of({'stats': r.get('per_replica_ms')}), 2, ' ms')}"
+        for impl in impls
+        if (r := find(rows, impl=impl, n=max(ns) if ns else 0)) and r.get("per_replica_ms")
+    ]
+    lines = [
+        "Time for the submit call to return with N replicas running (`sleep 60`,"
+        " stopped afterwards, untimed). A warm-up submit in each child keeps"
+        " one-time costs (imports, asupervisor's reaper start) out.",
+        "",
+        *table(header, body),
+        "",
+    ]
+    if per:
+        lines += [f"Per replica at N={max(ns):,}: " + ", ".join(per) + ".", ""]
+    lines.append("![submit latency](bench/submit_latency.png)")
+    return lines
+
+
+def supervise_section(case: Json) -> list[str]:
+    rows = case.get("rows", [])
+    impls = ["asupervisor", "asupervisor-cli", "asupervisor-nologs", "torchx-cli", "anyio"]
+    labels = case.get("impls", {})
+    body = []
+    for n in sorted({r["n"] for r in rows}):
+        for impl in impls:
+            row = find(rows, impl=impl, n=n)
+            if row is None:
+                continue
+            if "error" in row:
+                body.append(
+                    [f"{n:,}", labels.get(impl, impl), f"failed: {row['error'][:80]}", "", "", ""]
+                )
+                continue
+            skipped = row.get("steady_skipped")
+            steady = row_cell(row, lambda v: fmt_num(v, 2, " %"), "steady_pct")
+            if skipped and not row.get("steady_pct", {}).get("n"):
+                steady = f"no window ({skipped[0]})"
+            body.append(
+                [
+                    f"{n:,}",
+                    labels.get(impl, impl),
+                    steady,
+                    row_cell(row, lambda v: fmt_num(v, 2, " s"), "total_cpu"),
+                    fmt_ratio(row.get("steady_ratio_to_baseline")),
+                    fmt_ratio(row.get("total_ratio_to_baseline")),
+                ]
+            )
+    header = [
+        "N",
+        "supervisor",
+        "steady CPU, % of one core",
+        "total CPU (spawn → end)",
+        "steady / baseline",
+        "total / baseline",
+    ]
+    return [
+        f"N replicas of `sleep {case.get('seconds', 10):g}`, every replica's log followed,"
+        " supervised to the end by one process. *Steady* is the CPU of the supervising"
+        " process and its helpers (asupervisor's reaper) from 1 s after the last spawn to"
+        " 1 s before the first exit, as % of one core; *total* is CPU seconds from the first"
+        " spawn to the end. The replicas' own CPU is never counted.",
+        "",
+        *table(header, body),
+        "",
+        "![supervision cost](bench/supervision_cpu.png)",
+    ]
+
+
+def memory_section(case: Json) -> list[str]:
+    rows = case.get("rows", [])
+    idle = case.get("idle", {})
+    impls = ["asupervisor", "asupervisor-cli", "asupervisor-nologs", "torchx-cli", "anyio"]
+    labels = case.get("impls", {})
+    body = []
+    for n in sorted({r["n"] for r in rows}):
+        for impl in impls:
+            row = find(rows, impl=impl, n=n)
+            if row is None or "error" in row:
+                continue
+            body.append(
+                [
+                    f"{n:,}",
+                    labels.get(impl, impl),
+                    row_cell(row, lambda v: fmt_num(v, 1, " MiB"), "maxrss_mib"),
+                    fmt_num(row.get("idle_rss_mib"), 1, " MiB"),
+                    row_cell(row, lambda v: fmt_num(v, 1, " KiB"), "rss_per_replica_kib"),
+                    fmt_ratio(row.get("rss_ratio_to_baseline")),
+                ]
+            )
+    idle_what = "; ".join(f"{impl}: {what}" for impl, what in sorted(idle.items()))
+    return [
+        "Peak RSS (`ru_maxrss`) of the supervising process in the runs above; per"
+        " replica = (peak − idle) / N, where *idle* is the peak RSS of a process that"
+        " imported the same code and dry-ran the same app of N replicas, launching"
+        f" nothing ({idle_what}).",
+        "",
+        *table(
+            ["N", "supervisor", "peak RSS", "idle RSS", "per replica", "per replica / baseline"],
+            body,
+        ),
+        "",
+        "![memory per replica](bench/memory.png)",
+    ]
+
+
+def logs_section(case: Json) -> list[str]:
+    rows = case.get("rows", [])
+    modes = case.get("modes", {})
+    body = []
+    for mode, regex in modes.items():
+        line = [f"{mode}" + (f" (`{regex}`)" if regex else "")]
+        for impl in ("asupervisor", "torchx", "grep"):
+            line.append(row_cell(find(rows, impl=impl, mode=mode), fmt_rate))
+        ours = find(rows, impl="asupervisor", mode=mode)
+        tx = find(rows, impl="torchx", mode=mode)
+        line.append(fmt_ratio(ratio(median_of(ours), median_of(tx))))
+        line.append(fmt_ratio(ours.get("ratio_to_baseline") if ours else None))
+        yielded = ", ".join(
+            f"{impl} {r['yielded']:,}"
+            for impl in ("asupervisor", "torchx", "grep")
+            if (r := find(rows, impl=impl, mode=mode)) and "yielded" in r
+        )
+        line.append(yielded)
+        body.append(line)
+    lines = [
+        f"Lines of a {case.get('lines', 0):,}-line `combined.log`"
+        f" ({case.get('bytes', 0) / 1e6:.0f} MB, page cache warm) read per second.",
+        "",
+        *table(
+            [
+                "mode",
+                "asupervisor `iter_log_lines`",
+                "TorchX `LogIterator` (+ split, filter)",
+                "baseline `grep -c`",
+                "ours / TorchX",
+                "ours / grep",
+                "lines yielded",
+            ],
+            body,
+        ),
+        "",
+        "![log throughput](bench/log_throughput.png)",
+    ]
+    tail = case.get("tail")
+    if tail:
+        trows = tail.get("rows", [])
+        tbody = []
+        for impl in ("asupervisor", "torchx", "pipe"):
+            row = find(trows, impl=impl)
+            if row is None:
+                continue
+            tbody.append(
+                [
+                    tail.get("impls", {}).get(impl, impl),
+                    row_cell(row, fmt_s),
+                    fmt_s(row.get("p90")),
+                    fmt_ratio(row.get("ratio_to_baseline")),
+                ]
+            )
+        first = trows[0] if trows else {}
+        lines += [
+            "",
+            f"Tail latency: a replica prints the wall clock on a line,"
+            f" {first.get('lines_per_rep', '?')} lines {tail.get('gap_s', 0) * 1000:.0f} ms apart,"
+            f" {first.get('reps', '?')} runs; the follower subtracts it when the line is yielded."
+            " Median (min – max) over all lines.",
+            "",
+            *table(["follower", "latency", "p90", "/ baseline"], tbody),
+            "",
+            "![tail latency](bench/tail_latency.png)",
+        ]
+    return lines
+
+
+def slurm_section(case: Json) -> list[str]:
+    rows = case.get("rows", [])
+    window = case.get("window_s", 0)
+    ns = sorted({r["n"] for r in rows if r.get("impl") != "idle"})
+    body = []
+    for n in ns:
+        ours = find(rows, impl="asupervisor", n=n)
+        tx = find(rows, impl="torchx", n=n)
+        line = [f"{n:,}"]
+        if ours is None or "error" in ours:
+            line += [row_cell(ours, fmt_s), "", "", ""]
+        else:
+            line += [
+                f"{fmt_num(ours.get('job_info_per_tick'))}"
+                f" ({ours.get('job_info')} in {ours.get('squeue_in_window')} ticks)",
+                fmt_num(ours.get("job_info_per_s"), 3),
+                fmt_num(ours.get("dbd_total_per_s"), 2),
+                fmt_s(ours.get("interval_s_at_end")),
+            ]
+        if tx is None or "error" in tx:
+            line += [row_cell(tx, fmt_s), "", "", ""]
+        else:
+            errors = f", {tx['errors']} failed" if tx.get("errors") else ""
+            line += [
+                f"{fmt_num(tx.get('describes_per_s'), 1)} ({tx.get('describes')}{errors})",
+                fmt_num(tx.get("job_info_per_s"), 3),
+                f"{fmt_num(tx.get('dbd_total_per_s'), 1)}"
+                f" ({fmt_num(tx.get('dbd_jobs_per_s'), 1)} job queries)",
+                cell(tx.get("describe_s"), fmt_s),
+            ]
+        if any(r and r.get("disturbed") for r in (ours, tx)):
+            line[0] += " ⚠"
+        body.append(line)
+    header = [
+        "N apps",
+        "ours: REQUEST_JOB_INFO per tick",
+        "ours: REQUEST_JOB_INFO /s",
+        "ours: slurmdbd RPCs /s",
+        "ours: poll pause at the end",
+        "TorchX: describes /s (in window)",
+        "TorchX: REQUEST_JOB_INFO /s",
+        "TorchX: slurmdbd RPCs /s",
+        "TorchX: one describe",
+    ]
+    lines = [
+        f"N apps of one replica `sleep 600` (submitted with asupervisor), tracked for"
+        f" {window:g} s each way: by the Supervisor that submitted them (one shared poller,"
+        f" default settings: the window starts once nothing has changed for a few seconds,"
+        f" so the poller has backed off), then by a loop calling TorchX 0.7.0's"
+        f" `SlurmScheduler.describe(job_id)` for every app each {case.get('interval_s', 1):g} s"
+        " (what `Runner.wait(wait_interval=1)` does per app; its default is 10 s, a tenth of"
+        " the rate). slurmctld's RPCs come from `sdiag` (reset with `sdiag -r` before each"
+        " window), slurmdbd's from `sacctmgr show stats` (before/after); the readings"
+        " themselves are left out. REQUEST_JOB_INFO counts `_SINGLE` too. TorchX 0.7.0's"
+        " `describe` runs `sacct`, which asks slurmdbd, never slurmctld.",
+        "",
+        *table(header, body),
+    ]
+    idle = find(rows, impl="idle")
+    if idle and "error" not in idle:
+        lines += [
+            "",
+            f"Background (the cluster is shared), {idle.get('seconds', 0):.0f} s with nobody"
+            f" polling: {idle.get('job_info')} REQUEST_JOB_INFO, {idle.get('ctld_total')}"
+            f" slurmctld RPCs, {idle.get('dbd_total')} slurmdbd RPCs; they are not subtracted"
+            " above.",
+        ]
+    if any(r.get("disturbed") for r in rows):
+        lines += ["", "⚠ someone else reset `sdiag` during that window: its counts are low."]
+    lines += ["", "![Slurm RPCs](bench/slurm_rpcs.png)"]
+    delay = case.get("delay")
+    if delay:
+        lines += ["", f"End of a job → `wait()` returns ({delay.get('reps', '?')} jobs):", ""]
+        if "error" in delay:
+            lines.append(f"failed: {str(delay['error'])[:200]}")
+        else:
+            parts = [
+                ("job's last output (`time.time()`, then exit) → `wait()` returns", "stats"),
+                ("… of which: last output → squeue shows COMPLETED (Slurm)", "slurm_end"),
+                ("… of which: COMPLETED shown → `wait()` returns (ours)", "poll"),
+                ("poller's pause before the tick that saw the end", "pause_before_tick"),
+                ("that tick's squeue returned → `wait()` returns", "tick_to_wait"),
+            ]
+            lines += table(
+                ["what", "median (min – max)"],
+                [[what, cell(delay.get(key), fmt_s)] for what, key in parts],
+            )
+            settings = case.get("poller") or {}
+            if settings:
+                lines += [
+                    "",
+                    f"Job: one replica sleeping {delay.get('sleep_s', 3):g} s; default poller"
+                    f" settings (fast {settings.get('fast')} s, at most"
+                    f" {settings.get('running')} s while a job runs, slow"
+                    f" {settings.get('slow')} s, growth {settings.get('growth')}×).",
+                ]
+    return lines
+
+
+def plan_section(results: Json) -> list[str]:
+    lines = [
+        "Repetitions, as `(implementation, N, repetitions)` per case (`bench/run.py`"
+        " holds the plans):",
+        "",
+    ]
+    for case, spec in results.get("plan", {}).items():
+        runs = spec.get("runs")
+        if runs:
+            text = ", ".join(f"{impl} N={n:,}×{reps}" for impl, n, reps in runs)
+        else:
+            text = ", ".join(f"{k}={v}" for k, v in spec.items())
+        extra = {k: v for k, v in spec.items() if k != "runs"} if runs else {}
+        if extra:
+            text += "; " + ", ".join(f"{k}={v}" for k, v in extra.items())
+        elapsed = results["cases"].get(case, {}).get("elapsed_s")
+        took = f" ({elapsed / 60:.1f} min)" if isinstance(elapsed, int | float) else ""
+        earlier = (results.get("merged_from") or {}).get(case)
+        if earlier:
+            took += f" (run of {earlier.get('date')})"
+        lines.append(f"- **{case}**{took}: {text}")
+    return lines
+
+
+def render_markdown(results: Json, source: str) -> str:
+    cases = results["cases"]
+    out: list[str] = [BEGIN, "", *machine_section(results, source), ""]
+    out += ["### Targets", "", *targets_section(results), ""]
+    sections: list[tuple[str, str, Callable[[Json], list[str]]]] = [
+        ("wait", "### 1. Wait latency", wait_section),
+        ("submit", "### 2. Submit latency", submit_section),
+        ("supervise", "### 3. Supervision cost", supervise_section),
+        ("supervise", "### 4. Memory", memory_section),
+        ("logs", "### 5. Logs", logs_section),
+        ("slurm", "### 6. Slurm", slurm_section),
+    ]
+    for key, title, render in sections:
+        case = cases.get(key)
+        if case is None:
+            continue
+        out += [title, ""]
+        if "error" in case:
+            out += ["```", str(case["error"]).strip(), "```", ""]
+            continue
+        out += [*render(case), ""]
+    out += ["### Repetitions", "", *plan_section(results), "", END]
+    return "\n".join(out) + "\n"
+
+
+def merge(existing: str | None, generated: str) -> str:
+    """Replace the generated block of ``existing`` (or start a new document)."""
+    if existing and BEGIN in existing and END in existing:
+        head, rest = existing.split(BEGIN, 1)
+        _, tail = rest.split(END, 1)
+        return head + generated.rstrip("\n") + tail
+    return "# Benchmarks\n\n" + generated
+
+
+# --------------------------------------------------------------------------- plots
+def plots(results: Json, directory: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    directory.mkdir(parents=True, exist_ok=True)
+    cases = results["cases"]
+    made: list[Path] = []
+    for name, fn in (
+        ("wait", _plot_wait),
+        ("submit", _plot_submit),
+        ("supervise", _plot_supervise),
+        ("logs", _plot_logs),
+        ("slurm", _plot_slurm),
+    ):
+        case = cases.get(name)
+        if case is None or "error" in case:
+            continue
+        made += fn(case, directory)
+    return made
+
+
+def _line_plot(
+    case: Json, impls: Sequence[str], path: Path, title: str, ylabel: str, hline: float | None
+) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    labels = case.get("impls", {})
+    for impl in impls:
+        rows = sorted(
+            (r for r in case["rows"] if r.get("impl") == impl and r.get("stats", {}).get("n")),
+            key=lambda r: r["n"],
+        )
+        if not rows:
+            continue
+        xs = [r["n"] for r in rows]
+        med = [r["stats"]["median"] * 1000 for r in rows]
+        lo = [m - r["stats"]["min"] * 1000 for m, r in zip(med, rows, strict=True)]
+        hi = [r["stats"]["max"] * 1000 - m for m, r in zip(med, rows, strict=True)]
+        ax.errorbar(
+            xs,
+            med,
+            yerr=[lo, hi],
+            marker="o",
+            capsize=3,
+            label=labels.get(impl, impl),
+            color=COLORS.get(impl),
+        )
+    if hline is not None:
+        ax.axhline(hline, color="green", linestyle="--", linewidth=1, label="target")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("replicas (N)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _plot_wait(case: Json, directory: Path) -> list[Path]:
+    impls = ["asupervisor", "torchx-wait1", "torchx-wait10", "anyio"]
+    return [
+        _line_plot(
+            case,
+            impls,
+            directory / "wait_latency.png",
+            "last replica exit → wait() returns (median, min–max)",
+            "ms",
+            WAIT_TARGET_S * 1000,
+        )
+    ]
+
+
+def _plot_submit(case: Json, directory: Path) -> list[Path]:
+    impls = ["asupervisor", "torchx", "popen", "anyio-open-process"]
+    return [
+        _line_plot(
+            case,
+            impls,
+            directory / "submit_latency.png",
+            "submit of N replicas (median, min–max)",
+            "ms",
+            None,
+        )
+    ]
+
+
+def _bars(
+    groups: Sequence[str],
+    series: Sequence[tuple[str, Sequence[Json | None]]],
+    path: Path,
+    title: str,
+    ylabel: str,
+    hline: float | None = None,
+    log: bool = True,
+) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=110)
+    width = 0.8 / max(1, len(series))
+    for i, (impl, stats_list) in enumerate(series):
+        xs, meds, lo, hi = [], [], [], []
+        for g, stats in enumerate(stats_list):
+            if not stats or not stats.get("n") or stats.get("median") is None:
+                continue
+            xs.append(g + (i - (len(series) - 1) / 2) * width)
+            meds.append(stats["median"])
+            lo.append(stats["median"] - stats["min"])
+            hi.append(stats["max"] - stats["median"])
+        if xs:
+            ax.bar(xs, meds, width, yerr=[lo, hi], capsize=2, label=impl, color=COLORS.get(impl))
+    if hline is not None:
+        ax.axhline(hline, color="green", linestyle="--", linewidth=1, label="target")
+    ax.set_xticks(range(len(groups)), groups)
+    if log:
+        ax.set_yscale("log")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _plot_supervise(case: Json, directory: Path) -> list[Path]:
+    rows = [r for r in case["rows"] if "error" not in r]
+    ns = sorted({r["n"] for r in rows})
+    impls = ["asupervisor", "asupervisor-cli", "asupervisor-nologs", "torchx-cli", "anyio"]
+    groups = [f"N={n:,}" for n in ns]
+
+    def series(key: str) -> list[tuple[str, list[Json | None]]]:
+        out: list[tuple[str, list[Json | None]]] = []
+        for impl in impls:
+            stats: list[Json | None] = []
+            for n in ns:
+                row = find(rows, impl=impl, n=n)
+                stats.append(row.get(key) if row else None)
+            if any(stats):
+                out.append((impl, stats))
+        return out
+
+    return [
+        _bars(
+            groups,
+            series("steady_pct"),
+            directory / "supervision_cpu.png",
+            "CPU while N replicas sleep (steady window)",
+            "% of one core",
+            CPU_TARGET_PCT,
+        ),
+        _bars(
+            groups,
+            series("rss_per_replica_kib"),
+            directory / "memory.png",
+            "peak RSS per supervised replica (idle process subtracted)",
+            "KiB",
+            None,
+            log=False,
+        ),
+    ]
+
+
+def _plot_logs(case: Json, directory: Path) -> list[Path]:
+    modes = list(case.get("modes", {}))
+    rows = case["rows"]
+    series: list[tuple[str, list[Json | None]]] = []
+    for impl in ("asupervisor", "torchx", "grep"):
+        stats: list[Json | None] = []
+        for mode in modes:
+            row = find(rows, impl=impl, mode=mode)
+            stats.append(row.get("stats") if row else None)
+        series.append((impl, stats))
+    made = [
+        _bars(
+            modes,
+            series,
+            directory / "log_throughput.png",
+            f"reading a {case.get('lines', 0):,}-line log",
+            "lines/s",
+            LOG_TARGET_RATE,
+        )
+    ]
+    tail = case.get("tail")
+    if tail:
+        tseries: list[tuple[str, list[Json | None]]] = []
+        for row in tail.get("rows", []):
+            latency: Json | None = row.get("stats")
+            if latency and latency.get("n"):
+                scaled = {k: latency[k] * 1000 for k in ("median", "min", "max")}
+                tseries.append((row["impl"], [{"n": latency["n"], **scaled}]))
+        made.append(
+            _bars(
+                ["tail latency"],
+                tseries,
+                directory / "tail_latency.png",
+                "line written → yielded by the follower",
+                "ms",
+            )
+        )
+    return made
+
+
+def _plot_slurm(case: Json, directory: Path) -> list[Path]:
+    rows = [r for r in case.get("rows", []) if "error" not in r and r.get("impl") != "idle"]
+    ns = sorted({r["n"] for r in rows})
+    series: list[tuple[str, list[Json | None]]] = []
+    for impl, who in (("asupervisor", "asupervisor"), ("torchx", "TorchX")):
+        for daemon, key in (("slurmctld", "job_info"), ("slurmdbd", "dbd_total")):
+            stats: list[Json | None] = []
+            for n in ns:
+                row = find(rows, impl=impl, n=n)
+                seconds = row.get("seconds") if row else None
+                value = row.get(key) / seconds if row and seconds and row.get(key) else None
+                stats.append({"n": 1, "median": value, "min": value, "max": value})
+            series.append((f"{who} → {daemon}", stats))
+    return [
+        _bars(
+            [f"N={n:,} apps" for n in ns],
+            series,
+            directory / "slurm_rpcs.png",
+            f"RPCs per second while tracking N apps ({case.get('window_s', 0):g} s; no bar: none)",
+            "slurmctld: REQUEST_JOB_INFO / s; slurmdbd: all RPCs / s",
+        )
+    ]
+
+
+# ---------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("results", nargs="?", type=Path, help="default: bench/results/latest.json")
+    parser.add_argument("--out-md", type=Path, help="markdown file to write or update")
+    parser.add_argument("--plots", type=Path, help="directory for the PNGs")
+    args = parser.parse_args(argv)
+    path: Path = args.results or REPO / "bench" / "results" / "latest.json"
+    results: Json = json.loads(path.read_text())
+    if results.get("quick"):
+        out_md = args.out_md or REPO / "bench" / "results" / "quick" / "benchmarks.md"
+        plot_dir = args.plots or out_md.parent / "bench"
+    else:
+        out_md = args.out_md or REPO / "docs" / "benchmarks.md"
+        plot_dir = args.plots or REPO / "docs" / "bench"
+    try:
+        source = str(path.resolve().relative_to(REPO))
+    except ValueError:
+        source = str(path)
+    generated = render_markdown(results, source)
+    existing = out_md.read_text() if out_md.exists() else None
+    out_md.parent.mkdir(parents=True, exist_ok=True)
+    out_md.write_text(merge(existing, generated))
+    made = plots(results, plot_dir)
+    print(f"wrote {out_md} and {len(made)} plots in {plot_dir}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,367 @@
+"""What every case shares: statistics, child processes, CPU and memory probes, machine facts.
+
+Each case runs its measurements in child processes (``python -m bench.case_x
+--impl ... --out result.json``) so that one implementation's threads, file
+descriptors and peak RSS never leak into another's figures. Every process a
+child starts inherits ``ASUPERVISOR_BENCH_TAG``; whatever still carries the tag
+after the child ended is killed (see ``kill_tagged``), so an interrupted run
+leaves no replica behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import resource
+import secrets
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+TAG_ENV = "ASUPERVISOR_BENCH_TAG"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+Json = dict[str, Any]
+
+# A replica that sleeps until an absolute deadline (microseconds since the
+# epoch, $1) and appends the wall time at which it exits to the file $2. Only
+# bash builtins around one `sleep`, so a thousand of them start quickly and the
+# stamp is taken microseconds before the exit.
+STAMP_SCRIPT = """\
+now=${EPOCHREALTIME/./}
+left=$(( $1 - now ))
+if (( left > 0 )); then
+    printf -v frac %06d $(( left % 1000000 ))
+    sleep "$(( left / 1000000 )).$frac"
+fi
+echo "$EPOCHREALTIME" >> "$2"
+"""
+
+
+def log(message: str) -> None:
+    """Progress on stderr, stamped with the wall clock."""
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------- statistics
+def summarize(samples: Sequence[float]) -> Json:
+    """Median, min and max of ``samples`` (and the samples themselves, for the record)."""
+    values = [float(v) for v in samples]
+    if not values:
+        return {"n": 0, "median": None, "min": None, "max": None, "samples": []}
+    return {
+        "n": len(values),
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "samples": values,
+    }
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or denominator is None or denominator == 0:
+        return None
+    return numerator / denominator
+
+
+def median_of(row: Json | None) -> float | None:
+    """The median of a result row's ``stats``, or None when the row failed or is missing."""
+    if row is None:
+        return None
+    stats = row.get("stats")
+    if not isinstance(stats, dict):
+        return None
+    value = stats.get("median")
+    return float(value) if isinstance(value, int | float) else None
+
+
+def add_ratios(rows: list[Json], baseline: str, key: str = "n") -> None:
+    """Give every row ``ratio_to_baseline``: its median over the baseline's at the same ``key``."""
+    base = {row.get(key): median_of(row) for row in rows if row.get("impl") == baseline}
+    for row in rows:
+        row["ratio_to_baseline"] = ratio(median_of(row), base.get(row.get(key)))
+
+
+# -------------------------------------------------------------------- machine facts
+def _meminfo_total_mib() -> float | None:
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) / 1024
+    return None
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", *args], cwd=REPO, capture_output=True, text=True, check=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip()
+
+
+def machine_info() -> Json:
+    """Where and with what the figures were taken."""
+    load = os.getloadavg()
+    status = _git("status", "--porcelain")
+    return {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "nproc": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "cpu_model": _cpu_model(),
+        "memory_mib": _meminfo_total_mib(),
+        "kernel": platform.release(),
+        "os": _os_name(),
+        "python": platform.python_version(),
+        "loadavg_at_start": list(load),
+        "nofile_hard_limit": resource.getrlimit(resource.RLIMIT_NOFILE)[1],
+        "inotify_max_user_instances": _read_int("/proc/sys/fs/inotify/max_user_instances"),
+        "versions": {
+            "asupervisor": _version("asupervisor"),
+            "torchx": _version("torchx"),
+            "anyio": _version("anyio"),
+            "matplotlib": _version("matplotlib"),
+        },
+        "git_commit": _git("rev-parse", "--short", "HEAD"),
+        "git_dirty": bool(status) if status is not None else None,
+    }
+
+
+def _os_name() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/etc/os-release").read_text().splitlines():
+            if line.startswith("PRETTY_NAME="):
+                return line.split("=", 1)[1].strip('"')
+    return platform.system()
+
+
+def _read_int(path: str) -> int | None:
+    with contextlib.suppress(OSError, ValueError):
+        return int(Path(path).read_text().strip())
+    return None
+
+
+# ------------------------------------------------------------------ process probes
+def raise_nofile() -> int:
+    """Lift the soft descriptor limit to the hard one (1,000 replicas need several thousand)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = 1 << 20
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def cpu_self() -> float:
+    """User+system CPU seconds of this process, all its threads included."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def maxrss_kib() -> int:
+    """Peak resident set size of this process, in KiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def children(pid: int | None = None) -> list[int]:
+    """Direct children of ``pid`` (default: this process), across all its threads."""
+    pid = os.getpid() if pid is None else pid
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):
+                text = Path(f"/proc/{pid}/task/{task}/children").read_text()
+                found.extend(int(p) for p in text.split())
+    return found
+
+
+def comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def proc_cpu(pid: int) -> float:
+    """User+system CPU seconds of a live process (all threads), from /proc (10 ms ticks)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat.rsplit(")", 1)[1].split()
+    # fields[0] is field 3 (state): utime and stime are fields 14 and 15.
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def helpers(exclude: frozenset[str]) -> list[int]:
+    """This process's live children that are its helpers, not replicas.
+
+    Replicas are excluded by their command name (``exclude``), and so is a
+    child caught between fork and exec (same command line as its parent);
+    what is left is the supervisor's own helpers (asupervisor's reaper).
+    """
+    mine = cmdline(os.getpid())
+    return [
+        pid for pid in children() if comm(pid) not in exclude and cmdline(pid) not in (mine, b"")
+    ]
+
+
+# ---------------------------------------------------------------- child processes
+def child_parser(description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--impl", required=True)
+    parser.add_argument("--n", type=int, default=1)
+    parser.add_argument("--reps", type=int, default=1)
+    parser.add_argument("--out", type=Path, required=True)
+    return parser
+
+
+def write_json(path: Path, data: object) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
+    tmp.replace(path)
+
+
+def kill_tagged(tag: str) -> int:
+    """SIGKILL every process whose environment carries ``ASUPERVISOR_BENCH_TAG=tag``."""
+    marker = f"{TAG_ENV}={tag}".encode()
+    killed = 0
+    me = os.getpid()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            environ = Path(f"/proc/{name}/environ").read_bytes()
+        except OSError:
+            continue
+        if marker in environ.split(b"\0"):
+            with contextlib.suppress(OSError):
+                os.kill(int(name), signal.SIGKILL)
+                killed += 1
+    return killed
+
+
+def run_child(module: str, args: Sequence[str], *, timeout: float) -> Json:
+    """Run ``python -m bench.<module> ARGS --out F`` and return the JSON it wrote.
+
+    On failure (exit status, timeout, no output) the result is
+    ``{"error": ...}`` with the end of the child's stderr. Every process the
+    child left behind is killed either way.
+    """
+    tag = secrets.token_hex(6)
+    with tempfile.TemporaryDirectory(prefix="asv-bench-") as tmp:
+        out = Path(tmp) / "result.json"
+        err_path = Path(tmp) / "stderr.txt"
+        env = {**os.environ, TAG_ENV: tag, "PYTHONPATH": str(REPO)}
+        cmd = [sys.executable, "-m", f"bench.{module}", *args, "--out", str(out)]
+        started = time.monotonic()
+        with open(err_path, "wb") as err:
+            proc = subprocess.Popen(
+                cmd,
+                cwd=REPO,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=err,
+                stderr=err,
+                start_new_session=True,
+            )
+            error: str | None = None
+            try:
+                code = proc.wait(timeout)
+                if code != 0:
+                    error = f"exit status {code}"
+            except subprocess.TimeoutExpired:
+                error = f"timed out after {timeout:.0f} s"
+                _stop_group(proc)
+            finally:
+                if proc.poll() is None:
+                    _stop_group(proc)
+                leftovers = kill_tagged(tag)
+        elapsed = time.monotonic() - started
+        if error is None and not out.exists():
+            error = "no result written"
+        if error is not None:
+            tail = err_path.read_text(errors="replace")[-2000:]
+            log(f"  {module} {' '.join(args)}: {error}\n{tail}")
+            return {"error": f"{error}: {_last_line(tail)}", "wall_s": elapsed}
+        result: Json = json.loads(out.read_text())
+        result["wall_s"] = elapsed
+        if leftovers:
+            result["leftover_processes_killed"] = leftovers
+        return result
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][-300:] if lines else ""
+
+
+def _stop_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(OSError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@contextlib.contextmanager
+def scratch(prefix: str = "asv-bench-") -> Iterator[Path]:
+    """A temporary directory, removed afterwards even if replicas still write to it."""
+    with tempfile.TemporaryDirectory(prefix=prefix, ignore_cleanup_errors=True) as tmp:
+        yield Path(tmp)
+
+
+def write_stamp_script(directory: Path) -> Path:
+    path = directory / "stamp_exit.sh"
+    path.write_text(STAMP_SCRIPT)
+    return path
+
+
+def read_stamps(path: Path) -> list[float]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    return [float(line) for line in text.split() if line]
+
+
+def deadline_us(seconds_from_now: float) -> int:
+    return int((time.time() + seconds_from_now) * 1_000_000)

@@ -86,6 +86,10 @@ class AppActor:
         if self.runtime is not None and not self.done.is_set():
             await self._persist(self.runtime, final=False)
 
+    def discard(self) -> None:
+        """For an actor whose launch failed: it will never run, so its mailbox is closed here."""
+        self._finish()
+
     # ------------------------------------------------------------------ readers
     def status(self) -> AppStatus:
         return self.fsm.snapshot()

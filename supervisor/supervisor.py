@@ -203,7 +203,11 @@ class Supervisor:
         if handle in self._actors:
             raise UnknownAppError(f"{handle} was already scheduled")
         actor = AppActor(handle, info.request)
-        runtime = await impl.launch(info.request, actor.post)
+        try:
+            runtime = await impl.launch(info.request, actor.post)
+        except BaseException:
+            actor.discard()
+            raise
         self._actors[handle] = actor
         tg.start_soon(actor.run, runtime, tg)
         await actor.settle()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import time
+import warnings
 from pathlib import Path
 
 import anyio
@@ -16,6 +18,7 @@ from supervisor import (
     RetryPolicy,
     Role,
     SpecError,
+    SubmitError,
     Supervisor,
     UnknownAppError,
     WaitTimeout,
@@ -340,3 +343,17 @@ async def test_logs_of_an_unknown_replica_or_app_are_an_error(state_dir: Path) -
         with pytest.raises(UnknownAppError):
             await _lines(other, "local://owner/never", "a", 0)
         assert await _lines(other, handle, "a", 0) == ["x\n"]
+
+
+async def test_a_launch_that_fails_leaves_nothing_open(state_dir: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    async with Supervisor(session="svc") as sv:
+        with pytest.raises(SubmitError, match="cannot create"):
+            await sv.submit(app(py_role("r", "pass")), "local", {"log_dir": str(blocker / "x")})
+        assert await sv.list("local") == []
+    # The app's mailbox was closed, not left for the garbage collector to complain about.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gc.collect()
+    assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []

@@ -21,6 +21,7 @@ from asyncinotify import Inotify, Mask
 
 from supervisor.backends.base import (
     AppCancelRequested,
+    AppNotice,
     AppRuntime,
     Backend,
     BackendContext,
@@ -33,10 +34,10 @@ from supervisor.backends.local.process import ReplicaProcess, signal_name
 from supervisor.backends.local.reaper_client import Reaper
 from supervisor.backends.local.request import LocalRequest, ReplicaLaunch, local_run_opts, render
 from supervisor.backends.store import CANCEL_REQUEST, AppStore, Index, Owner
-from supervisor.errors import SubmitError
+from supervisor.errors import BackendError, SubmitError
 from supervisor.events import Exited, ReplicaKey, Started, Submitted
 from supervisor.fsm.states import AppState
-from supervisor.logs import LogSink
+from supervisor.logs import LogSink, ReplicaLog
 from supervisor.runopts import ResolvedCfg, RunOpts
 from supervisor.specs import AppDef, AppHandle, RetryPolicy, make_handle
 from supervisor.status import AppStatus, DescribeAppResponse, ListAppResponse, Transition
@@ -67,10 +68,7 @@ class LocalRuntime(AppRuntime):
         self._slots: dict[ReplicaKey, _Slot] = {
             (r.role, r.replica_id): _Slot(r) for r in request.replicas
         }
-        self._logs = {
-            key: backend.log_sink.open(Path(slot.launch.log_dir))
-            for key, slot in self._slots.items()
-        }
+        self._logs: dict[ReplicaKey, ReplicaLog] = {}
 
     async def start(self) -> None:
         record = {
@@ -90,6 +88,11 @@ class LocalRuntime(AppRuntime):
             )
         except OSError as e:
             raise SubmitError(f"cannot create {self.store.app_dir}: {e}", transient=False) from e
+        # Only now that the directories exist: the writer thread must not find them missing.
+        self._logs = {
+            key: self._backend.log_sink.open(Path(slot.launch.log_dir))
+            for key, slot in self._slots.items()
+        }
         self._backend.watch_cancel(self)
         for key, slot in self._slots.items():
             self.emit(Submitted(role=key[0], replica_id=key[1]))
@@ -140,7 +143,12 @@ class LocalRuntime(AppRuntime):
         try:
             code = await proc.follow()
             self._backend.reaper.unregister(proc.pid)
-            await self._backend.log_sink.flush()
+            try:
+                await self._backend.log_sink.flush()
+            except BackendError as e:
+                # A log write failed (a full disk, a removed log dir): the app hears of
+                # it; the exit is still reported, and no other app is taken down.
+                self.emit(AppNotice(message=str(e)))
             error = ""
             if code != 0:
                 error = await anyio.to_thread.run_sync(

@@ -153,10 +153,10 @@ class _Query:
     async def finished(self) -> bool:
         if self.until is not None and time.time() > self.until + _UNTIL_GRACE_S:
             return True  # anything still to come is newer than until
+        if self.finished_event is not None and self.finished_event.is_set():
+            return True
         if self.is_finished is not None:
             return await self.is_finished()
-        if self.finished_event is not None:
-            return self.finished_event.is_set()
         return False
 
 
@@ -221,10 +221,9 @@ async def _follow(query: _Query) -> AsyncGenerator[str, None]:
                     watcher = _Watcher(query.directory, filename, query.extra_watch_dirs)
             if await watcher.prepare():
                 continue  # a new watch: anything before it may have gone unseen
-            wake_on = query.finished_event
-            if wake_on is not None and wake_on.is_set():
-                wake_on = None  # already set: waiting on it would spin
-            await watcher.wait(wake_on)
+            if query.finished_event is not None and query.finished_event.is_set():
+                continue  # it ended since `final` was asked: the next pass drains and returns
+            await watcher.wait(query.finished_event)
     finally:
         if watcher is not None:
             watcher.close()

@@ -15,6 +15,7 @@ import anyio.lowlevel
 import pytest
 
 from supervisor.logs import LogSink, ReplicaLog, Stream, iter_log_lines, parse_streams
+from supervisor.logs.watch import WatchHub
 
 
 @pytest.fixture
@@ -398,3 +399,41 @@ async def test_breaking_out_of_async_for_releases_everything(sink: LogSink, tmp_
         await anyio.sleep(0.01)
     assert opened_while_following > 0
     assert _open_fds() == before
+
+
+@pytest.mark.anyio
+async def test_an_end_between_the_question_and_the_wait_is_not_missed(
+    sink: LogSink, tmp_path: Path
+) -> None:
+    """The app ends right after the follower asked (no more writes): it must not wait it out.
+
+    With a shared watch the follower's backstop re-check is long (30 s), so only
+    noticing the already-set event ends the follow in time.
+    """
+    await _written(sink, tmp_path, ("stdout", b"last\n", 1.0))
+    ended = anyio.Event()
+    asked = 0
+
+    async def is_finished() -> bool:
+        nonlocal asked
+        asked += 1
+        done = ended.is_set()
+        if asked == 2:  # once the watch is in place (the first pass sets it up)
+            ended.set()  # the end lands just after this answer
+        return done
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as group:
+            hub = WatchHub(group)
+            got = [
+                line
+                async for line in iter_log_lines(
+                    tmp_path,
+                    should_tail=True,
+                    is_finished=is_finished,
+                    finished_event=ended,
+                    watch_hub=hub,
+                )
+            ]
+            group.cancel_scope.cancel()
+    assert got == ["last\n"]

@@ -96,9 +96,16 @@ class AppStore:
         return self.app_dir / CANCEL_REQUEST
 
     def create(self, replica_dirs: Sequence[Path], app_record: Mapping[str, Any]) -> None:
+        made: set[Path] = set()
         for d in replica_dirs:
-            d.mkdir(parents=True, exist_ok=True)
-            (d / "error.json").unlink(missing_ok=True)
+            if d.parent not in made:  # one role directory serves all its replicas
+                os.makedirs(d.parent, exist_ok=True)
+                made.add(d.parent)
+            try:
+                os.mkdir(d)
+            except FileExistsError:
+                # A reused log dir: an old attempt's error file must not speak for this one.
+                (d / "error.json").unlink(missing_ok=True)
         self.write_app(app_record)
 
     def write_app(self, app_record: Mapping[str, Any]) -> None:

@@ -505,8 +505,25 @@ def _row(impl: str, n: int, result: Json) -> Json:
     return row
 
 
+def _bring_up_cluster() -> None:
+    """On a fresh machine (as root) the suite starts the cluster itself, as scripts/test does."""
+    log("  slurm: the local cluster is not usable; bringing it up (scripts/slurm-cluster up)")
+    done = subprocess.run(
+        ["bash", str(REPO / "scripts" / "slurm-cluster"), "up"],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
+    if done.returncode != 0:
+        log(f"  slurm: scripts/slurm-cluster up failed: {(done.stdout + done.stderr)[-500:]}")
+
+
 def run_case(plan: dict[str, Any]) -> Json:
     problem = _cluster_problem()
+    if problem and os.geteuid() == 0:
+        _bring_up_cluster()
+        problem = _cluster_problem()
     if problem:
         raise RuntimeError(f"no usable Slurm cluster: {problem}")
     window = float(plan["window_s"])

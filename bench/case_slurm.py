@@ -432,17 +432,21 @@ def child() -> None:
 
 
 # --------------------------------------------------------------------- the driver
+def _slurm_cluster(command: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(REPO / "scripts" / "slurm-cluster"), command],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
 def _cluster_problem() -> str | None:
     if os.geteuid() != 0:
         return "needs root (sdiag -r)"
     try:
-        done = subprocess.run(
-            ["bash", str(REPO / "scripts" / "slurm-cluster"), "status"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        done = _slurm_cluster("status", timeout=120)
     except (OSError, subprocess.SubprocessError) as e:
         return f"scripts/slurm-cluster status: {e}"
     if done.returncode != 0:
@@ -508,13 +512,7 @@ def _row(impl: str, n: int, result: Json) -> Json:
 def _bring_up_cluster() -> None:
     """On a fresh machine (as root) the suite starts the cluster itself, as scripts/test does."""
     log("  slurm: the local cluster is not usable; bringing it up (scripts/slurm-cluster up)")
-    done = subprocess.run(
-        ["bash", str(REPO / "scripts" / "slurm-cluster"), "up"],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        check=False,
-    )
+    done = _slurm_cluster("up", timeout=1200)
     if done.returncode != 0:
         log(f"  slurm: scripts/slurm-cluster up failed: {(done.stdout + done.stderr)[-500:]}")
 

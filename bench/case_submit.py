@@ -34,7 +34,7 @@ from bench.util import (
     add_ratios,
     child_parser,
     raise_nofile,
-    run_child,
+    run_rows,
     scratch,
     summarize,
     write_json,
@@ -179,21 +179,13 @@ def child() -> None:
     write_json(args.out, {"samples": samples})
 
 
+def _fill(row: Json, result: Json, n: int) -> None:
+    row["stats"] = summarize(result["samples"])
+    row["per_replica_ms"] = summarize([s / n * 1000 for s in result["samples"]])
+
+
 def run_case(plan: dict[str, Any]) -> Json:
-    rows: list[Json] = []
-    for impl, n, reps in plan["runs"]:
-        result = run_child(
-            "case_submit",
-            ["--impl", impl, "--n", str(n), "--reps", str(reps)],
-            timeout=plan.get("timeout_s", 900),
-        )
-        row: Json = {"impl": impl, "n": n, "reps": reps, "wall_s": result.get("wall_s")}
-        if "error" in result:
-            row["error"] = result["error"]
-        else:
-            row["stats"] = summarize(result["samples"])
-            row["per_replica_ms"] = summarize([s / n * 1000 for s in result["samples"]])
-        rows.append(row)
+    rows = run_rows("case_submit", plan, _fill)
     add_ratios(rows, BASELINE)
     return {
         "title": "submit latency: launching an app of N replicas",

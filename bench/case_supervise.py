@@ -419,18 +419,15 @@ def run_case(plan: dict[str, Any]) -> Json:
             for _ in range(reps)
         ]
         rows.append(_row(impl, n, reps, runs, idle[impl, n].get("maxrss_kib")))
-    cpu_rows = [dict(r, stats=r.get("steady_pct")) for r in rows]
-    add_ratios(cpu_rows, BASELINE)
-    for row, with_ratio in zip(rows, cpu_rows, strict=True):
-        row["steady_ratio_to_baseline"] = with_ratio["ratio_to_baseline"]
-    total_rows = [dict(r, stats=r.get("total_cpu")) for r in rows]
-    add_ratios(total_rows, BASELINE)
-    for row, with_ratio in zip(rows, total_rows, strict=True):
-        row["total_ratio_to_baseline"] = with_ratio["ratio_to_baseline"]
-    rss_rows = [dict(r, stats=r.get("rss_per_replica_kib")) for r in rows]
-    add_ratios(rss_rows, BASELINE)
-    for row, with_ratio in zip(rows, rss_rows, strict=True):
-        row["rss_ratio_to_baseline"] = with_ratio["ratio_to_baseline"]
+    for figure, name in (
+        ("steady_pct", "steady"),
+        ("total_cpu", "total"),
+        ("rss_per_replica_kib", "rss"),
+    ):
+        by_figure = [dict(r, stats=r.get(figure)) for r in rows]
+        add_ratios(by_figure, BASELINE)
+        for row, with_ratio in zip(rows, by_figure, strict=True):
+            row[f"{name}_ratio_to_baseline"] = with_ratio["ratio_to_baseline"]
     return {
         "title": f"supervision cost and memory: N replicas of `sleep {seconds:g}`, logs followed",
         "unit": "mixed",

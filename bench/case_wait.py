@@ -39,7 +39,7 @@ from bench.util import (
     deadline_us,
     raise_nofile,
     read_stamps,
-    run_child,
+    run_rows,
     scratch,
     summarize,
     write_json,
@@ -197,25 +197,16 @@ def child() -> None:
     write_json(args.out, {"samples": samples})
 
 
+def _fill(row: Json, result: Json, n: int) -> None:
+    samples = result["samples"]
+    row["stats"] = summarize([s["latency_s"] for s in samples])
+    row["exit_spread"] = summarize([s["exit_spread_s"] for s in samples])
+    row["submit"] = summarize([s["submit_s"] for s in samples])
+
+
 def run_case(plan: dict[str, Any]) -> Json:
     """Every (implementation, N) of ``plan["runs"]`` in its own child process."""
-    rows: list[Json] = []
-    for impl, n, reps in plan["runs"]:
-        result = run_child(
-            "case_wait",
-            ["--impl", impl, "--n", str(n), "--reps", str(reps)],
-            timeout=plan.get("timeout_s", 900),
-        )
-        row: Json = {"impl": impl, "n": n, "reps": reps}
-        if "error" in result:
-            row["error"] = result["error"]
-        else:
-            samples = result["samples"]
-            row["stats"] = summarize([s["latency_s"] for s in samples])
-            row["exit_spread"] = summarize([s["exit_spread_s"] for s in samples])
-            row["submit"] = summarize([s["submit_s"] for s in samples])
-        row["wall_s"] = result.get("wall_s")
-        rows.append(row)
+    rows = run_rows("case_wait", plan, _fill)
     add_ratios(rows, BASELINE)
     return {
         "title": "wait latency: last replica exit -> wait() returns",

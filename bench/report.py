@@ -287,20 +287,24 @@ def verdict(
     return f"**missed** by {fmt_ratio(factor)} ({fmt(value)} vs {fmt(target)})"
 
 
-def wait_section(case: Json) -> list[str]:
-    rows = case.get("rows", [])
-    ns = sorted({r["n"] for r in rows})
-    impls = ["asupervisor", "torchx-wait1", "torchx-wait10", "anyio"]
+def by_n_body(rows: list[Json], impls: list[str], ratio_impls: tuple[str, ...]) -> list[list[str]]:
+    """One line per N: each implementation's cell, then the ratios of ``ratio_impls``."""
     body = []
-    for n in ns:
+    for n in sorted({r["n"] for r in rows}):
         line = [f"{n:,}"]
         for impl in impls:
             line.append(row_cell(find(rows, impl=impl, n=n), fmt_s))
-        ours = find(rows, impl="asupervisor", n=n)
-        tx = find(rows, impl="torchx-wait1", n=n)
-        line.append(fmt_ratio(ours.get("ratio_to_baseline") if ours else None))
-        line.append(fmt_ratio(tx.get("ratio_to_baseline") if tx else None))
+        for impl in ratio_impls:
+            row = find(rows, impl=impl, n=n)
+            line.append(fmt_ratio(row.get("ratio_to_baseline") if row else None))
         body.append(line)
+    return body
+
+
+def wait_section(case: Json) -> list[str]:
+    rows = case.get("rows", [])
+    impls = ["asupervisor", "torchx-wait1", "torchx-wait10", "anyio"]
+    body = by_n_body(rows, impls, ("asupervisor", "torchx-wait1"))
     header = [
         "N",
         "asupervisor `sv.wait`",
@@ -336,17 +340,9 @@ def wait_section(case: Json) -> list[str]:
 
 def submit_section(case: Json) -> list[str]:
     rows = case.get("rows", [])
-    ns = sorted({r["n"] for r in rows})
     impls = ["asupervisor", "torchx", "popen", "anyio-open-process"]
-    body = []
-    for n in ns:
-        line = [f"{n:,}"]
-        for impl in impls:
-            line.append(row_cell(find(rows, impl=impl, n=n), fmt_s))
-        for impl in ("asupervisor", "torchx"):
-            row = find(rows, impl=impl, n=n)
-            line.append(fmt_ratio(row.get("ratio_to_baseline") if row else None))
-        body.append(line)
+    body = by_n_body(rows, impls, ("asupervisor", "torchx"))
+    largest = max((r["n"] for r in rows), default=0)
     header = [
         "N",
         "asupervisor `submit`",
@@ -359,7 +355,7 @@ def submit_section(case: Json) -> list[str]:
     per = [
         f"{impl} {fmt_num(median_of({'stats': r.get('per_replica_ms')}), 2, ' ms')}"
         for impl in impls
-        if (r := find(rows, impl=impl, n=max(ns) if ns else 0)) and r.get("per_replica_ms")
+        if (r := find(rows, impl=impl, n=largest)) and r.get("per_replica_ms")
     ]
     lines = [
         "Time for the submit call to return with N replicas running (`sleep 60`,"
@@ -370,7 +366,7 @@ def submit_section(case: Json) -> list[str]:
         "",
     ]
     if per:
-        lines += [f"Per replica at N={max(ns):,}: " + ", ".join(per) + ".", ""]
+        lines += [f"Per replica at N={largest:,}: " + ", ".join(per) + ".", ""]
     lines.append("![submit latency](bench/submit_latency.png)")
     return lines
 

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -324,6 +324,29 @@ def run_child(module: str, args: Sequence[str], *, timeout: float) -> Json:
         if leftovers:
             result["leftover_processes_killed"] = leftovers
         return result
+
+
+def run_rows(
+    module: str, plan: dict[str, Any], fill: Callable[[Json, Json, int], None]
+) -> list[Json]:
+    """One child per ``(implementation, N, repetitions)`` of ``plan["runs"]``, a row each.
+
+    ``fill(row, result, n)`` adds the case's figures from a child that succeeded.
+    """
+    rows: list[Json] = []
+    for impl, n, reps in plan["runs"]:
+        result = run_child(
+            module,
+            ["--impl", impl, "--n", str(n), "--reps", str(reps)],
+            timeout=plan.get("timeout_s", 900),
+        )
+        row: Json = {"impl": impl, "n": n, "reps": reps, "wall_s": result.get("wall_s")}
+        if "error" in result:
+            row["error"] = result["error"]
+        else:
+            fill(row, result, n)
+        rows.append(row)
+    return rows
 
 
 def _last_line(text: str) -> str:

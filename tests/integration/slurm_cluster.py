@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from supervisor import Supervisor
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "slurm-cluster"
 FACTS = Path("/run/asupervisor-slurm.json")
@@ -35,3 +37,10 @@ def ensure_cluster(accounting: bool = True) -> dict[str, object]:
             pytest.skip(message)
         facts = json.loads(FACTS.read_text())
     return facts
+
+
+async def until_running(sv: Supervisor, handle: str) -> None:
+    """Return once the app (not just one replica) reached RUNNING."""
+    async for t in sv.watch(handle):
+        if t.role is None and t.dest == "RUNNING":
+            return

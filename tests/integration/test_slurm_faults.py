@@ -19,7 +19,7 @@ from supervisor import AppDef, AppState, Role, Supervisor
 from supervisor.backends.slurm import SlurmBackend
 from supervisor.backends.slurm.poller import PollerSettings
 
-from .slurm_cluster import SCRIPT, ensure_cluster
+from .slurm_cluster import SCRIPT, ensure_cluster, until_running
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slurm]
 
@@ -37,12 +37,6 @@ def cluster() -> dict[str, object]:
     return ensure_cluster(accounting=True)
 
 
-async def _running(sv: Supervisor, handle: str) -> None:
-    async for t in sv.watch(handle):
-        if t.role is None and t.dest == "RUNNING":
-            return
-
-
 async def test_node_failure_requeues_and_the_app_still_succeeds(
     cluster: dict[str, object], state_dir: Path
 ) -> None:
@@ -50,7 +44,7 @@ async def test_node_failure_requeues_and_the_app_still_succeeds(
     async with Supervisor(session="svc") as sv:
         handle = await sv.submit(AppDef(name="nodefail", roles=[role]), "slurm")
         with anyio.fail_after(60):
-            await _running(sv, handle)
+            await until_running(sv, handle)
         status = sv.status(handle)
         assert status is not None
         node = status.replica("w", 0).hostname  # type: ignore[union-attr]
@@ -83,7 +77,7 @@ async def test_controller_restart_causes_no_false_terminal_state(
     async with Supervisor(session="svc", backends={"slurm": fast}) as sv:
         handle = await sv.submit(AppDef(name="ctld", roles=[role]), "slurm")
         with anyio.fail_after(60):
-            await _running(sv, handle)
+            await until_running(sv, handle)
         seen_states = set()
         seen_msgs = []
 

@@ -16,7 +16,7 @@ from supervisor import AppDef, AppState, Role, Supervisor
 from supervisor.backends.slurm import SlurmBackend
 from supervisor.backends.slurm.poller import PollerSettings
 
-from .slurm_cluster import ensure_cluster
+from .slurm_cluster import ensure_cluster, until_running
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slurm]
 
@@ -110,9 +110,8 @@ async def test_the_poller_keeps_ticking_every_second_while_a_job_runs(
     role = Role(name="s", entrypoint="sleep", args=["60"])
     async with Supervisor(session="svc") as sv:
         handle = await sv.submit(AppDef(name="ticker", roles=[role]), "slurm")
-        async for t in sv.watch(handle):
-            if t.role is None and t.dest == "RUNNING":
-                break
+        with anyio.fail_after(60):
+            await until_running(sv, handle)
         before = sv.statistics()["slurm"]["ticks"]
         await anyio.sleep(6)  # unchanged: 1 -> 1.5 -> 2.25 -> 3.4 s if it backed off
         stats = sv.statistics()["slurm"]

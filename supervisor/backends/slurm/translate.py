@@ -41,10 +41,6 @@ class ViewTranslator:
         self.job_id = job_id
         self.keys = list(keys)
         self._attempts = dict.fromkeys(self.keys, 0)
-        # Replicas whose requeue was counted and whose next run has not been seen:
-        # Slurm may show one requeue over several ticks (REQUEUED, then the count
-        # bumped while still REQUEUED, then PENDING), and it must count once.
-        self._awaiting_run: set[ReplicaKey] = set()
         self._run_start: dict[ReplicaKey, int] = {}  # start time of the run seen this attempt
         self.stopping = False
         self._external_cancel = False
@@ -104,7 +100,10 @@ class ViewTranslator:
         # node failure it will requeue) may not have bumped it yet, so it counts one
         # ahead, once per requeue however many ticks see it.
         attempt = max(comp.restart_cnt, self._attempts[key])
-        if meaning is Meaning.REQUEUED and key not in self._awaiting_run:
+        # Slurm may show one requeue over several ticks (REQUEUED, then the count bumped
+        # while still REQUEUED, then PENDING): it counts once, until a run is seen again.
+        awaiting_run = self._attempts[key] > 0 and seen_start is None
+        if meaning is Meaning.REQUEUED and not awaiting_run:
             attempt = max(attempt, self._attempts[key] + 1)
         # restart_cnt does not always move (22.05 leaves it at 0 for a het job that
         # requeued itself), so a run seen to end in the queue again, or a run with
@@ -114,12 +113,8 @@ class ViewTranslator:
             meaning is Meaning.QUEUED or (ran and comp.started and comp.started != seen_start)
         ):
             attempt = max(attempt, self._attempts[key] + 1)
-        if attempt > self._attempts[key]:
-            self._awaiting_run.add(key)
         if attempt > self._attempts[key] or meaning in (Meaning.QUEUED, Meaning.REQUEUED):
             self._run_start.pop(key, None)
-        if ran:
-            self._awaiting_run.discard(key)
         if ran and comp.started and key not in self._run_start:
             self._run_start[key] = comp.started
         if attempt > self._attempts[key]:

@@ -12,6 +12,7 @@ Everything public is re-exported here; ``tests/unit/test_public_api.py`` pins it
 
 from supervisor.errors import (
     BackendError,
+    DuplicateAppError,
     InvalidHandleError,
     Problem,
     SpecError,
@@ -19,6 +20,7 @@ from supervisor.errors import (
     SupervisorError,
     UnknownAppError,
     UnknownBackendError,
+    UnsupportedAsyncLibraryError,
     WaitTimeout,
 )
 from supervisor.fsm.states import AppState, ReplicaState
@@ -61,6 +63,7 @@ __all__ = [
     "DescribeAppResponse",
     "DeviceMount",
     "DryRunInfo",
+    "DuplicateAppError",
     "InvalidHandleError",
     "ListAppResponse",
     "Problem",
@@ -81,6 +84,7 @@ __all__ = [
     "Transition",
     "UnknownAppError",
     "UnknownBackendError",
+    "UnsupportedAsyncLibraryError",
     "VolumeMount",
     "WaitTimeout",
     "__version__",

@@ -9,8 +9,10 @@ catch the branch they can act on::
     ├── UnknownBackendError (also KeyError)  no backend under that name
     ├── UnknownAppError (also LookupError)   the handle names no app this backend knows
     ├── WaitTimeout (also TimeoutError)      ``wait(timeout=...)`` ran out
+    ├── UnsupportedAsyncLibraryError (also RuntimeError)  not running under asyncio
     └── BackendError                         the backend failed; ``transient``: may a retry help
         └── SubmitError                      launching failed; nothing was left running
+            └── DuplicateAppError            that app id was already launched (here or elsewhere)
 
 Native exceptions (``OSError``, subprocess failures, ...) are translated at the
 backend boundary so callers never see them leak through.
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "BackendError",
+    "DuplicateAppError",
     "InvalidHandleError",
     "Problem",
     "SpecError",
@@ -30,6 +33,7 @@ __all__ = [
     "SupervisorError",
     "UnknownAppError",
     "UnknownBackendError",
+    "UnsupportedAsyncLibraryError",
     "WaitTimeout",
 ]
 
@@ -87,6 +91,15 @@ class WaitTimeout(SupervisorError, TimeoutError):
     """``wait`` gave up before the app reached a terminal state."""
 
 
+class UnsupportedAsyncLibraryError(SupervisorError, RuntimeError):
+    """The Supervisor was entered under an event loop other than asyncio (trio, ...).
+
+    Backends watch files and processes with asyncio-only machinery (inotify
+    readers, subprocess pipes), so the Supervisor refuses at once on entry
+    instead of failing at the first submit with an error from deep inside.
+    """
+
+
 class BackendError(SupervisorError):
     """A backend operation failed.
 
@@ -101,3 +114,17 @@ class BackendError(SupervisorError):
 
 class SubmitError(BackendError):
     """Launching an app failed; whatever had started was stopped again."""
+
+
+class DuplicateAppError(SubmitError):
+    """An app with this id already exists (its directory was created by an earlier submit).
+
+    Raised when the same dry-run request, or a request with an explicit
+    ``app_id``, is scheduled twice, whether by this process or another one:
+    the app directory is created atomically, so only the first submit runs.
+    Nothing was started; retrying cannot help (``transient`` is False), a new
+    ``app_id`` (or ``submit(..., idempotency_key=...)``) can.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, transient=False)

@@ -16,7 +16,10 @@ Follows TorchX's ``runopts`` (``add(name, type_, help, default, required)``,
   getters, so backend code stays ``mypy --strict`` clean without casts and a
   frozen dry-run request can hold it;
 * the string form separates options with ``,`` and list items with ``;``,
-  which keeps the grammar unambiguous (TorchX lets ``,`` do both).
+  which keeps the grammar unambiguous (TorchX lets ``,`` do both);
+* a float option never takes ``nan`` or an infinity (a grace period of
+  ``inf`` would make every cancel hang), and an int or float option may
+  declare the ``minimum``/``maximum`` it accepts, checked by ``resolve``.
 
 Nothing here does I/O or reads the environment.
 """
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import difflib
 import enum
+import math
 import typing
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -109,9 +113,12 @@ def _coerce(kind: OptType, value: object) -> OptValue:
     elif kind is OptType.FLOAT:
         if isinstance(value, int | float) and not isinstance(value, bool):
             try:
-                return float(value)
+                number = float(value)
             except OverflowError:
                 raise _MismatchError(f"expected float, {got} (too large)") from None
+            if not math.isfinite(number):
+                raise _MismatchError(f"expected a finite float, {got}")
+            return number
     elif kind is OptType.BOOL:
         if isinstance(value, bool):
             return value
@@ -134,10 +141,12 @@ class RunOpt:
 
     ``type`` also accepts the Python types ``str``, ``int``, ``float``, ``bool``
     and ``list``/``list[str]`` at runtime; they are normalized to ``OptType``.
-    A list default is stored as a tuple. A declaration that could never work
-    (a default of the wrong type, a required option with a default, a name
-    the ``k=v`` form cannot spell) raises ``SpecError`` here, when the backend
-    module is imported, rather than on some user's first run.
+    A list default is stored as a tuple. ``minimum`` and ``maximum`` (int and
+    float options only) bound the values ``resolve`` accepts, both inclusive.
+    A declaration that could never work (a default of the wrong type or out of
+    range, a required option with a default, a name the ``k=v`` form cannot
+    spell) raises ``SpecError`` here, when the backend module is imported,
+    rather than on some user's first run.
     """
 
     name: str
@@ -145,6 +154,8 @@ class RunOpt:
     default: OptValue = None
     help: str = ""
     required: bool = False
+    minimum: float | None = None
+    maximum: float | None = None
 
     def __post_init__(self) -> None:
         field = f"runopts.{self.name}" if isinstance(self.name, str) else "runopts"
@@ -178,6 +189,7 @@ class RunOpt:
                     object.__setattr__(self, "default", _coerce(kind, self.default))
                 except _MismatchError as exc:
                     problems.append(Problem(f"{field}.default", str(exc)))
+            problems.extend(self._check_bounds(field, kind))
         if not isinstance(self.help, str):
             problems.append(Problem(f"{field}.help", "must be a string"))
         if not isinstance(self.required, bool):
@@ -186,6 +198,47 @@ class RunOpt:
             problems.append(Problem(f"{field}.default", "a required option cannot have a default"))
         if problems:
             raise SpecError(problems, context=_DECLARATION_CONTEXT)
+
+    def _check_bounds(self, field: str, kind: OptType) -> list[Problem]:
+        bounds = {"minimum": self.minimum, "maximum": self.maximum}
+        if all(bound is None for bound in bounds.values()):
+            return []
+        if kind not in (OptType.INT, OptType.FLOAT):
+            return [Problem(f"{field}.minimum", "bounds are only for int and float options")]
+        problems = [
+            Problem(f"{field}.{name}", f"must be a finite number, got {_brief(bound)}")
+            for name, bound in bounds.items()
+            if bound is not None
+            and (
+                isinstance(bound, bool)
+                or not isinstance(bound, int | float)
+                or not math.isfinite(bound)
+            )
+        ]
+        if not problems and isinstance(self.default, int | float):
+            message = self.out_of_range(self.default)
+            if message:
+                problems.append(Problem(f"{field}.default", message))
+        return problems
+
+    def out_of_range(self, value: float) -> str | None:
+        """Why ``value`` is outside ``[minimum, maximum]``, or None when it is inside."""
+        if self.minimum is not None and value < self.minimum:
+            return f"must be >= {self.minimum:g}, got {value:g}"
+        if self.maximum is not None and value > self.maximum:
+            return f"must be <= {self.maximum:g}, got {value:g}"
+        return None
+
+    def range_text(self) -> str:
+        """``0..3600``, ``>= 1``, or "" for an unbounded option; for help output."""
+        low, high = self.minimum, self.maximum
+        if low is not None and high is not None:
+            return f"{low:g}..{high:g}"
+        if low is not None:
+            return f">= {low:g}"
+        if high is not None:
+            return f"<= {high:g}"
+        return ""
 
 
 def _unknown_message(key: str, names: tuple[str, ...]) -> str:
@@ -196,6 +249,13 @@ def _unknown_message(key: str, names: tuple[str, ...]) -> str:
     close = difflib.get_close_matches(key.lower(), list(lowered), n=1, cutoff=0.6)
     hint = f" did you mean {lowered[close[0]]!r}?" if close else ""
     return f"unknown option;{hint} valid options: {', '.join(names)}"
+
+
+def _help_text(opt: RunOpt) -> str:
+    """The help on one line, with the accepted range when the option declares one."""
+    text = " ".join(opt.help.split())
+    bounds = opt.range_text()
+    return f"{text} ({bounds})" if bounds else text
 
 
 def _display_default(opt: RunOpt) -> str:
@@ -294,8 +354,7 @@ class RunOpts:
             return "(this backend takes no run options)"
         header = ("name", "type", "default", "help")
         rows = [
-            (opt.name, str(opt.type), _display_default(opt), " ".join(opt.help.split()))
-            for opt in self._opts
+            (opt.name, str(opt.type), _display_default(opt), _help_text(opt)) for opt in self._opts
         ]
         widths = [max(len(row[col]) for row in (header, *rows)) for col in range(3)]
 
@@ -348,9 +407,16 @@ class RunOpts:
                 resolved[opt.name] = opt.default
                 continue
             try:
-                resolved[opt.name] = _coerce(opt.type, value)
+                coerced = _coerce(opt.type, value)
             except _MismatchError as exc:
                 problems.append(Problem(f"cfg.{opt.name}", str(exc)))
+                continue
+            if isinstance(coerced, int | float) and not isinstance(coerced, bool):
+                message = opt.out_of_range(coerced)
+                if message:
+                    problems.append(Problem(f"cfg.{opt.name}", message))
+                    continue
+            resolved[opt.name] = coerced
         if problems:
             raise SpecError(problems, context=_CONTEXT)
         return ResolvedCfg(resolved)

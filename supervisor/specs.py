@@ -245,16 +245,35 @@ class macros:  # noqa: N801 - TorchX's name; users write macros.app_id
             return string.Template(text).safe_substitute(dataclasses.asdict(self))
 
         def apply(self, role: Role) -> Role:
-            """A copy of ``role`` with macros resolved; entrypoint, image, env keys stay literal."""
-            metadata = {
-                k: self.substitute(v) if isinstance(v, str) else v for k, v in role.metadata.items()
-            }
+            """A copy of ``role`` with macros resolved; entrypoint, image, env keys stay literal.
+
+            Metadata is substituted at any depth: every string inside nested
+            mappings, lists and tuples (their keys stay literal, as in TorchX).
+            New containers are built, so the caller's nested objects are never
+            changed.
+            """
+            metadata = {k: self._nested(v) for k, v in role.metadata.items()}
             return dataclasses.replace(
                 role,
                 args=tuple(self.substitute(a) for a in role.args),
                 env={k: self.substitute(v) for k, v in role.env.items()},
                 metadata=metadata,
             )
+
+        def _nested(self, value: Any, depth: int = 0) -> Any:
+            if isinstance(value, str):
+                return self.substitute(value)
+            if depth >= _MAX_METADATA_DEPTH:
+                return value  # deeper (or cyclic) structures are left as they are
+            if isinstance(value, Mapping):
+                return {k: self._nested(v, depth + 1) for k, v in value.items()}
+            if isinstance(value, list | tuple):
+                items = [self._nested(v, depth + 1) for v in value]
+                return items if isinstance(value, list) else tuple(items)
+            return value
+
+
+_MAX_METADATA_DEPTH = 50
 
 
 _APP_ID_UNSAFE = re.compile(r"[^a-z0-9-]+")
@@ -311,7 +330,24 @@ def parse_handle(handle: str) -> AppHandle:
 def _check_parts(parts: AppHandle, text: str) -> None:
     if not _BACKEND_NAME.fullmatch(parts.backend):
         raise InvalidHandleError(f"{text!r}: backend {parts.backend!r} is not a valid name")
-    if not parts.session or "/" in parts.session:
-        raise InvalidHandleError(f"{text!r}: the session must be non-empty and contain no '/'")
+    if not parts.session or "/" in parts.session or parts.session in (".", ".."):
+        raise InvalidHandleError(
+            f"{_short(text)}: the session must be non-empty, contain no '/' and not be '.' or '..'"
+        )
     if not parts.app_id:
-        raise InvalidHandleError(f"{text!r}: the app id is empty")
+        raise InvalidHandleError(f"{_short(text)}: the app id is empty")
+    if parts.app_id in (".", "..") or "\0" in text:
+        raise InvalidHandleError(f"{_short(text)}: the app id {parts.app_id!r} is not allowed")
+    # A part this long names no app: answer so here rather than with ENAMETOOLONG later.
+    if len(parts.session) > _MAX_HANDLE_PART or len(parts.app_id) > _MAX_HANDLE_PART:
+        raise InvalidHandleError(
+            f"{_short(text)}: session and app id may be at most {_MAX_HANDLE_PART} characters"
+        )
+
+
+_MAX_HANDLE_PART = 200
+
+
+def _short(text: str) -> str:
+    """A handle quoted for an error message, cut to a readable length."""
+    return repr(text) if len(text) <= 120 else repr(text[:100] + "...")

@@ -9,6 +9,8 @@ start.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import getpass
 import os
 import secrets
@@ -33,12 +35,20 @@ from supervisor.backends.base import (
     LogTarget,
     Request,
 )
-from supervisor.errors import InvalidHandleError, UnknownAppError, WaitTimeout
+from supervisor.errors import (
+    DuplicateAppError,
+    Problem,
+    SpecError,
+    UnknownAppError,
+    UnsupportedAsyncLibraryError,
+    WaitTimeout,
+)
+from supervisor.idempotency import IdempotencyKeys, submit_once
 from supervisor.logs import Stream, WatchHub, iter_log_lines, parse_streams
 from supervisor.runopts import ResolvedCfg, RunOpts
 from supervisor.specs import AppDef, AppHandle, make_app_id, make_handle, parse_handle
 from supervisor.status import AppStatus, DescribeAppResponse, ListAppResponse, Transition
-from supervisor.validate import validate
+from supervisor.validate import MAX_APP_ID_LENGTH, check_name, validate
 
 __all__ = ["DryRunInfo", "Supervisor", "default_state_dir"]
 
@@ -99,9 +109,12 @@ class Supervisor:
         backends: Mapping[str, Any] | None = None,
     ) -> None:
         self.session = session if session is not None else _default_session()
-        if not self.session or "/" in self.session:
-            raise InvalidHandleError(f"session {self.session!r} must be non-empty without '/'")
-        self.state_dir = Path(state_dir) if state_dir is not None else default_state_dir()
+        problems = check_name("session", self.session)
+        if problems:
+            raise SpecError(problems, context="invalid session")
+        # Absolute: records written under it must be found from any directory.
+        chosen = state_dir if state_dir is not None else default_state_dir()
+        self.state_dir = Path(chosen).absolute()
         self._registry = BackendRegistry(backends)
         self._backends: dict[str, Backend] = {}
         self._actors: dict[str, AppActor] = {}
@@ -113,6 +126,14 @@ class Supervisor:
 
     # --------------------------------------------------------------- lifecycle
     async def __aenter__(self) -> Supervisor:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            raise UnsupportedAsyncLibraryError(
+                "asupervisor runs only on asyncio (its backends watch files and processes "
+                "through asyncio); start it with anyio.run(main) or asyncio.run(main), not "
+                "under trio or another event loop"
+            ) from None
         self._stack = AsyncExitStack()
         self._tg = await self._stack.enter_async_context(anyio.create_task_group())
         self._watch_hub = WatchHub(self._tg)
@@ -165,9 +186,15 @@ class Supervisor:
         return found
 
     def run_opts(self, backend: str) -> RunOpts:
-        factory = self._registry.factory(backend)
-        opts: RunOpts = factory.run_opts()  # type: ignore[attr-defined]
-        return opts
+        """The backend's run options; no backend is started when its class can tell."""
+        target: Any = self._registry.factory(backend)
+        while isinstance(target, functools.partial):  # partial(SlurmBackend, poller=...)
+            target = target.func
+        declared = getattr(target, "run_opts", None)
+        if callable(declared):
+            opts: RunOpts = declared()
+            return opts
+        return self.backend(backend).run_opts()  # a plain factory function
 
     def backends(self) -> list[str]:
         return self._registry.names()
@@ -184,7 +211,11 @@ class Supervisor:
         """Validate and render the request; no side effects. ``app`` is never mutated."""
         impl = self.backend(backend)
         resolved = impl.run_opts().resolve(cfg)
-        validate(app, impl.capabilities)
+        validate(app, impl.capabilities_for(resolved))
+        if app_id is not None:
+            problems = check_name("app_id", app_id, max_length=MAX_APP_ID_LENGTH)
+            if problems:
+                raise SpecError(problems, context="invalid app id")
         if self._gpus is None:
             self._gpus = _gpu_count()
         ctx = DryrunContext(
@@ -201,7 +232,7 @@ class Supervisor:
         impl = self.backend(info.backend)
         handle = make_handle(info.backend, self.session, info.request.app_id)
         if handle in self._actors:
-            raise UnknownAppError(f"{handle} was already scheduled")
+            raise DuplicateAppError(f"{handle} was already scheduled by this Supervisor")
         actor = AppActor(handle, info.request)
         try:
             runtime = await impl.launch(info.request, actor.post)
@@ -216,10 +247,40 @@ class Supervisor:
         return handle
 
     async def submit(
-        self, app: AppDef, backend: str, cfg: Mapping[str, object] | None = None
+        self,
+        app: AppDef,
+        backend: str,
+        cfg: Mapping[str, object] | None = None,
+        *,
+        idempotency_key: str | None = None,
     ) -> str:
+        """Dry-run and schedule ``app``; returns its handle.
+
+        With ``idempotency_key``, a submit repeated under the same key (by a
+        service retrying after a crash, from any process of this session)
+        returns the first submit's handle instead of starting a second run;
+        see ``supervisor.idempotency``.
+        """
         await self.prepare(backend)
-        return await self.schedule(self.dryrun(app, backend, cfg))
+        if idempotency_key is None:
+            return await self.schedule(self.dryrun(app, backend, cfg))
+        if not isinstance(idempotency_key, str) or not idempotency_key:
+            raise SpecError(
+                [Problem("idempotency_key", "must be a non-empty string")], context="invalid submit"
+            )
+        pending: list[DryRunInfo] = []
+
+        def prepare() -> str:
+            pending.append(self.dryrun(app, backend, cfg))
+            return make_handle(backend, self.session, pending[-1].app_id)
+
+        return await submit_once(
+            IdempotencyKeys(self.state_dir, backend, self.session),
+            idempotency_key,
+            exists=self.exists,
+            prepare=prepare,
+            launch=lambda: self.schedule(pending[-1]),
+        )
 
     async def prepare(self, backend: str) -> None:
         """Let a backend learn what its dryrun depends on (Slurm: version, partitions).

@@ -36,7 +36,20 @@ from supervisor.specs import (
     VolumeMount,
 )
 
-__all__ = ["Capabilities", "validate"]
+__all__ = [
+    "MAX_APP_ID_LENGTH",
+    "MAX_NAME_LENGTH",
+    "Capabilities",
+    "check_name",
+    "validate",
+]
+
+#: Longest session or role name: each becomes a directory name (255 bytes at most on
+#: Linux) and part of longer paths and job names, so a generous fixed bound keeps
+#: every path the backends build well inside the limits.
+MAX_NAME_LENGTH: Final = 64
+#: Longest app id; ``make_app_id`` never comes near it, an explicit ``app_id`` may.
+MAX_APP_ID_LENGTH: Final = 128
 
 
 @dataclass(frozen=True)
@@ -48,7 +61,8 @@ class Capabilities:
     rejected and the (default) policy of a role without retries is not
     judged. ``max_replicas_per_role`` is ``None`` for no limit.
     ``requires_image`` is set by backends that run containers, where an empty
-    image cannot mean "the host".
+    image cannot mean "the host". ``replicas_hint`` is appended to the message
+    about too many replicas: how to raise the limit, when it can be raised.
     """
 
     backend: str
@@ -56,11 +70,40 @@ class Capabilities:
     mounts: bool = False
     max_replicas_per_role: int | None = None
     requires_image: bool = False
+    replicas_hint: str = ""
 
 
 # A role name becomes a directory name and part of environment variable names.
 _ROLE_NAME: Final = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 _MOUNT_TYPES: Final = (BindMount, VolumeMount, DeviceMount)
+
+
+def check_name(
+    field_name: str, value: object, *, max_length: int = MAX_NAME_LENGTH
+) -> list[Problem]:
+    """Problems with a name that becomes one path component (a session, an app id).
+
+    ``.`` and ``..`` are refused because ``{log_dir}/{session}/{app_id}`` would
+    then point outside the log root, ``/`` because it splits a component, and
+    anything longer than ``max_length`` because the path would fail with a bare
+    ``OSError`` (name too long) deep inside a launch.
+    """
+    if not isinstance(value, str):
+        return [Problem(field_name, f"must be a string, {_kind(value)}")]
+    problems: list[Problem] = []
+    if not value:
+        problems.append(Problem(field_name, "must be non-empty"))
+    elif value in (".", ".."):
+        problems.append(Problem(field_name, f"{value!r} is not allowed (it names a directory)"))
+    if "/" in value:
+        problems.append(Problem(field_name, "must not contain '/'"))
+    if any(not ch.isprintable() for ch in value):
+        problems.append(Problem(field_name, "must not contain control characters"))
+    if len(value) > max_length:
+        problems.append(
+            Problem(field_name, f"must be at most {max_length} characters, got {len(value)}")
+        )
+    return problems
 
 
 def _key(key: object) -> str:
@@ -187,7 +230,12 @@ class _Checker:
     def check_role(self, path: str, role: Role) -> None:
         caps = self.caps
         name = self.check_str(f"{path}.name", role.name)
-        if name is not None and not _ROLE_NAME.fullmatch(name):
+        if name is not None and len(name) > MAX_NAME_LENGTH:
+            self.add(
+                f"{path}.name",
+                f"must be at most {MAX_NAME_LENGTH} characters, got {len(name)}",
+            )
+        elif name is not None and not _ROLE_NAME.fullmatch(name):
             self.add(
                 f"{path}.name",
                 f"{name!r} is not a valid role name (a letter, then letters, digits, '_' or '-')",
@@ -236,9 +284,10 @@ class _Checker:
         num_ok = self.check_count(f"{path}.num_replicas", num, minimum=1)
         limit = caps.max_replicas_per_role
         if num_ok and limit is not None and num > limit:
+            hint = f" ({caps.replicas_hint})" if caps.replicas_hint else ""
             self.add(
                 f"{path}.num_replicas",
-                f"must be <= {limit} on backend {caps.backend!r}",
+                f"must be <= {limit} on backend {caps.backend!r}{hint}",
             )
         low = role.min_replicas
         if low is None:

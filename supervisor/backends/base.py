@@ -163,6 +163,10 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def capabilities(self) -> Capabilities: ...
 
+    def capabilities_for(self, cfg: ResolvedCfg) -> Capabilities:
+        """What this backend can honor under these run options (a limit ``cfg`` raises)."""
+        return self.capabilities
+
     @abc.abstractmethod
     def dryrun(self, app: AppDef, cfg: ResolvedCfg, ctx: DryrunContext) -> Request:
         """Pure: the exact request, deterministic for the same inputs."""

@@ -14,6 +14,7 @@ Every function here blocks (file I/O) and is meant to run in a worker thread.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from supervisor.errors import DuplicateAppError
 from supervisor.status import AppStatus, Transition
 
 __all__ = ["AppStore", "Index", "Owner", "write_json_atomic"]
@@ -46,11 +48,16 @@ def write_json_atomic(path: Path, data: Any, *, durable: bool = False) -> None:
 
 
 def _read_json(path: Path) -> Any:
+    """The file's JSON, or None when there is none to read (a name too long cannot exist)."""
     try:
         with path.open() as f:
             return json.load(f)
     except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
         return None
+    except OSError as e:
+        if e.errno == errno.ENAMETOOLONG:
+            return None
+        raise
 
 
 def _start_time(pid: int) -> str | None:
@@ -96,16 +103,27 @@ class AppStore:
         return self.app_dir / CANCEL_REQUEST
 
     def create(self, replica_dirs: Sequence[Path], app_record: Mapping[str, Any]) -> None:
+        """Claim the app directory, then make the replica directories and write app.json.
+
+        The app directory itself is made with one ``mkdir`` (never ``exist_ok``):
+        of two processes scheduling the same app id, exactly one gets it and the
+        other gets ``DuplicateAppError`` before anything runs or is written.
+        """
+        self.app_dir.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mkdir(self.app_dir)
+        except FileExistsError:
+            raise DuplicateAppError(
+                f"app id {self.app_dir.name!r} is already taken ({self.app_dir} exists): "
+                "it was submitted before, here or by another process; submit it again "
+                "under a new app id, or pass idempotency_key= to submit to get its handle"
+            ) from None
         made: set[Path] = set()
         for d in replica_dirs:
             if d.parent not in made:  # one role directory serves all its replicas
                 os.makedirs(d.parent, exist_ok=True)
                 made.add(d.parent)
-            try:
-                os.mkdir(d)
-            except FileExistsError:
-                # A reused log dir: an old attempt's error file must not speak for this one.
-                (d / "error.json").unlink(missing_ok=True)
+            os.mkdir(d)
         self.write_app(app_record)
 
     def write_app(self, app_record: Mapping[str, Any]) -> None:
@@ -140,9 +158,10 @@ class AppStore:
     def request_cancel(self) -> None:
         write_json_atomic(self.cancel_path, {"requested_by": Owner.current().to_json()})
 
-    def read_error_file(self, replica_dir: Path, limit: int = 65536) -> str:
+    def read_error_file(self, path: Path, limit: int = 65536) -> str:
+        """A replica's structured error (``TORCHELASTIC_ERROR_FILE``), "" when it wrote none."""
         try:
-            with (replica_dir / "error.json").open(errors="replace") as f:
+            with path.open(errors="replace") as f:
                 return f.read(limit)
         except OSError:
             return ""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import itertools
+import math
 import os
 import re
 import time
@@ -23,7 +24,7 @@ from pathlib import Path
 import anyio
 from asyncinotify import Event, Inotify
 
-from supervisor.errors import BackendError
+from supervisor.errors import BackendError, Problem, SpecError
 from supervisor.logs.lines import LineSplitter, split_decoded
 from supervisor.logs.timestamps import (
     COMBINED_ID,
@@ -117,13 +118,14 @@ def iter_log_lines(
     the iterator early (``aclose()``) releases everything.
     """
     selected = parse_streams(stream)
+    since_at, until_at = _window(since, until)
     return _follow(
         _Query(
             directory=Path(directory),
             stream=selected,
             pattern=_compile(regex),
-            since=_epoch(since, "since"),
-            until=_epoch(until, "until"),
+            since=since_at,
+            until=until_at,
             should_tail=should_tail,
             is_finished=is_finished,
             extra_watch_dirs=tuple(Path(d) for d in extra_watch_dirs),
@@ -169,14 +171,36 @@ def _compile(regex: str | re.Pattern[str] | None) -> re.Pattern[str] | None:
         raise ValueError(f"invalid regex {regex!r}: {exc}") from exc
 
 
-def _epoch(value: datetime | float | None, name: str) -> float | None:
+def _window(
+    since: datetime | float | None, until: datetime | float | None
+) -> tuple[float | None, float | None]:
+    """``since``/``until`` as epoch seconds; a ``SpecError`` naming each bad one.
+
+    ``nan`` compares false with every time, so it would silently select
+    nothing; a window that ends before it starts would too.
+    """
+    problems: list[Problem] = []
+    since_at = _epoch(since, "since", problems)
+    until_at = _epoch(until, "until", problems)
+    if since_at is not None and until_at is not None and since_at > until_at:
+        problems.append(Problem("since", "must not be later than until"))
+    if problems:
+        raise SpecError(problems, context="invalid log query")
+    return since_at, until_at
+
+
+def _epoch(value: datetime | float | None, name: str, problems: list[Problem]) -> float | None:
     if value is None:
         return None
     if isinstance(value, datetime):
         # A naive datetime's timestamp() is taken in local time, as documented.
         return value.timestamp()
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{name} must be a datetime or epoch seconds, not {value!r}")
+        problems.append(Problem(name, f"must be a datetime or epoch seconds, not {value!r}"))
+        return None
+    if math.isnan(value):
+        problems.append(Problem(name, "must be a time, got nan"))
+        return None
     return float(value)
 
 

@@ -151,7 +151,7 @@ def test_state_dir_and_session_options(tmp_path: Path, state_dir: Path) -> None:
     assert data["session"] == "team"
     assert data["app_dir"].startswith(str(other / "logs" / "team"))
     bad = invoke("--session", "a/b", "run", "--dryrun", "echo")
-    assert bad.exit_code == 2 and "must be non-empty without '/'" in bad.stderr
+    assert bad.exit_code == 2 and "session: must not contain '/'" in bad.stderr
 
 
 def test_a_signal_ignored_at_start_stays_ignored() -> None:

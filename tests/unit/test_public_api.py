@@ -9,11 +9,11 @@ import supervisor
 
 EXPECTED = {
     "NULL_RESOURCE", "AppDef", "AppHandle", "AppState", "AppStatus", "BackendError",
-    "BindMount", "DescribeAppResponse", "DeviceMount", "DryRunInfo", "InvalidHandleError",
+    "BindMount", "DescribeAppResponse", "DeviceMount", "DryRunInfo", "DuplicateAppError", "InvalidHandleError",
     "ListAppResponse", "Problem", "ReplicaState", "ReplicaStatus", "ResolvedCfg", "Resource",
     "RetryPolicy", "Role", "RoleStatus", "RunOpt", "RunOpts", "SpecError", "Stream",
     "SubmitError", "Supervisor", "SupervisorError", "Transition", "UnknownAppError",
-    "UnknownBackendError", "VolumeMount", "WaitTimeout", "__version__", "macros",
+    "UnknownBackendError", "UnsupportedAsyncLibraryError", "VolumeMount", "WaitTimeout", "__version__", "macros",
     "make_handle", "parse_handle",
 }  # fmt: skip
 

@@ -8,6 +8,7 @@ ask for a cancel, which this backend notices through inotify.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import time
@@ -32,7 +33,13 @@ from supervisor.backends.base import (
 )
 from supervisor.backends.local.process import ReplicaProcess, signal_name
 from supervisor.backends.local.reaper_client import Reaper
-from supervisor.backends.local.request import LocalRequest, ReplicaLaunch, local_run_opts, render
+from supervisor.backends.local.request import (
+    DEFAULT_MAX_REPLICAS,
+    LocalRequest,
+    ReplicaLaunch,
+    local_run_opts,
+    render,
+)
 from supervisor.backends.store import CANCEL_REQUEST, AppStore, Index, Owner
 from supervisor.errors import BackendError, SubmitError
 from supervisor.events import Exited, ReplicaKey, Started, Submitted
@@ -152,7 +159,7 @@ class LocalRuntime(AppRuntime):
             error = ""
             if code != 0:
                 error = await anyio.to_thread.run_sync(
-                    self.store.read_error_file, Path(slot.launch.log_dir)
+                    self.store.read_error_file, Path(slot.launch.error_file)
                 )
             if slot.proc is proc:
                 slot.proc = None
@@ -201,7 +208,7 @@ class LocalRuntime(AppRuntime):
                 self.emit(Exited(role=key[0], replica_id=key[1], attempt=attempt, exit_code=None))
                 return
             await anyio.to_thread.run_sync(
-                lambda: (Path(slot.launch.log_dir) / "error.json").unlink(missing_ok=True)
+                lambda: Path(slot.launch.error_file).unlink(missing_ok=True)
             )
             self._spawn(key, slot)
 
@@ -278,9 +285,14 @@ class LocalBackend(Backend):
             backend="local",
             retry_policies=frozenset(RetryPolicy),
             mounts=False,
-            max_replicas_per_role=None,
+            max_replicas_per_role=DEFAULT_MAX_REPLICAS,
             requires_image=False,
+            replicas_hint="raise it with cfg max_replicas_per_role=N",
         )
+
+    def capabilities_for(self, cfg: ResolvedCfg) -> Capabilities:
+        limit = cfg.get_int("max_replicas_per_role", DEFAULT_MAX_REPLICAS)
+        return dataclasses.replace(self.capabilities, max_replicas_per_role=limit)
 
     def default_log_dir(self) -> Path:
         return self.context.state_dir / "logs"

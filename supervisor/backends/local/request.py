@@ -20,10 +20,20 @@ Environment each replica sees, beyond the role's own ``env``:
 ``PET_LOG_DIR``                the replica's log directory
 ``PYTHONUNBUFFERED``           ``1``, so Python output reaches the logs at once
 =============================  ==========================================
+
+The last three are defaults: a value the role's ``env`` gives wins (TorchX keeps
+a role's own ``TORCHELASTIC_ERROR_FILE`` too), and the error file read after a
+failure is then the role's. A role's ``PATH`` is joined in front of the
+inherited ``PATH`` instead of replacing it (TorchX's ``join_PATH``), after the
+working directory when ``prepend_cwd`` is set.
+
+A relative ``log_dir`` is taken relative to the working directory of the dry
+run and stored absolute, so another process (the CLI elsewhere) finds the app.
 """
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -34,10 +44,23 @@ from supervisor.backends.base import DryrunContext, Request
 from supervisor.runopts import OptType, ResolvedCfg, RunOpt, RunOpts
 from supervisor.specs import AppDef, macros
 
-__all__ = ["RANK0_ENV", "LocalRequest", "ReplicaLaunch", "local_run_opts", "render"]
+__all__ = [
+    "DEFAULT_MAX_REPLICAS",
+    "RANK0_ENV",
+    "LocalRequest",
+    "ReplicaLaunch",
+    "join_path",
+    "local_run_opts",
+    "render",
+]
 
 RANK0_ENV = "TORCHX_RANK0_HOST"
 DEFAULT_STOP_GRACE = 5.0
+MAX_STOP_GRACE = 3600.0
+#: Replicas one role may ask for unless ``cfg max_replicas_per_role`` says more: each is
+#: a process on this machine, and a typo like ``10**6`` would otherwise spend a minute
+#: and most of a GiB rendering the dry run alone.
+DEFAULT_MAX_REPLICAS = 1024
 
 
 def local_run_opts() -> RunOpts:
@@ -68,9 +91,24 @@ def local_run_opts() -> RunOpts:
                 type=OptType.FLOAT,
                 default=DEFAULT_STOP_GRACE,
                 help="seconds between SIGTERM and SIGKILL when stopping a replica",
+                minimum=0.0,
+                maximum=MAX_STOP_GRACE,
+            ),
+            RunOpt(
+                name="max_replicas_per_role",
+                type=OptType.INT,
+                default=DEFAULT_MAX_REPLICAS,
+                help="the most replicas one role may have; raise it to run more processes",
+                minimum=1,
             ),
         ]
     )
+
+
+def join_path(*parts: str | None) -> str:
+    """``PATH`` pieces joined with ``:``, empty pieces and stray separators dropped."""
+    pieces = (part.strip(os.pathsep) for part in parts if part)
+    return os.pathsep.join(piece for piece in pieces if piece)
 
 
 @dataclass(frozen=True)
@@ -85,7 +123,9 @@ class ReplicaLaunch:
 
     @property
     def error_file(self) -> str:
-        return str(Path(self.log_dir) / "error.json")
+        """The file a failed replica's structured error is read from (the role's own, if set)."""
+        chosen = self.env.get("TORCHELASTIC_ERROR_FILE") or str(Path(self.log_dir) / "error.json")
+        return os.path.join(self.cwd, chosen)
 
     def command_line(self) -> str:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
@@ -149,8 +189,10 @@ def _gpu_blocks(app: AppDef, gpu_count: int) -> dict[tuple[str, int], str]:
 def render(
     app: AppDef, cfg: ResolvedCfg, ctx: DryrunContext, default_log_dir: Path
 ) -> LocalRequest:
-    log_root = Path(cfg.get_str("log_dir") or default_log_dir)
+    # Absolute, so the records point at the same place from any directory.
+    log_root = Path(os.path.normpath(Path(ctx.cwd, cfg.get_str("log_dir") or default_log_dir)))
     app_dir = log_root / ctx.session / ctx.app_id
+    prepend_cwd = cfg.get_bool("prepend_cwd", False)
     auto_gpus = cfg.get_bool("auto_set_cuda_visible_devices", False)
     gpus = _gpu_blocks(app, ctx.gpu_count) if auto_gpus else {}
     launches = []
@@ -164,7 +206,14 @@ def render(
             )
             resolved = values.apply(role)
             replica_dir = app_dir / role.name / str(k)
-            env: dict[str, str] = {"PYTHONUNBUFFERED": "1", **resolved.env}
+            role_env = dict(resolved.env)
+            role_path = role_env.pop("PATH", None)
+            env: dict[str, str] = {
+                "PYTHONUNBUFFERED": "1",
+                "TORCHELASTIC_ERROR_FILE": str(replica_dir / "error.json"),
+                "PET_LOG_DIR": str(replica_dir),
+                **role_env,
+            }
             env.update(
                 {
                     "ASUPERVISOR_APP_ID": ctx.app_id,
@@ -174,10 +223,9 @@ def render(
                     "ASUPERVISOR_NUM_REPLICAS": str(role.num_replicas),
                     "ASUPERVISOR_RANK0_HOST": "localhost",
                     RANK0_ENV: "localhost",
-                    "TORCHELASTIC_ERROR_FILE": str(replica_dir / "error.json"),
-                    "PET_LOG_DIR": str(replica_dir),
                 }
             )
+            path_prepend = join_path(ctx.cwd if prepend_cwd else None, role_path)
             if (role.name, k) in gpus:
                 env["CUDA_VISIBLE_DEVICES"] = gpus[(role.name, k)]
             launches.append(
@@ -188,7 +236,7 @@ def render(
                     env=env,
                     cwd=ctx.cwd,
                     log_dir=str(replica_dir),
-                    path_prepend=ctx.cwd if cfg.get_bool("prepend_cwd", False) else None,
+                    path_prepend=path_prepend or None,
                 )
             )
     return LocalRequest(

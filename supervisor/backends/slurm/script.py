@@ -144,7 +144,8 @@ def render(
     job_dir: str | None,
 ) -> SlurmRequest:
     """``job_dir`` is the directory chosen for this app (fresh per app), or None."""
-    log_root = Path(cfg.get_str("log_dir") or default_log_dir)
+    # Absolute (relative to the dry run's directory): compute nodes and other processes read it.
+    log_root = Path(ctx.cwd, cfg.get_str("log_dir") or default_log_dir)
     app_dir = log_root / ctx.session / ctx.app_id
     workdir = job_dir or ctx.cwd
     replicas: list[SlurmReplica] = []

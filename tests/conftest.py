@@ -1,4 +1,5 @@
-"""Shared fixtures: anyio on asyncio, and a private state directory per test."""
+"""Shared fixtures: anyio on asyncio, a private state directory per test, and the one
+place that keeps every Slurm test off the cluster under ``ASUPERVISOR_SLURM_CLUSTER=skip``."""
 
 from __future__ import annotations
 
@@ -6,6 +7,22 @@ import logging
 from pathlib import Path
 
 import pytest
+
+from tests.integration.slurm_cluster import is_slurm_test, skip_reason
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip every Slurm test, with the reason, before any of its fixtures can run."""
+    reason = skip_reason()
+    if reason is None:
+        return
+    skipped = [item for item in items if is_slurm_test(item)]
+    for item in skipped:
+        item.add_marker(pytest.mark.skip(reason=reason))
+    if skipped:
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"{reason} ({len(skipped)} tests skipped)")
 
 
 @pytest.fixture

@@ -1,8 +1,16 @@
-"""Bringing up (once per test session) the real local Slurm cluster the Slurm tests run on."""
+"""Bringing up (once per test session) the real local Slurm cluster the Slurm tests run on.
+
+``ASUPERVISOR_SLURM_CLUSTER=skip`` keeps every Slurm test away from the cluster:
+``tests/conftest.py`` marks each one (the ``slurm`` marker, or any
+``tests/integration/test_slurm_*.py``) skipped with ``skip_reason()`` at collection,
+before a fixture could run, and ``ensure_cluster`` refuses too, for a test that
+reaches it some other way.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -13,6 +21,21 @@ from supervisor import Supervisor
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "slurm-cluster"
 FACTS = Path("/run/asupervisor-slurm.json")
+SKIP_ENV = "ASUPERVISOR_SLURM_CLUSTER"
+
+
+def skip_reason() -> str | None:
+    """Why the Slurm tests must not touch the cluster, or None when they may."""
+    if os.environ.get(SKIP_ENV, "").strip().lower() == "skip":
+        return f"{SKIP_ENV}=skip: the Slurm tests do not use (or reconfigure) the local cluster"
+    return None
+
+
+def is_slurm_test(item: pytest.Item) -> bool:
+    """Marked ``slurm``, or in an integration module named for Slurm."""
+    path = Path(str(item.path))
+    in_slurm_module = path.parent.name == "integration" and path.name.startswith("test_slurm_")
+    return item.get_closest_marker("slurm") is not None or in_slurm_module
 
 
 def _run(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
@@ -24,8 +47,13 @@ def _run(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
 def ensure_cluster(accounting: bool = True) -> dict[str, object]:
     """The cluster's facts; brings it up (or switches its accounting) when needed.
 
-    Skips, printing why, only when the cluster truly cannot start here.
+    Skips, printing why, only when the cluster truly cannot start here, or when
+    ``ASUPERVISOR_SLURM_CLUSTER=skip`` says not to touch it.
     """
+    reason = skip_reason()
+    if reason is not None:
+        print(reason)
+        pytest.skip(reason)
     facts = json.loads(FACTS.read_text()) if FACTS.exists() else {}
     healthy = _run("status", timeout=60).returncode == 0
     if not healthy or bool(facts.get("accounting")) != accounting:

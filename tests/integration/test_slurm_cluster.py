@@ -22,8 +22,10 @@ from typing import Any
 
 import pytest
 
+from .slurm_cluster import skip_reason
+
 # The first bring-up on a fresh machine installs packages: more than the suite's default timeout.
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.integration, pytest.mark.slurm, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "slurm-cluster"
@@ -84,8 +86,9 @@ class HetJob:
 @pytest.fixture(scope="module")
 def cluster() -> dict[str, Any]:
     """The facts `scripts/slurm-cluster env` writes, once the cluster is usable."""
-    if os.environ.get("ASUPERVISOR_SLURM_CLUSTER") == "skip":
-        pytest.skip("ASUPERVISOR_SLURM_CLUSTER=skip")
+    reason = skip_reason()
+    if reason is not None:  # conftest already skipped every test here; kept for direct use
+        pytest.skip(reason)
     if os.geteuid() != 0:
         pytest.skip("the local Slurm cluster needs root (it installs and starts system daemons)")
     if shutil.which("sbatch") is None and shutil.which("apt-get") is None:

@@ -9,12 +9,12 @@ import supervisor
 
 EXPECTED = {
     "NULL_RESOURCE", "AppDef", "AppHandle", "AppState", "AppStatus", "BackendError",
-    "BindMount", "DescribeAppResponse", "DeviceMount", "DryRunInfo", "DuplicateAppError", "InvalidHandleError",
-    "ListAppResponse", "Problem", "ReplicaState", "ReplicaStatus", "ResolvedCfg", "Resource",
-    "RetryPolicy", "Role", "RoleStatus", "RunOpt", "RunOpts", "SpecError", "Stream",
-    "SubmitError", "Supervisor", "SupervisorError", "Transition", "UnknownAppError",
-    "UnknownBackendError", "UnsupportedAsyncLibraryError", "VolumeMount", "WaitTimeout", "__version__", "macros",
-    "make_handle", "parse_handle",
+    "BindMount", "DescribeAppResponse", "DeviceMount", "DryRunInfo", "DuplicateAppError",
+    "InvalidHandleError", "ListAppResponse", "Problem", "ReplicaState", "ReplicaStatus",
+    "ResolvedCfg", "Resource", "RetryPolicy", "Role", "RoleStatus", "RunOpt", "RunOpts",
+    "SpecError", "Stream", "SubmitError", "Supervisor", "SupervisorError", "Transition",
+    "UnknownAppError", "UnknownBackendError", "UnsupportedAsyncLibraryError", "VolumeMount",
+    "WaitTimeout", "__version__", "macros", "make_handle", "parse_handle",
 }  # fmt: skip
 
 SUPERVISOR_METHODS = {

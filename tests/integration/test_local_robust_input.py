@@ -1,0 +1,323 @@
+"""Bad input is refused up front, duplicate and retried submits run once, and the
+replica environment follows TorchX (issue 8, items 5, 10, 12 and 14): real
+processes, real files, and for the cross-process cases real second processes."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from supervisor import (
+    AppState,
+    DuplicateAppError,
+    InvalidHandleError,
+    Role,
+    SpecError,
+    Supervisor,
+    UnsupportedAsyncLibraryError,
+)
+from supervisor.backends.local import LocalBackend
+from supervisor.backends.slurm import SlurmBackend
+from supervisor.backends.slurm.poller import PollerSettings
+
+from .helpers import app, py_role
+
+pytestmark = [pytest.mark.integration]
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = [sys.executable, "-m", "supervisor.cli.main"]
+
+# A second process: schedules a fixed app id ("dup"), or submits under an idempotency
+# key ("key"; "crash" then dies by SIGKILL before it can close anything). Each run of
+# the app appends its app id to the mark file, so the file counts the runs.
+CHILD = """
+import json, os, signal, sys
+import anyio
+from supervisor import AppDef, DuplicateAppError, Role, Supervisor
+
+mode, mark, log_dir = sys.argv[1:4]
+code = "import os; open(%r, 'a').write(os.environ['ASUPERVISOR_APP_ID'] + '\\\\n')" % mark
+the_app = AppDef(name="once", roles=[Role(name="w", entrypoint=sys.executable, args=["-c", code])])
+
+async def main():
+    async with Supervisor(session="svc") as sv:
+        cfg = {"log_dir": log_dir}
+        try:
+            if mode == "dup":
+                handle = await sv.schedule(sv.dryrun(the_app, "local", cfg, app_id="fixed-1"))
+            else:
+                handle = await sv.submit(the_app, "local", cfg, idempotency_key="job-42")
+        except DuplicateAppError as e:
+            print(json.dumps({"duplicate": str(e)}), flush=True)
+            return
+        status = await sv.wait(handle, timeout=60)
+        print(json.dumps({"handle": handle, "state": status.state.name}), flush=True)
+        if mode == "crash":
+            os.kill(os.getpid(), signal.SIGKILL)
+
+anyio.run(main)
+"""
+
+
+def _children(mode: str, tmp_path: Path, count: int) -> list[dict[str, Any]]:
+    """Start ``count`` child processes at once; their JSON answers, in start order."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD, mode, str(tmp_path / "runs.txt"), str(tmp_path / "l")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(count)
+    ]
+    answers = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=90)
+        assert out.strip(), f"child printed nothing (rc {proc.returncode}): {err[-2000:]}"
+        answers.append(json.loads(out.strip().splitlines()[-1]))
+    return answers
+
+
+def _runs(tmp_path: Path) -> list[str]:
+    mark = tmp_path / "runs.txt"
+    return mark.read_text().splitlines() if mark.exists() else []
+
+
+# ------------------------------------------------------------------ item 10
+
+
+def test_the_same_app_id_from_two_processes_runs_once(state_dir: Path, tmp_path: Path) -> None:
+    answers = _children("dup", tmp_path, 2)
+    launched = [a for a in answers if "handle" in a]
+    refused = [a for a in answers if "duplicate" in a]
+    assert len(launched) == 1 and len(refused) == 1, answers
+    assert launched[0] == {"handle": "local://svc/fixed-1", "state": "SUCCEEDED"}
+    assert "'fixed-1' is already taken" in refused[0]["duplicate"]
+    assert _runs(tmp_path) == ["fixed-1"]
+
+
+def test_concurrent_submits_with_one_key_share_one_run(state_dir: Path, tmp_path: Path) -> None:
+    answers = _children("key", tmp_path, 2)
+    assert answers[0]["handle"] == answers[1]["handle"], answers
+    assert {a["state"] for a in answers} == {"SUCCEEDED"}
+    app_id = answers[0]["handle"].rpartition("/")[2]
+    assert _runs(tmp_path) == [app_id]
+
+
+def test_a_retry_after_a_crash_gets_the_same_handle(state_dir: Path, tmp_path: Path) -> None:
+    (first,) = _children("crash", tmp_path, 1)  # submitted, waited, then SIGKILLed
+    (again,) = _children("key", tmp_path, 1)
+    assert again["handle"] == first["handle"]
+    assert again["state"] == first["state"] == "SUCCEEDED"
+    assert len(_runs(tmp_path)) == 1  # no second run
+    records = list((state_dir / "idempotency" / "local" / "svc").glob("*.json"))
+    assert len(records) == 1 and json.loads(records[0].read_text())["key"] == "job-42"
+
+
+@pytest.mark.anyio
+async def test_a_failed_submit_leaves_the_key_free(state_dir: Path, tmp_path: Path) -> None:
+    good = app(py_role("a", "pass"))
+    async with Supervisor(session="svc") as sv:
+        with pytest.raises(SpecError):
+            await sv.submit(good, "local", {"stop_grace": -1}, idempotency_key="k")
+        handle = await sv.submit(good, "local", idempotency_key="k")
+        assert await sv.submit(good, "local", idempotency_key="k") == handle
+        assert await sv.submit(good, "local", idempotency_key="other") != handle
+        assert (await sv.wait(handle, timeout=30)).state is AppState.SUCCEEDED
+        with pytest.raises(SpecError) as err:
+            await sv.submit(good, "local", idempotency_key="")
+        assert err.value.fields == ("idempotency_key",)
+
+
+@pytest.mark.anyio
+async def test_scheduling_one_dry_run_twice_is_refused(state_dir: Path) -> None:
+    async with Supervisor(session="svc") as sv:
+        info = sv.dryrun(app(py_role("a", "pass")), "local")
+        handle = await sv.schedule(info)
+        with pytest.raises(DuplicateAppError, match="already scheduled"):
+            await sv.schedule(info)
+        assert (await sv.wait(handle, timeout=30)).state is AppState.SUCCEEDED
+    async with Supervisor(session="svc") as other:  # a new Supervisor: the directory says so
+        with pytest.raises(DuplicateAppError) as err:
+            await other.schedule(info)
+        assert err.value.transient is False
+
+
+# ------------------------------------------------------------------- item 5
+
+
+@pytest.mark.parametrize("session", ["..", ".", "s" * 300, "a/b"])
+def test_bad_sessions_are_spec_errors(state_dir: Path, session: str) -> None:
+    with pytest.raises(SpecError) as err:
+        Supervisor(session=session)
+    assert err.value.fields == ("session",)
+
+
+@pytest.mark.anyio
+async def test_bad_values_are_refused_and_the_supervisor_goes_on(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    good = app(py_role("a", "import time; time.sleep(30)"))
+    async with Supervisor(session="svc") as sv:
+        for grace in (math.nan, math.inf, -1.0):
+            with pytest.raises(SpecError) as err:
+                await sv.submit(good, "local", {"stop_grace": grace})
+            assert err.value.fields == ("cfg.stop_grace",)
+        with pytest.raises(SpecError) as err:
+            await sv.submit(app(Role(name="r" * 300, entrypoint="true")), "local")
+        assert err.value.fields == ("roles[0].name",)
+        many = app(Role(name="r", entrypoint="true", num_replicas=10**6))
+        with pytest.raises(SpecError) as err:
+            sv.dryrun(many, "local")
+        assert err.value.fields == ("roles[0].num_replicas",)
+        assert "max_replicas_per_role" in str(err.value)
+        raised = sv.dryrun(
+            app(Role(name="r", entrypoint="true", num_replicas=1500)),
+            "local",
+            {"max_replicas_per_role": 1500},
+        )
+        assert len(raised.request.replicas) == 1500  # type: ignore[attr-defined]
+        for app_id in ("..", "x" * 300):
+            with pytest.raises(SpecError) as err:
+                sv.dryrun(good, "local", app_id=app_id)
+            assert err.value.fields == ("app_id",)
+        with pytest.raises(InvalidHandleError):
+            await sv.describe("local://svc/" + "x" * 300)
+        # An id whose index file name would be too long (each '/' is escaped) names no app.
+        assert await sv.describe("local://svc/" + "/" * 150) is None
+        assert not (state_dir / "logs").exists()  # nothing was launched or written
+
+        # Still works: a zero grace period kills at once.
+        handle = await sv.submit(good, "local", {"stop_grace": 0})
+        await sv.cancel(handle)
+        assert (await sv.wait(handle, timeout=30)).state is AppState.CANCELLED
+
+
+@pytest.mark.anyio
+async def test_since_nan_is_a_spec_error(state_dir: Path) -> None:
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app(py_role("a", "print('hello')")), "local")
+        await sv.wait(handle, timeout=30)
+        with pytest.raises(SpecError) as err:
+            async for _ in sv.log_iter(handle, "a", since=math.nan):
+                pass
+        assert err.value.fields == ("since",)
+        assert [line async for line in sv.log_iter(handle, "a", since=0)] == ["hello\n"]
+
+
+def test_a_relative_log_dir_is_found_from_another_directory(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    work.mkdir()
+    elsewhere.mkdir()
+
+    def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*CLI, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60
+        )
+
+    done = cli(work, "run", "--wait", "--cfg", "log_dir=runs", "--", "echo", "from-relative")
+    assert done.returncode == 0, done.stderr
+    handle = done.stdout.splitlines()[0]
+    app_id = handle.rpartition("/")[2]
+    assert (work / "runs" / getpass_session(handle) / app_id / "app.json").exists()
+    status = cli(elsewhere, "status", handle, "--json")
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["state"] == "SUCCEEDED"
+
+
+def getpass_session(handle: str) -> str:
+    return handle.partition("://")[2].partition("/")[0]
+
+
+# ------------------------------------------------------------------ item 14
+
+
+@pytest.mark.anyio
+async def test_a_roles_error_file_and_log_dir_are_kept(state_dir: Path, tmp_path: Path) -> None:
+    role = py_role(
+        "w",
+        "import json, os, sys;"
+        "print(os.environ['PET_LOG_DIR']);"
+        "open(os.environ['TORCHELASTIC_ERROR_FILE'], 'w').write("
+        "json.dumps({'message': {'message': 'mine'}})); sys.exit(1)",
+        env={
+            "TORCHELASTIC_ERROR_FILE": str(tmp_path / "err-${replica_id}.json"),
+            "PET_LOG_DIR": str(tmp_path / "pet"),
+        },
+    )
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app(role), "local")
+        status = await sv.wait(handle, timeout=30)
+        lines = [line async for line in sv.log_iter(handle, "w")]
+    assert status.state is AppState.FAILED
+    assert "mine" in status.structured_error_msg  # read from the role's own file
+    assert (tmp_path / "err-0.json").exists()
+    assert lines == [f"{tmp_path / 'pet'}\n"]
+
+
+@pytest.mark.anyio
+async def test_a_roles_path_is_joined_with_the_inherited_one(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    tool = bindir / "robust-hello"
+    tool.write_text("#!/bin/sh\necho hi-from-role-path\n")
+    tool.chmod(0o755)
+    script = 'robust-hello && command -v ls >/dev/null && echo inherited-ok && echo "$PATH"'
+    roles = [
+        Role(name="direct", entrypoint="robust-hello", env={"PATH": str(bindir)}),
+        Role(name="shell", entrypoint="sh", args=["-c", script], env={"PATH": str(bindir)}),
+    ]
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app(*roles), "local")
+        status = await sv.wait(handle, timeout=30)
+        direct = [line async for line in sv.log_iter(handle, "direct")]
+        shell = [line async for line in sv.log_iter(handle, "shell")]
+    assert status.state is AppState.SUCCEEDED, status
+    assert direct == ["hi-from-role-path\n"]
+    assert shell[:2] == ["hi-from-role-path\n", "inherited-ok\n"]
+    assert shell[2] == f"{bindir}{os.pathsep}{os.environ['PATH']}\n"
+
+
+def test_run_opts_through_a_partial_or_a_plain_factory(state_dir: Path) -> None:
+    sv = Supervisor(
+        session="svc",
+        backends={
+            "slurm": partial(SlurmBackend, poller=PollerSettings(fast=0.5)),
+            "mine": lambda ctx: LocalBackend(ctx),
+        },
+    )
+    assert "partition" in sv.run_opts("slurm").names  # no backend started for it
+
+    async def plain() -> list[str]:
+        async with sv:
+            return list(sv.run_opts("mine").names)
+
+    assert "stop_grace" in anyio.run(plain)
+
+
+# ------------------------------------------------------------------ item 12
+
+
+def test_trio_is_refused_at_entry_with_a_clear_error(state_dir: Path) -> None:
+    # trio comes with the test extra (pyproject.toml), so this runs everywhere the suite does.
+    async def main() -> None:
+        async with Supervisor(session="svc") as sv:
+            await sv.submit(app(py_role("a", "pass")), "local")
+
+    with pytest.raises(UnsupportedAsyncLibraryError, match="only on asyncio"):
+        anyio.run(main, backend="trio")
+    assert not (state_dir / "logs").exists()

@@ -51,8 +51,11 @@ def test_apply_touches_args_env_values_and_metadata_only() -> None:
 
 
 backends = st.from_regex(r"[A-Za-z][A-Za-z0-9_.+-]{0,10}", fullmatch=True)
-sessions = st.text(min_size=1, max_size=20).filter(lambda s: "/" not in s)
-app_ids = st.text(min_size=1, max_size=40)
+# "." and ".." would name a directory, not an app (issue 8), and NUL ends a path: refused.
+sessions = st.text(min_size=1, max_size=20).filter(
+    lambda s: "/" not in s and "\0" not in s and s not in (".", "..")
+)
+app_ids = st.text(min_size=1, max_size=40).filter(lambda s: "\0" not in s and s not in (".", ".."))
 
 
 @given(backends, sessions, app_ids)

@@ -208,14 +208,31 @@ class Supervisor:
         *,
         app_id: str | None = None,
     ) -> DryRunInfo:
-        """Validate and render the request; no side effects. ``app`` is never mutated."""
+        """Validate and render the request; no side effects. ``app`` is never mutated.
+
+        Run options, the app and ``app_id`` are all checked before one
+        ``SpecError`` lists every problem found in them.
+        """
         impl = self.backend(backend)
-        resolved = impl.run_opts().resolve(cfg)
-        validate(app, impl.capabilities_for(resolved))
+        found: list[SpecError] = []
+        resolved: ResolvedCfg | None = None
+        try:
+            resolved = impl.run_opts().resolve(cfg)
+        except SpecError as e:
+            found.append(e)
+        try:
+            caps = impl.capabilities if resolved is None else impl.capabilities_for(resolved)
+            validate(app, caps)
+        except SpecError as e:
+            found.append(e)
         if app_id is not None:
-            problems = check_name("app_id", app_id, max_length=MAX_APP_ID_LENGTH)
-            if problems:
-                raise SpecError(problems, context="invalid app id")
+            named = check_name("app_id", app_id, max_length=MAX_APP_ID_LENGTH)
+            if named:
+                found.append(SpecError(named, context="invalid app id"))
+        if found:
+            context = found[0].context if len(found) == 1 else "invalid submit"
+            raise SpecError([p for e in found for p in e.problems], context=context)
+        assert resolved is not None  # resolve raised otherwise, and that was re-raised above
         if self._gpus is None:
             self._gpus = _gpu_count()
         ctx = DryrunContext(

@@ -190,6 +190,19 @@ async def test_bad_values_are_refused_and_the_supervisor_goes_on(
             with pytest.raises(SpecError) as err:
                 sv.dryrun(good, "local", app_id=app_id)
             assert err.value.fields == ("app_id",)
+        with pytest.raises(SpecError) as err:  # options, app and id: one error lists them all
+            sv.dryrun(
+                app(Role(name="r", entrypoint="", num_replicas=10**6)),
+                "local",
+                {"stop_grace": math.nan},
+                app_id="..",
+            )
+        assert set(err.value.fields) == {
+            "cfg.stop_grace",
+            "roles[0].entrypoint",
+            "roles[0].num_replicas",
+            "app_id",
+        }
         with pytest.raises(InvalidHandleError):
             await sv.describe("local://svc/" + "x" * 300)
         # An id whose index file name would be too long (each '/' is escaped) names no app.

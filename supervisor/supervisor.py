@@ -123,13 +123,22 @@ class Supervisor:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> None:
+    ) -> bool | None:
         try:
             await self.close()
         finally:
             stack, self._stack = self._stack, None
             if stack is not None:
-                await stack.__aexit__(exc_type, exc, tb)
+                try:
+                    await stack.__aexit__(exc_type, exc, tb)
+                except BaseExceptionGroup as group:
+                    # The task group wraps whatever the block raised, even alone. The
+                    # caller's own exception must come out as itself (``except SpecError``
+                    # around the block must match); returning lets Python re-raise it
+                    # untouched. Genuine concurrent failures stay grouped.
+                    if exc is None or group.exceptions != (exc,):
+                        raise
+        return None
 
     async def close(self) -> None:
         """Cancel the apps still running here, wait for them to stop, release backends."""
@@ -210,9 +219,17 @@ class Supervisor:
             raise
         self._actors[handle] = actor
         tg.start_soon(actor.run, runtime, tg)
-        await actor.settle()
-        # Another process asking right after this returns must find the app as it is.
-        await actor.record_now()
+        try:
+            await actor.settle()
+            # Another process asking right after this returns must find the app as it is.
+            await actor.record_now()
+        except BaseException:
+            # The caller was cancelled (or failed) after the launch: no handle reaches it,
+            # so nobody could ever stop this app. Stop what was started, then go on raising.
+            with anyio.CancelScope(shield=True):
+                actor.request_cancel("the submit was cancelled before it returned")
+                await actor.done.wait()
+            raise
         return handle
 
     async def submit(

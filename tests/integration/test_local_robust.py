@@ -1,0 +1,111 @@
+"""What a caller sees when things go wrong around the Supervisor: real processes, real files.
+
+Exceptions raised in the ``async with`` block come out as themselves, a
+cancelled submit leaves nothing running, and an app whose supervising
+process died is reported UNKNOWN down to its replicas, with followers of its
+logs released at once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import anyio
+import pytest
+
+from supervisor import (
+    AppState,
+    ReplicaState,
+    SpecError,
+    Supervisor,
+    UnknownAppError,
+)
+
+from .helpers import app, pid_gone_within, py_role
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
+
+
+# ------------------------------------------------------------------ item 8
+async def test_users_own_exception_leaves_the_block_unwrapped(state_dir: Path) -> None:
+    with pytest.raises(KeyError, match="mine"):
+        async with Supervisor(session="svc") as sv:
+            handle = await sv.submit(app(py_role("s", "import time; time.sleep(60)")), "local")
+            raise KeyError("mine")
+    # Closing still stopped what the block started.
+    async with Supervisor(session="svc") as sv:
+        described = await sv.describe(handle)
+    assert described is not None and described.state is AppState.CANCELLED
+
+
+async def test_library_errors_in_the_block_are_catchable_by_their_type(state_dir: Path) -> None:
+    caught: list[type[BaseException]] = []
+    try:
+        async with Supervisor(session="svc") as sv:
+            sv.dryrun(app(py_role("", "pass")), "local")  # an empty role name: invalid
+    except SpecError:
+        caught.append(SpecError)
+    try:
+        async with Supervisor(session="svc") as sv:
+            await sv.wait("local://svc/no-such-app")
+    except UnknownAppError:
+        caught.append(UnknownAppError)
+    assert caught == [SpecError, UnknownAppError]
+
+
+# ------------------------------------------------------------------ item 9
+def _running_with(token: str) -> list[int]:
+    """Pids of live (non-zombie) processes whose command line contains ``token``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        if token.encode() in cmdline and stat.rpartition(")")[2].split()[0] != "Z":
+            found.append(int(entry))
+    return found
+
+
+async def test_a_cancelled_submit_leaves_no_replica_running(state_dir: Path) -> None:
+    """The caller's task is cancelled at every point of submit in turn (a few loop steps
+    later each time, until submit returns first): whenever no handle came back, nothing
+    of the app may still run."""
+    exercised_after_spawn = 0
+    async with Supervisor(session="svc") as sv:
+        # Loop steps, not seconds: the cancel lands ever later until submit outruns it.
+        for steps in range(5000):
+            token = f"asv-cancelled-submit-{os.getpid()}-{steps}"
+            role = py_role("s", "import time; time.sleep(600)", args=[token], num_replicas=2)
+            info = sv.dryrun(app(role), "local")
+            handles: list[str] = []
+            with anyio.CancelScope() as scope:
+
+                async def cancel_after(n: int, scope: anyio.CancelScope = scope) -> None:
+                    for _ in range(n):
+                        await anyio.lowlevel.checkpoint()
+                    scope.cancel()
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(cancel_after, steps)
+                    handles.append(await sv.schedule(info))
+            if handles:
+                await sv.cancel(handles[0])
+                await sv.wait(handles[0], timeout=30)
+            else:
+                app_dir = Path(info.request.app_dir)  # type: ignore[attr-defined]
+                if (app_dir / "transitions.jsonl").exists():
+                    exercised_after_spawn += 1
+            assert _running_with(token) == [], f"cancelled after {steps} steps"
+            if handles:
+                break
+    # The sweep reached the window this guards: processes spawned, no handle returned.
+    assert exercised_after_spawn > 0

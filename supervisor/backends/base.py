@@ -65,10 +65,13 @@ class AppNotice:
     """A condition worth showing in the app's status ``msg`` while it lasts ("" clears it).
 
     For trouble that changes no state: a scheduler that does not answer, a
-    state the backend does not know.
+    state the backend does not know. ``fatal``: the backend lost track of the
+    app and cannot go on; the app then ends as UNKNOWN with this message, after
+    its replicas were asked to stop.
     """
 
     message: str
+    fatal: bool = False
 
 
 EventSink = Callable[[ReplicaEvent | AppCancelRequested | AppNotice], None]

@@ -94,7 +94,8 @@ class _Writer:
         self._open: OrderedDict[Path, None] = OrderedDict()
         self._max_open = max_open_replicas
         self._error_lock = threading.Lock()
-        self._error: BackendError | None = None
+        # The first failure per directory: one app's full disk is not another's news.
+        self._errors: dict[Path, BackendError] = {}
 
     def run(self) -> None:
         while True:
@@ -104,17 +105,21 @@ class _Writer:
             self._handle(item)
         self._shutdown()
 
-    def take_error(self) -> BackendError | None:
+    def take_error(self, directory: Path | None = None) -> BackendError | None:
+        """The kept failure of ``directory`` (of any directory when None), forgetting it."""
         with self._error_lock:
-            error, self._error = self._error, None
-        return error
+            if directory is not None:
+                return self._errors.pop(directory, None)
+            if not self._errors:
+                return None
+            return self._errors.pop(next(iter(self._errors)))
 
     def _record(self, exc: BaseException, directory: Path) -> None:
         with self._error_lock:
-            if self._error is None:
+            if directory not in self._errors:
                 error = BackendError(f"writing logs to {directory} failed: {exc}", transient=False)
                 error.__cause__ = exc
-                self._error = error
+                self._errors[directory] = error
 
     def _handle(self, item: _Item) -> None:
         if isinstance(item, _Barrier):
@@ -212,9 +217,11 @@ class LogSink:
     """Appends replica output to log files from one lazily started writer thread.
 
     ``write`` and ``end_stream`` are for the event loop thread and never block.
-    Write failures (disk full, directory removed) are kept and raised, once,
-    as ``BackendError(transient=False)`` by the next ``flush`` (or by
-    ``close``/``aclose`` when no flush came), so they are never silent.
+    Write failures (disk full, directory removed) are kept per directory and
+    raised, once, as ``BackendError(transient=False)`` by the next ``flush``
+    of that directory (or of any, for a ``flush()`` without one; or by
+    ``close``/``aclose`` when no flush came), so they are never silent and
+    never reported to a replica whose own files are fine.
 
     The thread is not a daemon so queued output is not lost at exit; call
     ``aclose`` (or ``close`` outside async code). A sink that is garbage
@@ -255,22 +262,27 @@ class LogSink:
             raise ValueError(f"stream must be 'stdout' or 'stderr', not {stream!r}")
         self._submit(_End(log.directory, stream), strict=False)
 
-    async def flush(self) -> None:
-        """Return once everything queued before the call is written (no fsync)."""
+    async def flush(self, log: ReplicaLog | None = None) -> None:
+        """Return once everything queued before the call is written (no fsync).
+
+        Then raise the kept write failure of ``log``'s directory, or, without
+        ``log``, of any directory.
+        """
+        directory = None if log is None else log.directory
         loop = asyncio.get_running_loop()
         pending = self._barrier
         if pending is not None and pending[0] == self._submitted and not pending[1].done():
             # Nothing was queued since that barrier: many replicas ending at once
             # share one round trip to the writer thread.
             await asyncio.shield(pending[1])
-            self._raise_pending()
+            self._raise_pending(directory)
             return
         future: asyncio.Future[None] = loop.create_future()
         # Without a thread nothing was ever queued: no reason to start one.
         if self._submit(_Barrier(loop, future), strict=False, start=False):
             self._barrier = (self._submitted, future)
             await asyncio.shield(future)
-        self._raise_pending()
+        self._raise_pending(directory)
 
     def close(self) -> None:
         """Write everything queued, close all files, stop the thread. Blocks; idempotent."""
@@ -321,7 +333,7 @@ class LogSink:
                     self._writer.queue.put(_STOP)
             return self._thread
 
-    def _raise_pending(self) -> None:
-        error = self._writer.take_error()
+    def _raise_pending(self, directory: Path | None = None) -> None:
+        error = self._writer.take_error(directory)
         if error is not None:
             raise error

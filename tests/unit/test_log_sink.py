@@ -152,6 +152,22 @@ async def test_write_error_surfaces_from_the_next_flush(sink: LogSink, tmp_path:
 
 
 @pytest.mark.anyio
+async def test_a_write_error_is_reported_to_its_own_replica_only(
+    sink: LogSink, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_bytes(b"")
+    broken = sink.open(blocker / "replica")
+    healthy = sink.open(tmp_path / "ok")
+    sink.write(broken, "stdout", b"lost\n", 1.0)
+    sink.write(healthy, "stdout", b"fine\n", 2.0)
+    await sink.flush(healthy)  # the other replica's failure is not this one's news
+    with pytest.raises(BackendError, match="not-a-directory"):
+        await sink.flush(broken)
+    await sink.flush()  # reported once
+
+
+@pytest.mark.anyio
 async def test_directory_removed_under_the_sink_is_reported(sink: LogSink, tmp_path: Path) -> None:
     directory = tmp_path / "gone"
     log = sink.open(directory)

@@ -144,7 +144,7 @@ class LocalRuntime(AppRuntime):
             code = await proc.follow()
             self._backend.reaper.unregister(proc.pid)
             try:
-                await self._backend.log_sink.flush()
+                await self._backend.log_sink.flush(self._logs[key])
             except BackendError as e:
                 # A log write failed (a full disk, a removed log dir): the app hears of
                 # it; the exit is still reported, and no other app is taken down.
@@ -166,6 +166,11 @@ class LocalRuntime(AppRuntime):
                     structured_error_msg=error,
                 )
             )
+        except Exception as exc:
+            # This runs in the Supervisor's task group: an error escaping would stop
+            # every app. It is this app's end instead (its actor stops the rest).
+            proc.kill_now()
+            self.emit(AppNotice(message=f"following {key[0]}/{key[1]} failed: {exc}", fatal=True))
         finally:
             done.set()
 

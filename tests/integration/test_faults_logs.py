@@ -1,0 +1,111 @@
+"""Faults injected for real: a full file system, a removed app directory, huge lines.
+
+The full disk is a real 2 MB tmpfs mounted by the test (it needs root: the
+test says why it skips otherwise); the removed directory is really removed
+while the replica runs; the huge line is really written by a replica. In
+every case the faulty app hears of it and every other app is untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from supervisor import AppState, Supervisor
+
+
+from .helpers import app, py_role
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
+
+WRITE_20MB = "import sys\nfor _ in range(20):\n    sys.stdout.write('x' * (1 << 20) + '\\n')\n"
+SLOW_OK = "import time; time.sleep(1); print('fine', flush=True)"
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A real 2 MB tmpfs, unmounted afterwards."""
+    mount_point = tmp_path / "small-tmpfs"
+    mount_point.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root; this test runs as a normal user")
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount_point)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+async def _stdout(sv: Supervisor, handle: str, role: str) -> list[str]:
+    return [line async for line in sv.log_iter(handle, role, 0, streams="stdout")]
+
+
+async def test_a_full_disk_is_its_apps_problem_only(small_tmpfs: Path, tmp_path: Path) -> None:
+    async with Supervisor(session="svc", state_dir=tmp_path / "state") as sv:
+        full = await sv.submit(
+            app(py_role("w", WRITE_20MB), name="full"), "local", cfg={"log_dir": str(small_tmpfs)}
+        )
+        other = await sv.submit(
+            app(py_role("ok", SLOW_OK), name="other"), "local", cfg={"log_dir": str(tmp_path)}
+        )
+        with anyio.fail_after(60):
+            other_status = await sv.wait(other)
+            full_status = await sv.wait(full)
+        assert other_status.state is AppState.SUCCEEDED, other_status
+        assert "No space left on device" not in other_status.msg
+        assert await _stdout(sv, other, "ok") == ["fine\n"]
+        # The full-disk app ran to its end and says what went wrong.
+        assert full_status.is_terminal, full_status
+        assert "No space left on device" in full_status.msg, full_status
+        # The Supervisor keeps working: a new app runs to the end.
+        later = await sv.submit(app(py_role("ok", SLOW_OK)), "local", cfg={"log_dir": str(tmp_path)})
+        with anyio.fail_after(60):
+            assert (await sv.wait(later)).state is AppState.SUCCEEDED
+
+
+async def test_a_removed_app_directory_is_its_apps_problem_only(tmp_path: Path) -> None:
+    doomed_dir = tmp_path / "doomed"
+    code = (
+        "import os, sys, time\n"
+        "print('before', flush=True)\n"
+        f"while os.path.exists({str(doomed_dir)!r}): time.sleep(0.05)\n"
+        "print('after', flush=True)\n"
+    )
+    async with Supervisor(session="svc", state_dir=tmp_path / "state") as sv:
+        doomed = await sv.submit(
+            app(py_role("w", code), name="doomed"), "local", cfg={"log_dir": str(doomed_dir)}
+        )
+        other = await sv.submit(
+            app(py_role("ok", "import time; time.sleep(2); print('fine', flush=True)")),
+            "local",
+            cfg={"log_dir": str(tmp_path / "kept")},
+        )
+        with anyio.fail_after(30):
+            async for _ in sv.log_iter(doomed, "w", 0, should_tail=True):
+                break  # 'before' was written: the directory is in use
+        await anyio.to_thread.run_sync(shutil.rmtree, doomed_dir)
+        with anyio.fail_after(60):
+            other_status = await sv.wait(other)
+            doomed_status = await sv.wait(doomed)
+        assert other_status.state is AppState.SUCCEEDED, other_status
+        assert other_status.msg == ""
+        assert doomed_status.is_terminal, doomed_status
+        assert "No such file or directory" in doomed_status.msg, doomed_status
+        later = await sv.submit(app(py_role("ok", SLOW_OK)), "local", cfg={"log_dir": str(tmp_path)})
+        with anyio.fail_after(60):
+            assert (await sv.wait(later)).state is AppState.SUCCEEDED

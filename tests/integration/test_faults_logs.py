@@ -13,16 +13,19 @@ import os
 import shutil
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import anyio
 import pytest
 
 from supervisor import AppState, Supervisor
+from supervisor.backends.base import EventSink, Request
+from supervisor.backends.local.backend import LocalBackend, LocalRuntime
+from supervisor.events import ReplicaKey
 
 
-from .helpers import app, py_role
+from .helpers import app, py_role, running_with
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
@@ -109,3 +112,46 @@ async def test_a_removed_app_directory_is_its_apps_problem_only(tmp_path: Path) 
         later = await sv.submit(app(py_role("ok", SLOW_OK)), "local", cfg={"log_dir": str(tmp_path)})
         with anyio.fail_after(60):
             assert (await sv.wait(later)).state is AppState.SUCCEEDED
+
+
+class _RestartBug(LocalBackend):
+    """The local backend with a bug injected into restarts.
+
+    A fake on purpose: no real fault makes ``restart`` raise an unexpected
+    error on demand, and the point is what such a bug does to the other apps.
+    """
+
+    async def launch(self, request: Request, sink: EventSink) -> LocalRuntime:
+        runtime = await super().launch(request, sink)
+
+        async def restart(attempts: Sequence[tuple[ReplicaKey, int]], reason: str) -> None:
+            raise RuntimeError("injected restart bug")
+
+        runtime.restart = restart  # type: ignore[method-assign]
+        return runtime
+
+
+async def test_an_unexpected_error_ends_its_app_only(tmp_path: Path) -> None:
+    token = f"asv-abandoned-{uuid.uuid4().hex}"
+    crash = py_role("crash", "import sys; sys.exit(1)", max_retries=1)
+    sleeper = py_role("sleeper", "import time; time.sleep(600)", args=[token])
+    async with Supervisor(
+        session="svc", state_dir=tmp_path / "state", backends={"buggy": _RestartBug}
+    ) as sv:
+        broken = await sv.submit(app(crash, sleeper, name="broken"), "buggy")
+        other = await sv.submit(app(py_role("ok", SLOW_OK)), "local")
+        with anyio.fail_after(60):
+            broken_status = await sv.wait(broken)
+            other_status = await sv.wait(other)
+        assert broken_status.state is AppState.UNKNOWN, broken_status
+        assert "injected restart bug" in broken_status.msg
+        # Its replicas were stopped, not left running unsupervised.
+        assert running_with(token) == []
+        assert other_status.state is AppState.SUCCEEDED, other_status
+        later = await sv.submit(app(py_role("ok", SLOW_OK)), "local")
+        with anyio.fail_after(60):
+            assert (await sv.wait(later)).state is AppState.SUCCEEDED
+    # Other processes read the same end.
+    async with Supervisor(session="svc", state_dir=tmp_path / "state") as reader:
+        described = await reader.describe(broken.replace("buggy://", "local://"))
+    assert described is not None and described.state is AppState.UNKNOWN

@@ -26,7 +26,7 @@ from supervisor import (
     UnknownAppError,
 )
 
-from .helpers import app, pid_gone_within, py_role
+from .helpers import app, pid_gone_within, py_role, running_with
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
@@ -59,22 +59,6 @@ async def test_library_errors_in_the_block_are_catchable_by_their_type(state_dir
 
 
 # ------------------------------------------------------------------ item 9
-def _running_with(token: str) -> list[int]:
-    """Pids of live (non-zombie) processes whose command line contains ``token``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        if token.encode() in cmdline and stat.rpartition(")")[2].split()[0] != "Z":
-            found.append(int(entry))
-    return found
-
-
 async def test_a_cancelled_submit_leaves_no_replica_running(state_dir: Path) -> None:
     """The caller's task is cancelled at every point of submit in turn (a few loop steps
     later each time, until submit returns first): whenever no handle came back, nothing
@@ -104,7 +88,7 @@ async def test_a_cancelled_submit_leaves_no_replica_running(state_dir: Path) -> 
                 app_dir = Path(info.request.app_dir)  # type: ignore[attr-defined]
                 if (app_dir / "transitions.jsonl").exists():
                     exercised_after_spawn += 1
-            assert _running_with(token) == [], f"cancelled after {steps} steps"
+            assert running_with(token) == [], f"cancelled after {steps} steps"
             if handles:
                 break
     # The sweep reached the window this guards: processes spawned, no handle returned.

@@ -7,6 +7,12 @@ writer thread through an unbounded queue, so the loop only pays for a
 mean a thousand threads, and a single consumer keeps arrival order, which is
 what ``combined.log`` interleaves by.
 
+The queue is unbounded in items but not in effect: readers of replica pipes
+ask ``room()`` before each read, which waits while more than
+``QUEUED_BYTES_HIGH`` bytes are queued. A replica writing faster than the disk
+takes its output is slowed to the disk's pace (its pipe fills, its writes
+block) instead of growing the supervisor's memory without limit.
+
 Files are opened lazily and closed once both streams of an attempt ended, so
 idle replicas hold no descriptors; running ones are capped by an LRU of open
 replicas because a process has far fewer descriptors than a cluster has
@@ -34,6 +40,11 @@ from supervisor.logs.files import STREAM_IDS, ReplicaFiles, StreamName
 __all__ = ["LogSink", "ReplicaLog", "StreamName"]
 
 _STREAMS: Final[tuple[StreamName, ...]] = ("stdout", "stderr")
+
+QUEUED_BYTES_HIGH: Final = 8 << 20
+"""Bytes waiting for the writer thread above which ``room()`` makes readers wait."""
+QUEUED_BYTES_LOW: Final = 2 << 20
+"""Readers waiting for room are released once the backlog fell to this."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +104,11 @@ class _Writer:
         self._replicas: dict[Path, ReplicaFiles] = {}
         self._open: OrderedDict[Path, None] = OrderedDict()
         self._max_open = max_open_replicas
+        # Bytes of _Write items queued and not yet written, and who waits for room.
+        self._backlog_lock = threading.Lock()
+        self._backlog = 0
+        self._room_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._stopped = False  # the thread ended: nobody will ever make room again
         self._error_lock = threading.Lock()
         # The first failure per directory: one app's full disk is not another's news.
         self._errors: dict[Path, BackendError] = {}
@@ -103,7 +119,39 @@ class _Writer:
             if isinstance(item, _Stop):
                 break
             self._handle(item)
+            if isinstance(item, _Write):
+                self.written(len(item.data))
         self._shutdown()
+        self.release_waiters()
+
+    def queued(self, size: int) -> None:
+        with self._backlog_lock:
+            self._backlog += size
+
+    def written(self, size: int) -> None:
+        with self._backlog_lock:
+            self._backlog -= size
+            if self._backlog > QUEUED_BYTES_LOW or not self._room_waiters:
+                return
+            waiters, self._room_waiters = self._room_waiters, []
+        for loop, future in waiters:
+            _set_later(loop, future)
+
+    def release_waiters(self) -> None:
+        with self._backlog_lock:
+            self._stopped = True
+            waiters, self._room_waiters = self._room_waiters, []
+        for loop, future in waiters:
+            _set_later(loop, future)
+
+    def wait_for_room(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None] | None:
+        """None when the backlog is small; else a future set once it shrank."""
+        with self._backlog_lock:
+            if self._backlog <= QUEUED_BYTES_HIGH or self._stopped:
+                return None
+            future: asyncio.Future[None] = loop.create_future()
+            self._room_waiters.append((loop, future))
+            return future
 
     def take_error(self, directory: Path | None = None) -> BackendError | None:
         """The kept failure of ``directory`` (of any directory when None), forgetting it."""
@@ -203,9 +251,13 @@ class _Writer:
 
 
 def _resolve_later(barrier: _Barrier) -> None:
+    _set_later(barrier.loop, barrier.future)
+
+
+def _set_later(loop: asyncio.AbstractEventLoop, future: asyncio.Future[None]) -> None:
     # The loop may be gone (closed without waiting); then nobody is waiting.
     with contextlib.suppress(RuntimeError):
-        barrier.loop.call_soon_threadsafe(_set_done, barrier.future)
+        loop.call_soon_threadsafe(_set_done, future)
 
 
 def _set_done(future: asyncio.Future[None]) -> None:
@@ -248,7 +300,24 @@ class LogSink:
         if stream not in STREAM_IDS:
             raise ValueError(f"stream must be 'stdout' or 'stderr', not {stream!r}")
         if data:
-            self._submit(_Write(log.directory, stream, bytes(data), at))
+            self._writer.queued(len(data))
+            try:
+                self._submit(_Write(log.directory, stream, bytes(data), at))
+            except BaseException:
+                self._writer.written(len(data))
+                raise
+
+    async def room(self) -> None:
+        """Return once the writer's backlog is small enough to queue more; usually at once.
+
+        Readers of replica output call this before each read, so a replica
+        that writes faster than the disk is slowed down, not buffered in memory.
+        """
+        if self._closed or self._thread is None:
+            return
+        future = self._writer.wait_for_room(asyncio.get_running_loop())
+        if future is not None:
+            await future
 
     def end_stream(self, log: ReplicaLog, stream: StreamName) -> None:
         """The pipe of ``stream`` hit EOF for this attempt.

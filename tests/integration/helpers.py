@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import select
 import sys
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 
 from supervisor import AppDef, RetryPolicy, Role
 

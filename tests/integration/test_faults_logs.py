@@ -8,7 +8,6 @@ every case the faulty app hears of it and every other app is untouched.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import subprocess
@@ -23,7 +22,7 @@ from supervisor import AppState, Supervisor
 from supervisor.backends.base import EventSink, Request
 from supervisor.backends.local.backend import LocalBackend, LocalRuntime
 from supervisor.events import ReplicaKey
-
+from supervisor.logs.lines import MAX_LINE_BYTES
 
 from .helpers import app, py_role, running_with
 
@@ -76,7 +75,9 @@ async def test_a_full_disk_is_its_apps_problem_only(small_tmpfs: Path, tmp_path:
         assert full_status.is_terminal, full_status
         assert "No space left on device" in full_status.msg, full_status
         # The Supervisor keeps working: a new app runs to the end.
-        later = await sv.submit(app(py_role("ok", SLOW_OK)), "local", cfg={"log_dir": str(tmp_path)})
+        later = await sv.submit(
+            app(py_role("ok", SLOW_OK)), "local", cfg={"log_dir": str(tmp_path / "later")}
+        )
         with anyio.fail_after(60):
             assert (await sv.wait(later)).state is AppState.SUCCEEDED
 
@@ -109,7 +110,9 @@ async def test_a_removed_app_directory_is_its_apps_problem_only(tmp_path: Path) 
         assert other_status.msg == ""
         assert doomed_status.is_terminal, doomed_status
         assert "No such file or directory" in doomed_status.msg, doomed_status
-        later = await sv.submit(app(py_role("ok", SLOW_OK)), "local", cfg={"log_dir": str(tmp_path)})
+        later = await sv.submit(
+            app(py_role("ok", SLOW_OK)), "local", cfg={"log_dir": str(tmp_path / "later")}
+        )
         with anyio.fail_after(60):
             assert (await sv.wait(later)).state is AppState.SUCCEEDED
 
@@ -155,3 +158,71 @@ async def test_an_unexpected_error_ends_its_app_only(tmp_path: Path) -> None:
     async with Supervisor(session="svc", state_dir=tmp_path / "state") as reader:
         described = await reader.describe(broken.replace("buggy://", "local://"))
     assert described is not None and described.state is AppState.UNKNOWN
+
+
+def _peak_rss_reset() -> None:
+    """Start a new peak-RSS measurement for this process (Linux: clear_refs value 5)."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def _peak_rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM in /proc/self/status")
+
+
+async def test_an_endless_line_keeps_the_supervisors_memory_bounded(tmp_path: Path) -> None:
+    size = 64 * MAX_LINE_BYTES  # 64 MiB without a single newline
+    code = (
+        "import sys\n"
+        "block = b'0123456789abcdef' * 65536\n"
+        f"for _ in range({size} // len(block)):\n"
+        "    sys.stdout.buffer.write(block)\n"
+        "sys.stdout.flush()\n"
+    )
+    async with Supervisor(session="svc", state_dir=tmp_path / "state") as sv:
+        _peak_rss_reset()
+        before = _peak_rss_bytes()
+        handle = await sv.submit(app(py_role("w", code)), "local", cfg={"log_dir": str(tmp_path)})
+        with anyio.fail_after(120):
+            status = await sv.wait(handle)
+        grown = _peak_rss_bytes() - before
+        assert status.state is AppState.SUCCEEDED, status
+        # Holding the line whole would cost the line at least once (64 MiB).
+        assert grown < size // 2, f"peak RSS grew by {grown} bytes"
+        app_dir = tmp_path / "svc" / handle.rpartition("/")[2] / "w" / "0"
+        assert (await anyio.Path(app_dir / "stdout.log").stat()).st_size == size
+        # Read back in pieces, each bounded, nothing lost.
+        total = 0
+        async for piece in sv.log_iter(handle, "w", 0, streams="stdout"):
+            assert len(piece) <= MAX_LINE_BYTES
+            assert piece.strip("0123456789abcdef") == ""
+            total += len(piece)
+        assert total == size
+    combined = (await anyio.Path(app_dir / "combined.log").stat()).st_size
+    assert combined == size + size // MAX_LINE_BYTES - 1  # a newline after every cut piece
+
+
+async def test_an_attempts_last_line_stays_apart_from_the_next(tmp_path: Path) -> None:
+    code = (
+        "import os, sys\n"
+        "if os.environ['ASUPERVISOR_ATTEMPT'] == '0':\n"
+        "    sys.stdout.write('first attempt, no newline'); sys.stdout.flush()\n"
+        "    sys.stderr.write('dying'); sys.stderr.flush()\n"
+        "    sys.exit(1)\n"
+        "print('second attempt')\n"
+        "print('oops', file=sys.stderr)\n"
+    )
+    async with Supervisor(session="svc", state_dir=tmp_path / "state") as sv:
+        handle = await sv.submit(
+            app(py_role("w", code, max_retries=1)), "local", cfg={"log_dir": str(tmp_path)}
+        )
+        with anyio.fail_after(60):
+            assert (await sv.wait(handle)).state is AppState.SUCCEEDED
+        out = [line async for line in sv.log_iter(handle, "w", 0, streams="stdout")]
+        err = [line async for line in sv.log_iter(handle, "w", 0, streams="stderr")]
+        combined = [line async for line in sv.log_iter(handle, "w", 0)]
+    assert out == ["first attempt, no newline\n", "second attempt\n"]
+    assert err == ["dying\n", "oops\n"]
+    assert sorted(combined) == sorted(out + err)

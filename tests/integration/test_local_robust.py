@@ -33,10 +33,18 @@ pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
 # ------------------------------------------------------------------ item 8
 async def test_users_own_exception_leaves_the_block_unwrapped(state_dir: Path) -> None:
-    with pytest.raises(KeyError, match="mine"):
+    handles: list[str] = []
+
+    async def block() -> None:
         async with Supervisor(session="svc") as sv:
-            handle = await sv.submit(app(py_role("s", "import time; time.sleep(60)")), "local")
+            handles.append(
+                await sv.submit(app(py_role("s", "import time; time.sleep(60)")), "local")
+            )
             raise KeyError("mine")
+
+    with pytest.raises(KeyError, match="mine"):
+        await block()
+    handle = handles[0]
     # Closing still stopped what the block started.
     async with Supervisor(session="svc") as sv:
         described = await sv.describe(handle)

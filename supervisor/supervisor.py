@@ -12,7 +12,7 @@ from __future__ import annotations
 import getpass
 import os
 import secrets
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from datetime import datetime
@@ -83,6 +83,22 @@ class DryRunInfo:
 
     def __str__(self) -> str:
         return str(self.request)
+
+
+async def _set_when_ended(
+    ended: Callable[[], Awaitable[None]], finished: anyio.Event, stop: anyio.Event
+) -> None:
+    """Set ``finished`` once ``ended`` returns; give up when ``stop`` is set (follow over)."""
+    async with anyio.create_task_group() as tg:
+
+        async def wait_ended() -> None:
+            await ended()
+            finished.set()
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(wait_ended)
+        await stop.wait()
+        tg.cancel_scope.cancel()
 
 
 class Supervisor:
@@ -322,19 +338,28 @@ class Supervisor:
         """Lines of one replica's output, each with its ``\\n``; see logs.iter_log_lines."""
         stream = parse_streams(streams)
         target, finished = await self._log_target(handle, role_name, k)
-        async for line in iter_log_lines(
-            target.directory,
-            stream=stream,
-            regex=regex,
-            since=since,
-            until=until,
-            should_tail=should_tail,
-            is_finished=target.is_finished,
-            extra_watch_dirs=target.watch_dirs,
-            finished_event=finished,
-            watch_hub=self._watch_hub,
-        ):
-            yield line
+        stop_watching = anyio.Event()
+        if finished is None and target.ended is not None and should_tail:
+            # The backend has an event for "no more output" (another process's app
+            # whose owner died): it ends the follow at once.
+            finished = anyio.Event()
+            self._task_group().start_soon(_set_when_ended, target.ended, finished, stop_watching)
+        try:
+            async for line in iter_log_lines(
+                target.directory,
+                stream=stream,
+                regex=regex,
+                since=since,
+                until=until,
+                should_tail=should_tail,
+                is_finished=target.is_finished,
+                extra_watch_dirs=target.watch_dirs,
+                finished_event=finished,
+                watch_hub=self._watch_hub,
+            ):
+                yield line
+        finally:
+            stop_watching.set()
 
     async def _log_target(
         self, handle: str, role: str, k: int

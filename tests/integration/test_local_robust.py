@@ -26,7 +26,7 @@ from supervisor import (
     UnknownAppError,
 )
 
-from .helpers import app, pid_gone_within, py_role, running_with
+from .helpers import app, py_role, running_with
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
@@ -101,3 +101,66 @@ async def test_a_cancelled_submit_leaves_no_replica_running(state_dir: Path) -> 
                 break
     # The sweep reached the window this guards: processes spawned, no handle returned.
     assert exercised_after_spawn > 0
+
+
+# ------------------------------------------------------------------ item 11
+OWNER = textwrap.dedent(
+    """
+    import asyncio, sys
+    from supervisor import AppDef, Role, Supervisor
+
+    async def main() -> None:
+        code = "import time\\nwhile True:\\n    print('tick', flush=True); time.sleep(0.2)\\n"
+        role = Role(name="w", entrypoint=sys.executable, args=["-c", code], num_replicas=2)
+        async with Supervisor(session="owner") as sv:
+            handle = await sv.submit(AppDef(name="o", roles=[role]), "local")
+            print("HANDLE", handle, flush=True)
+            await sv.wait(handle)
+
+    asyncio.run(main())
+    """
+)
+
+
+def _start_owner(tmp_path: Path) -> tuple[subprocess.Popen[str], str]:
+    script = tmp_path / "owner.py"
+    script.write_text(OWNER)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.startswith("HANDLE "), line
+    return proc, line.split()[1]
+
+
+async def test_a_dead_owners_app_is_unknown_down_to_its_replicas(state_dir: Path) -> None:
+    owner, handle = await anyio.to_thread.run_sync(_start_owner, state_dir.parent)
+    try:
+        async with Supervisor(session="reader") as sv:
+            lines: list[str] = []
+
+            async def follow() -> None:
+                async for line in sv.log_iter(handle, "w", 1, should_tail=True):
+                    lines.append(line)
+                    if len(lines) == 2:
+                        owner.send_signal(signal.SIGKILL)
+
+            # The follower must end soon after the owner died: the owner's death is an
+            # event (its pidfd), not something noticed at the next 30 s re-check.
+            with anyio.fail_after(15):
+                await follow()
+            assert lines[:2] == ["tick\n", "tick\n"]
+            described = await sv.describe(handle)
+    finally:
+        owner.kill()
+        await anyio.to_thread.run_sync(owner.wait)
+        assert owner.stdout is not None
+        owner.stdout.close()
+    assert described is not None
+    assert described.state is AppState.UNKNOWN
+    assert "ended without recording a final state" in described.msg
+    replicas = [r for role in described.roles_statuses for r in role.replicas]
+    assert len(replicas) == 2
+    assert {r.state for r in replicas} == {ReplicaState.UNKNOWN}

@@ -12,7 +12,7 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
@@ -36,11 +36,17 @@ from supervisor.backends.local.request import LocalRequest, ReplicaLaunch, local
 from supervisor.backends.store import CANCEL_REQUEST, AppStore, Index, Owner
 from supervisor.errors import BackendError, SubmitError
 from supervisor.events import Exited, ReplicaKey, Started, Submitted
-from supervisor.fsm.states import AppState
+from supervisor.fsm.states import TERMINAL, AppState, ReplicaState
 from supervisor.logs import LogSink, ReplicaLog
 from supervisor.runopts import ResolvedCfg, RunOpts
 from supervisor.specs import AppDef, AppHandle, RetryPolicy, make_handle
-from supervisor.status import AppStatus, DescribeAppResponse, ListAppResponse, Transition
+from supervisor.status import (
+    AppStatus,
+    DescribeAppResponse,
+    ListAppResponse,
+    RoleStatus,
+    Transition,
+)
 from supervisor.validate import Capabilities
 
 __all__ = ["LocalBackend"]
@@ -245,6 +251,21 @@ async def _process_exit(pid: int) -> None:
         os.close(pidfd)
 
 
+async def _owner_exit(owner: Owner) -> None:
+    """Return when the app's supervising process exits; at once if it already has."""
+    try:
+        pidfd = os.pidfd_open(owner.pid)
+    except ProcessLookupError:
+        return
+    try:
+        # The pidfd pins the process; a pid already reused by another is no owner.
+        if not await anyio.to_thread.run_sync(owner.alive):
+            return
+        await anyio.wait_readable(pidfd)
+    finally:
+        os.close(pidfd)
+
+
 async def _first_of(*waits: Callable[[], Awaitable[object]]) -> None:
     """Return when the first of ``waits`` does; the others are cancelled."""
     async with anyio.create_task_group() as tg:
@@ -350,7 +371,19 @@ class LocalBackend(Backend):
                 num_restarts=status.num_restarts,
                 msg=f"the supervising process (pid {owner.pid}) ended without "
                 "recording a final state",
-                roles=status.roles,
+                # Nobody follows its replicas any more: what they do is unknown too.
+                roles=tuple(
+                    RoleStatus(
+                        role.role,
+                        tuple(
+                            r
+                            if r.state.name in TERMINAL
+                            else replace(r, state=ReplicaState.UNKNOWN)
+                            for r in role.replicas
+                        ),
+                    )
+                    for role in status.roles
+                ),
             )
         return status, app
 
@@ -429,7 +462,17 @@ class LocalBackend(Backend):
 
     async def log_target(self, handle: AppHandle, role: str, replica_id: int) -> LogTarget | None:
         store = await self._store_for(handle)
-        return None if store is None else self.make_log_target(store, role, replica_id)
+        if store is None:
+            return None
+        target = self.make_log_target(store, role, replica_id)
+        app = await anyio.to_thread.run_sync(store.read_app)
+        if app is None or not isinstance(app.get("owner"), dict):
+            return target
+        owner = Owner.from_json(app["owner"])
+        if owner.host != socket.gethostname():
+            return target  # no pidfd for a process on another machine
+        # The owner's death ends the output (its replicas die with it): an event.
+        return replace(target, ended=partial(_owner_exit, owner))
 
     async def aclose(self) -> None:
         for runtime in list(self._runtimes):

@@ -9,6 +9,7 @@ every case the faulty app hears of it and every other app is untouched.
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import subprocess
 import uuid
@@ -226,3 +227,37 @@ async def test_an_attempts_last_line_stays_apart_from_the_next(tmp_path: Path) -
     assert out == ["first attempt, no newline\n", "second attempt\n"]
     assert err == ["dying\n", "oops\n"]
     assert sorted(combined) == sorted(out + err)
+
+
+async def test_running_out_of_descriptors_is_its_apps_problem_only(tmp_path: Path) -> None:
+    token = f"asv-no-fds-{uuid.uuid4().hex}"
+    async with Supervisor(session="svc", state_dir=tmp_path / "state") as sv:
+        other = await sv.submit(
+            app(py_role("ok", "import time; time.sleep(3); print('fine', flush=True)")),
+            "local",
+            cfg={"log_dir": str(tmp_path / "other")},
+        )
+        # Descriptors are per process: leave this one 40 more than it holds now, so
+        # the next app (30 replicas of 3+ descriptors each) runs out while launching.
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        in_use = len(os.listdir("/proc/self/fd"))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (in_use + 40, hard))
+        try:
+            hog = await sv.submit(
+                app(py_role("w", "import time; time.sleep(600)", args=[token], num_replicas=30)),
+                "local",
+                cfg={"log_dir": str(tmp_path / "hog")},
+            )
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        with anyio.fail_after(60):
+            hog_status = await sv.wait(hog)
+            other_status = await sv.wait(other)
+        assert hog_status.state is AppState.FAILED, hog_status
+        replica_msgs = " ".join(r.msg for role in hog_status.roles for r in role.replicas)
+        assert "Too many open files" in replica_msgs, hog_status
+        assert running_with(token) == []  # nothing it started was left running
+        assert other_status.state is AppState.SUCCEEDED, other_status
+        assert other_status.msg == ""
+        assert await _stdout(sv, other, "ok") == ["fine\n"]
+    # Closing raised nothing: the hog's log failures were its own notice, not the close's.

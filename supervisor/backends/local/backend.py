@@ -237,6 +237,16 @@ class LocalRuntime(AppRuntime):
         for slot in self._slots.values():
             if slot.done is not None:
                 await slot.done.wait()
+        # Log failures no exit reported (a replica that never started): this app's
+        # to show, not left for the Supervisor's close to raise at everyone.
+        failures: list[BackendError] = []
+        for log in self._logs.values():
+            try:
+                await self._backend.log_sink.flush(log)
+            except BackendError as e:
+                failures.append(e)
+        if failures:
+            raise failures[0]
 
 
 async def _process_exit(pid: int) -> None:

@@ -19,14 +19,18 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from supervisor.backends.base import AppCancelRequested, AppNotice, AppRuntime, Request
 from supervisor.errors import BackendError
-from supervisor.events import ReplicaEvent
+from supervisor.events import Lost, ReplicaEvent
 from supervisor.fsm.app import AppFSM, RestartReplicas, RoleSpec, StopReplicas
+from supervisor.fsm.states import TERMINAL
 from supervisor.status import AppStatus, Transition
 
 __all__ = ["AppActor"]
 
 PERSIST_INTERVAL = 0.05
 """Seconds between two non-final writes of an app's state: coalesces bursts."""
+
+ABANDON_STOP_S = 30.0
+"""How long an app whose supervision broke gets to stop its replicas before it is left."""
 
 
 @dataclass(frozen=True)
@@ -39,7 +43,15 @@ class _Barrier:
     reached: anyio.Event
 
 
-_Mail = ReplicaEvent | AppCancelRequested | AppNotice | _Cancel | _Barrier
+@dataclass(frozen=True)
+class _Broken:
+    """An action failed in a way that leaves the app's replicas unaccounted for."""
+
+    doing: str
+    error: Exception
+
+
+_Mail = ReplicaEvent | AppCancelRequested | AppNotice | _Cancel | _Barrier | _Broken
 
 
 class AppActor:
@@ -62,6 +74,7 @@ class AppActor:
         self._dirty = anyio.Event()
         self._persisted = 0
         self._persist_lock = anyio.Lock()
+        self._persist_failure = ""
 
     # ------------------------------------------------------------------- inbox
     def post(self, item: ReplicaEvent | AppCancelRequested | AppNotice) -> None:
@@ -108,44 +121,95 @@ class AppActor:
 
     # -------------------------------------------------------------------- loop
     async def run(self, runtime: AppRuntime, task_group: TaskGroup) -> None:
+        """Follow the app to its end; whatever goes wrong stays this app's problem.
+
+        Runs in the Supervisor's task group beside every other app, so an
+        unexpected error here must not escape: it ends this app as UNKNOWN
+        with the reason (after stopping its replicas) instead of taking the
+        task group, and every other app, down with it.
+        """
         self.runtime = runtime
+        try:
+            await self._loop(runtime, task_group)
+        except Exception as exc:
+            await self._abandon(runtime, exc)
+        finally:
+            self._finish()
+        try:
+            await runtime.aclose()
+        except Exception as exc:
+            # The app is over; its status is all that is left to tell.
+            self.fsm.set_notice(f"releasing the app's resources failed: {exc}")
+            self._publish()
+
+    async def _loop(self, runtime: AppRuntime, task_group: TaskGroup) -> None:
         async with anyio.create_task_group() as own:
             own.start_soon(self._persist_loop, runtime)
-            try:
-                async for item in self._recv:
-                    if isinstance(item, _Barrier):
-                        item.reached.set()
-                        continue
-                    if isinstance(item, ReplicaEvent):
-                        actions = await self.fsm.apply(item)
-                    elif isinstance(item, AppNotice):
-                        self.fsm.set_notice(item.message)
-                        actions = []
-                    else:
-                        actions = await self.fsm.cancel()
-                    for action in actions:
-                        task_group.start_soon(self._carry_out, runtime, action)
-                    self._publish()
-                    if self.fsm.is_terminal:
-                        break
-                own.cancel_scope.cancel()
-                await self._persist(runtime, final=True)
-            finally:
-                self._finish()
-        await runtime.aclose()
+            async for item in self._recv:
+                if isinstance(item, _Barrier):
+                    item.reached.set()
+                    continue
+                if isinstance(item, _Broken):
+                    raise RuntimeError(f"{item.doing}: {item.error}") from item.error
+                if isinstance(item, ReplicaEvent):
+                    actions = await self.fsm.apply(item)
+                elif isinstance(item, AppNotice):
+                    if item.fatal:
+                        raise RuntimeError(item.message)
+                    self.fsm.set_notice(item.message)
+                    actions = []
+                else:
+                    actions = await self.fsm.cancel()
+                for action in actions:
+                    task_group.start_soon(self._carry_out, runtime, action)
+                self._publish()
+                if self.fsm.is_terminal:
+                    break
+            own.cancel_scope.cancel()
+            await self._persist(runtime, final=True)
+
+    async def _abandon(self, runtime: AppRuntime, exc: Exception) -> None:
+        """Supervision of this app broke: mark what still lives UNKNOWN, stop it, record it."""
+        cause: BaseException = exc
+        while isinstance(cause, BaseExceptionGroup) and len(cause.exceptions) == 1:
+            cause = cause.exceptions[0]  # the task group's wrapping says nothing
+        reason = f"supervising this app failed ({type(cause).__name__}: {cause})"
+        with anyio.CancelScope(shield=True):
+            live = [
+                (key, model.attempt)
+                for key, model in self.fsm.replicas.items()
+                if model.state.name not in TERMINAL
+            ]
+            self.fsm.set_notice(reason)
+            for (role, k), attempt in live:
+                await self.fsm.apply(Lost(role=role, replica_id=k, attempt=attempt, reason=reason))
+            self._publish()
+            with anyio.move_on_after(ABANDON_STOP_S):
+                try:
+                    await runtime.stop([key for key, _ in live], reason)
+                except Exception as stop_exc:
+                    self.fsm.set_notice(f"{reason}; stopping its replicas failed: {stop_exc}")
+            await self._persist(runtime, final=True)
 
     async def _carry_out(self, runtime: AppRuntime, action: StopReplicas | RestartReplicas) -> None:
-        """Run one action; a backend failure becomes the app's notice, not a crash of every app."""
+        """Run one action; a backend failure becomes the app's notice, not a crash of every app.
+
+        An unexpected error (not a BackendError) means the replicas are in a
+        state nobody knows: the app's supervision ends there (``_Broken``).
+        """
+        verb = "stopping" if isinstance(action, StopReplicas) else "restarting"
         try:
             if isinstance(action, StopReplicas):
                 await runtime.stop(action.keys, action.reason)
             else:
                 await runtime.restart(action.attempts, action.reason)
         except BackendError as e:
-            verb = "stopping" if isinstance(action, StopReplicas) else "restarting"
             retry = "a retry may help" if e.transient else "retrying will not help"
             if not self.done.is_set():
                 self._send.send_nowait(AppNotice(message=f"{verb} replicas failed ({retry}): {e}"))
+        except Exception as e:
+            if not self.done.is_set():
+                self._send.send_nowait(_Broken(f"{verb} replicas", e))
 
     def _finish(self) -> None:
         self.done.set()
@@ -174,10 +238,33 @@ class AppActor:
             await anyio.sleep(PERSIST_INTERVAL)
 
     async def _persist(self, runtime: AppRuntime, final: bool) -> None:
+        """Write the state for other processes; a failure is this app's notice, never a crash.
+
+        The app itself goes on (its replicas do not need the record); the
+        notice stays until a write succeeds again.
+        """
         # Shielded: a write cut short would leave transitions recorded twice.
         with anyio.CancelScope(shield=True):
             async with self._persist_lock:
                 history = self.fsm.history
                 new = history[self._persisted :]
-                await runtime.record(self.fsm.snapshot(), new, final)
+                try:
+                    await runtime.record(self.fsm.snapshot(), new, final)
+                except Exception as exc:
+                    failure = f"recording the app's state for other processes failed: {exc}"
+                    if failure != self._persist_failure:
+                        self._persist_failure = failure
+                        self.fsm.set_notice(failure)
+                        self._changed_without_record()
+                    return
                 self._persisted += len(new)
+                if self._persist_failure:
+                    if self.fsm.notice == self._persist_failure:
+                        self.fsm.set_notice("")
+                        self._changed_without_record()
+                    self._persist_failure = ""
+
+    def _changed_without_record(self) -> None:
+        """Wake readers for a change that must not trigger another write by itself."""
+        self._changed.set()
+        self._changed = anyio.Event()

@@ -14,7 +14,7 @@ import functools
 import getpass
 import os
 import secrets
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from datetime import datetime
@@ -95,6 +95,22 @@ class DryRunInfo:
         return str(self.request)
 
 
+async def _set_when_ended(
+    ended: Callable[[], Awaitable[None]], finished: anyio.Event, stop: anyio.Event
+) -> None:
+    """Set ``finished`` once ``ended`` returns; give up when ``stop`` is set (follow over)."""
+    async with anyio.create_task_group() as tg:
+
+        async def wait_ended() -> None:
+            await ended()
+            finished.set()
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(wait_ended)
+        await stop.wait()
+        tg.cancel_scope.cancel()
+
+
 class Supervisor:
     """Launches apps on backends and follows them; use as ``async with Supervisor() as sv``.
 
@@ -144,13 +160,22 @@ class Supervisor:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> None:
+    ) -> bool | None:
         try:
             await self.close()
         finally:
             stack, self._stack = self._stack, None
             if stack is not None:
-                await stack.__aexit__(exc_type, exc, tb)
+                try:
+                    await stack.__aexit__(exc_type, exc, tb)
+                except BaseExceptionGroup as group:
+                    # The task group wraps whatever the block raised, even alone. The
+                    # caller's own exception must come out as itself (``except SpecError``
+                    # around the block must match); returning lets Python re-raise it
+                    # untouched. Genuine concurrent failures stay grouped.
+                    if exc is None or group.exceptions != (exc,):
+                        raise
+        return None
 
     async def close(self) -> None:
         """Cancel the apps still running here, wait for them to stop, release backends."""
@@ -258,9 +283,17 @@ class Supervisor:
             raise
         self._actors[handle] = actor
         tg.start_soon(actor.run, runtime, tg)
-        await actor.settle()
-        # Another process asking right after this returns must find the app as it is.
-        await actor.record_now()
+        try:
+            await actor.settle()
+            # Another process asking right after this returns must find the app as it is.
+            await actor.record_now()
+        except BaseException:
+            # The caller was cancelled (or failed) after the launch: no handle reaches it,
+            # so nobody could ever stop this app. Stop what was started, then go on raising.
+            with anyio.CancelScope(shield=True):
+                actor.request_cancel("the submit was cancelled before it returned")
+                await actor.done.wait()
+            raise
         return handle
 
     async def submit(
@@ -383,19 +416,28 @@ class Supervisor:
         """Lines of one replica's output, each with its ``\\n``; see logs.iter_log_lines."""
         stream = parse_streams(streams)
         target, finished = await self._log_target(handle, role_name, k)
-        async for line in iter_log_lines(
-            target.directory,
-            stream=stream,
-            regex=regex,
-            since=since,
-            until=until,
-            should_tail=should_tail,
-            is_finished=target.is_finished,
-            extra_watch_dirs=target.watch_dirs,
-            finished_event=finished,
-            watch_hub=self._watch_hub,
-        ):
-            yield line
+        stop_watching = anyio.Event()
+        if finished is None and target.ended is not None and should_tail:
+            # The backend has an event for "no more output" (another process's app
+            # whose owner died): it ends the follow at once.
+            finished = anyio.Event()
+            self._task_group().start_soon(_set_when_ended, target.ended, finished, stop_watching)
+        try:
+            async for line in iter_log_lines(
+                target.directory,
+                stream=stream,
+                regex=regex,
+                since=since,
+                until=until,
+                should_tail=should_tail,
+                is_finished=target.is_finished,
+                extra_watch_dirs=target.watch_dirs,
+                finished_event=finished,
+                watch_hub=self._watch_hub,
+            ):
+                yield line
+        finally:
+            stop_watching.set()
 
     async def _log_target(
         self, handle: str, role: str, k: int

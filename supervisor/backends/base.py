@@ -65,10 +65,13 @@ class AppNotice:
     """A condition worth showing in the app's status ``msg`` while it lasts ("" clears it).
 
     For trouble that changes no state: a scheduler that does not answer, a
-    state the backend does not know.
+    state the backend does not know. ``fatal``: the backend lost track of the
+    app and cannot go on; the app then ends as UNKNOWN with this message, after
+    its replicas were asked to stop.
     """
 
     message: str
+    fatal: bool = False
 
 
 EventSink = Callable[[ReplicaEvent | AppCancelRequested | AppNotice], None]
@@ -114,11 +117,18 @@ class Request:
 
 @dataclass(frozen=True)
 class LogTarget:
-    """Where one replica's logs are and how to tell that no more will come."""
+    """Where one replica's logs are and how to tell that no more will come.
+
+    ``ended``, where the backend has such an event, returns once no more output
+    can come however ``is_finished`` would answer later (the process that
+    followed the app died): followers then stop at once instead of at their
+    next re-check.
+    """
 
     directory: Path
     is_finished: Callable[[], Awaitable[bool]]
     watch_dirs: Sequence[Path] = field(default_factory=tuple)
+    ended: Callable[[], Awaitable[None]] | None = None
 
 
 class AppRuntime(abc.ABC):

@@ -60,13 +60,20 @@ def _read_json(path: Path) -> Any:
         raise
 
 
-def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot: with the pid, a unique identity."""
+def _start_time(pid: int, *, running: bool = False) -> str | None:
+    """The process's start time in clock ticks since boot: with the pid, a unique identity.
+
+    ``running``: None for a process that already exited (a zombie its parent
+    has not reaped yet): it supervises nothing any more.
+    """
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return stat.rpartition(")")[2].split()[19]
+    fields = stat.rpartition(")")[2].split()
+    if running and fields[0] in ("Z", "X"):
+        return None
+    return fields[19]
 
 
 @dataclass(frozen=True)
@@ -84,7 +91,7 @@ class Owner:
     def alive(self) -> bool:
         if self.host != socket.gethostname():
             return True  # cannot tell from here; assume the best
-        return self.start is not None and _start_time(self.pid) == self.start
+        return self.start is not None and _start_time(self.pid, running=True) == self.start
 
     def to_json(self) -> dict[str, Any]:
         return {"pid": self.pid, "start": self.start, "host": self.host}

@@ -4,11 +4,29 @@ Only ``\\n`` ends a line. Programs draw progress bars with ``\\r`` and expect
 the terminal to overwrite in place; treating ``\\r`` as a break would turn one
 bar into thousands of lines and make ``combined.log`` interleave mid-bar.
 Everything here is pure so it can be tested exhaustively with hypothesis.
+
+A line is never held whole in memory past ``MAX_LINE_BYTES``: a program
+printing 500 MB without a newline must not make its supervisor (or a log
+reader) hold 500 MB. Such a line is cut into pieces of at most that many
+bytes, never inside a UTF-8 sequence, and nothing is dropped: the pieces
+joined are the line. ``stdout.log``/``stderr.log`` keep the bytes as they
+came; ``combined.log``, which holds whole lines, gets each piece as a line of
+its own (a newline is added after each cut); readers yield the pieces one by
+one, without a newline but for the last.
 """
 
 from __future__ import annotations
 
-__all__ = ["LineSplitter", "decode_line", "split_decoded", "split_lines"]
+__all__ = [
+    "MAX_LINE_BYTES",
+    "LineSplitter",
+    "decode_line",
+    "split_decoded",
+    "split_lines",
+]
+
+MAX_LINE_BYTES = 1 << 20
+"""Longest line (without its newline) kept whole; longer ones are cut into pieces this long."""
 
 # str.splitlines breaks on these as well as on "\n"; their presence forces the
 # slower exact split (the common case is checked in a few memchr-speed scans).
@@ -24,9 +42,13 @@ class LineSplitter:
     linear, not quadratic, copying.
     """
 
-    __slots__ = ("_pending",)
+    __slots__ = ("_max", "_pending")
 
-    def __init__(self) -> None:
+    def __init__(self, max_line: int | None = None) -> None:
+        """``max_line``: the cut length for ``feed_runs`` (None: lines are never cut)."""
+        if max_line is not None and max_line < 4:
+            raise ValueError("max_line must leave room for a UTF-8 sequence (at least 4)")
+        self._max = max_line
         self._pending = bytearray()
 
     def feed_block(self, data: bytes) -> bytes:
@@ -49,6 +71,45 @@ class LineSplitter:
         self._pending = bytearray(data[last + 1 :])
         return block
 
+    def feed_runs(self, data: bytes) -> list[bytes]:
+        """What ``data`` completes, as runs: blocks of whole lines, and cut pieces.
+
+        A run ending in ``b"\\n"`` is a block of complete lines; any other run
+        is one piece of a line longer than ``max_line``. The runs joined are
+        the input consumed, so file offsets stay exact. The bytes held back
+        never exceed ``max_line``.
+        """
+        limit = self._max
+        if limit is None or len(self._pending) + len(data) <= limit:
+            # No line can be too long: the fast path, one search for the last newline.
+            block = self.feed_block(data)
+            return [block] if block else []
+        runs: list[bytes] = []
+        pending = self._pending
+        pos, size = 0, len(data)
+        while pos < size:
+            room = limit - len(pending)
+            # A newline within room + 1 bytes ends the line before it grows too long.
+            newline = data.find(b"\n", pos, pos + room + 1)
+            if newline >= 0:
+                pending += data[pos : newline + 1]
+                pos = newline + 1
+                if runs and runs[-1].endswith(b"\n"):
+                    runs[-1] += pending
+                else:
+                    runs.append(bytes(pending))
+                pending.clear()
+            elif size - pos <= room:
+                pending += data[pos:]
+                pos = size
+            else:
+                pending += data[pos : pos + room]
+                pos += room
+                cut = _utf8_cut(pending)
+                runs.append(bytes(pending[:cut]))
+                del pending[:cut]
+        return runs
+
     def feed(self, data: bytes) -> list[bytes]:
         """The complete lines (each ending in ``b"\\n"``) finished by ``data``."""
         return split_lines(self.feed_block(data))
@@ -65,6 +126,24 @@ class LineSplitter:
     def pending_size(self) -> int:
         """Bytes held back waiting for their ``\\n``."""
         return len(self._pending)
+
+
+def _utf8_cut(buf: bytearray) -> int:
+    """Where to cut ``buf`` so no UTF-8 sequence is split: before trailing continuation bytes.
+
+    Backs off at most 3 bytes (the longest sequence is 4); bytes that are not
+    UTF-8 at all are cut where they stand.
+    """
+    end = len(buf)
+    cut = end
+    while cut > end - 4 and cut > 0 and buf[cut - 1] & 0xC0 == 0x80:
+        cut -= 1
+    if cut > end - 4 and cut > 0 and buf[cut - 1] >= 0xC0:
+        lead = buf[cut - 1]
+        needed = 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
+        if end - (cut - 1) < needed:
+            return cut - 1  # an incomplete sequence: it goes whole into the next piece
+    return end
 
 
 def split_lines(data: bytes) -> list[bytes]:

@@ -25,7 +25,7 @@ import anyio
 from asyncinotify import Event, Inotify
 
 from supervisor.errors import BackendError, Problem, SpecError
-from supervisor.logs.lines import LineSplitter, split_decoded
+from supervisor.logs.lines import MAX_LINE_BYTES, LineSplitter, split_decoded
 from supervisor.logs.timestamps import (
     COMBINED_ID,
     FILE_NAMES,
@@ -88,6 +88,9 @@ def iter_log_lines(
     watch_hub: WatchHub | None = None,
 ) -> AsyncGenerator[str, None]:
     """Lines of one replica's log, each with its ``\\n`` (a final unterminated one without).
+
+    A line longer than ``MAX_LINE_BYTES`` comes as several pieces of at most
+    that size, the last with the ``\\n``; joined, they are the line.
 
     Arguments are checked here, before the first line is asked for, so a bad
     stream name or regex fails at the call (``ValueError``).
@@ -207,7 +210,7 @@ def _epoch(value: datetime | float | None, name: str, problems: list[Problem]) -
 async def _follow(query: _Query) -> AsyncGenerator[str, None]:
     path = query.path
     dated = _Dater(query) if query.since is not None or query.until is not None else None
-    splitter = LineSplitter()
+    splitter = LineSplitter(MAX_LINE_BYTES)  # a huge line comes in pieces, never whole
     offset = 0  # bytes read from the file
     line_start = 0  # file offset of the first byte the splitter still holds
     watcher: _Watcher | None = None
@@ -219,8 +222,7 @@ async def _follow(query: _Query) -> AsyncGenerator[str, None]:
             while True:
                 data = await anyio.to_thread.run_sync(_read_chunk, path, offset)
                 offset += len(data)
-                block = splitter.feed_block(data)
-                if block:
+                for block in splitter.feed_runs(data):
                     lines = await _select(query, dated, block, line_start)
                     line_start += len(block)
                     for line in lines:

@@ -7,6 +7,12 @@ writer thread through an unbounded queue, so the loop only pays for a
 mean a thousand threads, and a single consumer keeps arrival order, which is
 what ``combined.log`` interleaves by.
 
+The queue is unbounded in items but not in effect: readers of replica pipes
+ask ``room()`` before each read, which waits while more than
+``QUEUED_BYTES_HIGH`` bytes are queued. A replica writing faster than the disk
+takes its output is slowed to the disk's pace (its pipe fills, its writes
+block) instead of growing the supervisor's memory without limit.
+
 Files are opened lazily and closed once both streams of an attempt ended, so
 idle replicas hold no descriptors; running ones are capped by an LRU of open
 replicas because a process has far fewer descriptors than a cluster has
@@ -34,6 +40,11 @@ from supervisor.logs.files import STREAM_IDS, ReplicaFiles, StreamName
 __all__ = ["LogSink", "ReplicaLog", "StreamName"]
 
 _STREAMS: Final[tuple[StreamName, ...]] = ("stdout", "stderr")
+
+QUEUED_BYTES_HIGH: Final = 8 << 20
+"""Bytes waiting for the writer thread above which ``room()`` makes readers wait."""
+QUEUED_BYTES_LOW: Final = 2 << 20
+"""Readers waiting for room are released once the backlog fell to this."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,8 +104,14 @@ class _Writer:
         self._replicas: dict[Path, ReplicaFiles] = {}
         self._open: OrderedDict[Path, None] = OrderedDict()
         self._max_open = max_open_replicas
+        # Bytes of _Write items queued and not yet written, and who waits for room.
+        self._backlog_lock = threading.Lock()
+        self._backlog = 0
+        self._room_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._stopped = False  # the thread ended: nobody will ever make room again
         self._error_lock = threading.Lock()
-        self._error: BackendError | None = None
+        # The first failure per directory: one app's full disk is not another's news.
+        self._errors: dict[Path, BackendError] = {}
 
     def run(self) -> None:
         while True:
@@ -102,19 +119,55 @@ class _Writer:
             if isinstance(item, _Stop):
                 break
             self._handle(item)
+            if isinstance(item, _Write):
+                self.written(len(item.data))
         self._shutdown()
+        self.release_waiters()
 
-    def take_error(self) -> BackendError | None:
+    def queued(self, size: int) -> None:
+        with self._backlog_lock:
+            self._backlog += size
+
+    def written(self, size: int) -> None:
+        with self._backlog_lock:
+            self._backlog -= size
+            if self._backlog > QUEUED_BYTES_LOW or not self._room_waiters:
+                return
+            waiters, self._room_waiters = self._room_waiters, []
+        for loop, future in waiters:
+            _set_later(loop, future)
+
+    def release_waiters(self) -> None:
+        with self._backlog_lock:
+            self._stopped = True
+            waiters, self._room_waiters = self._room_waiters, []
+        for loop, future in waiters:
+            _set_later(loop, future)
+
+    def wait_for_room(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None] | None:
+        """None when the backlog is small; else a future set once it shrank."""
+        with self._backlog_lock:
+            if self._backlog <= QUEUED_BYTES_HIGH or self._stopped:
+                return None
+            future: asyncio.Future[None] = loop.create_future()
+            self._room_waiters.append((loop, future))
+            return future
+
+    def take_error(self, directory: Path | None = None) -> BackendError | None:
+        """The kept failure of ``directory`` (of any directory when None), forgetting it."""
         with self._error_lock:
-            error, self._error = self._error, None
-        return error
+            if directory is not None:
+                return self._errors.pop(directory, None)
+            if not self._errors:
+                return None
+            return self._errors.pop(next(iter(self._errors)))
 
     def _record(self, exc: BaseException, directory: Path) -> None:
         with self._error_lock:
-            if self._error is None:
+            if directory not in self._errors:
                 error = BackendError(f"writing logs to {directory} failed: {exc}", transient=False)
                 error.__cause__ = exc
-                self._error = error
+                self._errors[directory] = error
 
     def _handle(self, item: _Item) -> None:
         if isinstance(item, _Barrier):
@@ -198,9 +251,13 @@ class _Writer:
 
 
 def _resolve_later(barrier: _Barrier) -> None:
+    _set_later(barrier.loop, barrier.future)
+
+
+def _set_later(loop: asyncio.AbstractEventLoop, future: asyncio.Future[None]) -> None:
     # The loop may be gone (closed without waiting); then nobody is waiting.
     with contextlib.suppress(RuntimeError):
-        barrier.loop.call_soon_threadsafe(_set_done, barrier.future)
+        loop.call_soon_threadsafe(_set_done, future)
 
 
 def _set_done(future: asyncio.Future[None]) -> None:
@@ -212,9 +269,11 @@ class LogSink:
     """Appends replica output to log files from one lazily started writer thread.
 
     ``write`` and ``end_stream`` are for the event loop thread and never block.
-    Write failures (disk full, directory removed) are kept and raised, once,
-    as ``BackendError(transient=False)`` by the next ``flush`` (or by
-    ``close``/``aclose`` when no flush came), so they are never silent.
+    Write failures (disk full, directory removed) are kept per directory and
+    raised, once, as ``BackendError(transient=False)`` by the next ``flush``
+    of that directory (or of any, for a ``flush()`` without one; or by
+    ``close``/``aclose`` when no flush came), so they are never silent and
+    never reported to a replica whose own files are fine.
 
     The thread is not a daemon so queued output is not lost at exit; call
     ``aclose`` (or ``close`` outside async code). A sink that is garbage
@@ -241,7 +300,24 @@ class LogSink:
         if stream not in STREAM_IDS:
             raise ValueError(f"stream must be 'stdout' or 'stderr', not {stream!r}")
         if data:
-            self._submit(_Write(log.directory, stream, bytes(data), at))
+            self._writer.queued(len(data))
+            try:
+                self._submit(_Write(log.directory, stream, bytes(data), at))
+            except BaseException:
+                self._writer.written(len(data))
+                raise
+
+    async def room(self) -> None:
+        """Return once the writer's backlog is small enough to queue more; usually at once.
+
+        Readers of replica output call this before each read, so a replica
+        that writes faster than the disk is slowed down, not buffered in memory.
+        """
+        if self._closed or self._thread is None:
+            return
+        future = self._writer.wait_for_room(asyncio.get_running_loop())
+        if future is not None:
+            await future
 
     def end_stream(self, log: ReplicaLog, stream: StreamName) -> None:
         """The pipe of ``stream`` hit EOF for this attempt.
@@ -255,22 +331,27 @@ class LogSink:
             raise ValueError(f"stream must be 'stdout' or 'stderr', not {stream!r}")
         self._submit(_End(log.directory, stream), strict=False)
 
-    async def flush(self) -> None:
-        """Return once everything queued before the call is written (no fsync)."""
+    async def flush(self, log: ReplicaLog | None = None) -> None:
+        """Return once everything queued before the call is written (no fsync).
+
+        Then raise the kept write failure of ``log``'s directory, or, without
+        ``log``, of any directory.
+        """
+        directory = None if log is None else log.directory
         loop = asyncio.get_running_loop()
         pending = self._barrier
         if pending is not None and pending[0] == self._submitted and not pending[1].done():
             # Nothing was queued since that barrier: many replicas ending at once
             # share one round trip to the writer thread.
             await asyncio.shield(pending[1])
-            self._raise_pending()
+            self._raise_pending(directory)
             return
         future: asyncio.Future[None] = loop.create_future()
         # Without a thread nothing was ever queued: no reason to start one.
         if self._submit(_Barrier(loop, future), strict=False, start=False):
             self._barrier = (self._submitted, future)
             await asyncio.shield(future)
-        self._raise_pending()
+        self._raise_pending(directory)
 
     def close(self) -> None:
         """Write everything queued, close all files, stop the thread. Blocks; idempotent."""
@@ -321,7 +402,7 @@ class LogSink:
                     self._writer.queue.put(_STOP)
             return self._thread
 
-    def _raise_pending(self) -> None:
-        error = self._writer.take_error()
+    def _raise_pending(self, directory: Path | None = None) -> None:
+        error = self._writer.take_error(directory)
         if error is not None:
             raise error

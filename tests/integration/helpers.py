@@ -6,6 +6,7 @@ import os
 import select
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from supervisor import AppDef, RetryPolicy, Role
 
@@ -62,3 +63,19 @@ def pid_alive(pid: int) -> bool:
             return f.read().rpartition(")")[2].split()[0] != "Z"
     except OSError:
         return False
+
+
+def running_with(token: str) -> list[int]:
+    """Pids of live (non-zombie) processes whose command line contains ``token``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        if token.encode() in cmdline and stat.rpartition(")")[2].split()[0] != "Z":
+            found.append(int(entry))
+    return found

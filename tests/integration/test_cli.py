@@ -248,6 +248,21 @@ def test_another_process_follows_and_cancels_a_run(env: dict[str, str], backgrou
     assert "sh/0 | started\n" in cli(env, "log", handle).stdout
 
 
+def test_log_follow_ends_soon_after_the_owner_is_killed(
+    env: dict[str, str], background: Any
+) -> None:
+    run = background("run", "--wait", "--", "sh", "-c", "echo started; exec sleep 30")
+    handle = run.read_line()
+    follower = background("log", "-f", handle, "sh/0")
+    assert follower.read_line() == "started"
+    run.proc.send_signal(signal.SIGKILL)
+    # Far below the followers' 30 s re-check: the owner's exit itself ends the follow.
+    assert follower.wait(timeout=15) == 0, follower.stderr()
+    final = cli_json(env, "status", handle)
+    assert final["state"] == "UNKNOWN"
+    assert final["roles"][0]["replicas"][0]["state"] == "UNKNOWN"
+
+
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_cancels_the_app_before_exiting(
     env: dict[str, str], background: Any, signum: int, code: int

@@ -96,3 +96,37 @@ def test_a_megabyte_line_in_small_chunks_is_one_line() -> None:
         lines.extend(splitter.feed(line[start : start + 4096]))
     assert lines == [line]
     assert splitter.flush() is None
+
+
+@given(_chunked(), st.integers(4, 40))
+def test_runs_bound_the_line_and_lose_nothing(case: tuple[bytes, list[bytes]], limit: int) -> None:
+    data, chunks = case
+    splitter = LineSplitter(limit)
+    runs: list[bytes] = []
+    for chunk in chunks:
+        runs.extend(splitter.feed_runs(chunk))
+        assert splitter.pending_size <= limit
+    rest = splitter.flush()
+    assert b"".join(runs) + (rest or b"") == data
+    for run in runs:
+        if run.endswith(b"\n"):
+            assert all(len(line) <= limit + 1 for line in split_lines(run))
+        else:  # a piece of an over-long line
+            assert b"\n" not in run
+            assert 0 < len(run) <= limit
+            assert len(run) >= limit - 3  # backed off at most a UTF-8 sequence
+
+
+@given(st.text(max_size=200), st.integers(4, 12))
+def test_pieces_never_split_a_utf8_sequence(text: str, limit: int) -> None:
+    splitter = LineSplitter(limit)
+    runs = splitter.feed_runs(text.encode())
+    rest = splitter.flush()
+    for run in [*runs, *([rest] if rest else [])]:
+        run.decode()  # raises if a sequence was cut
+
+
+def test_without_a_limit_runs_are_the_blocks() -> None:
+    splitter = LineSplitter()
+    assert splitter.feed_runs(b"x" * 100) == []
+    assert splitter.feed_runs(b"y\nz") == [b"x" * 100 + b"y\n"]

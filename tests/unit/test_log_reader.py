@@ -15,6 +15,7 @@ import anyio.lowlevel
 import pytest
 
 from supervisor.logs import LogSink, ReplicaLog, Stream, iter_log_lines, parse_streams
+from supervisor.logs.lines import MAX_LINE_BYTES
 from supervisor.logs.watch import WatchHub
 
 
@@ -319,8 +320,13 @@ async def test_a_line_larger_than_a_read_chunk(sink: LogSink, tmp_path: Path) ->
         sink.write(log, "stdout", big[start : start + 65_536], 2.0)
     sink.write(log, "stdout", b"after\n", 3.0)
     await sink.flush()
-    assert await _lines(tmp_path) == ["small\n", big.decode(), "after\n"]
-    assert await _lines(tmp_path, since=2.0, until=2.0) == [big.decode()]
+    # Longer than MAX_LINE_BYTES: it comes in pieces that join to the line.
+    pieces = ["z" * MAX_LINE_BYTES] * 3 + ["z" * 17 + "\n"]
+    assert await _lines(tmp_path, stream="stdout") == ["small\n", *pieces, "after\n"]
+    assert await _lines(tmp_path, stream="stdout", since=2.0, until=2.0) == pieces
+    # combined.log holds whole lines: each piece is one there.
+    whole = [p.rstrip("\n") + "\n" for p in pieces]
+    assert await _lines(tmp_path) == ["small\n", *whole, "after\n"]
 
 
 @pytest.mark.anyio

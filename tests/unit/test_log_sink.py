@@ -6,10 +6,13 @@ import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import anyio
 import pytest
 
 from supervisor.errors import BackendError
 from supervisor.logs import LogSink, TimestampIndex
+from supervisor.logs.lines import MAX_LINE_BYTES
+from supervisor.logs.sink import QUEUED_BYTES_HIGH, QUEUED_BYTES_LOW
 from supervisor.logs.timestamps import COMBINED_ID, INDEX_NAME, RECORD, STDERR_ID, STDOUT_ID
 
 
@@ -101,10 +104,59 @@ async def test_restart_after_both_streams_ended_appends(sink: LogSink, tmp_path:
     sink.end_stream(log, "stderr")
     await sink.flush()
     assert _read(tmp_path, "stdout.log") == b"first attempt\nsecond attempt\n"
-    assert _read(tmp_path, "combined.log") == b"first attempt\noopssecond attempt\n"
+    # The first attempt's unterminated stderr line ends before the second's output.
+    assert _read(tmp_path, "combined.log") == b"first attempt\noops\nsecond attempt\n"
     index = TimestampIndex.load(tmp_path / INDEX_NAME)
     assert index.covered(STDOUT_ID) == len(b"first attempt\nsecond attempt\n")
     assert index.time_at(STDOUT_ID, len(b"first attempt\n")) == 2.0
+
+
+@pytest.mark.anyio
+async def test_attempts_lines_never_run_into_each_other(sink: LogSink, tmp_path: Path) -> None:
+    log = sink.open(tmp_path)
+    sink.write(log, "stdout", b"one\nno newline", 1.0)
+    sink.end_stream(log, "stdout")
+    sink.write(log, "stderr", b"err\n", 1.5)  # the same attempt's other stream, still open
+    sink.end_stream(log, "stderr")
+    sink.write(log, "stdout", b"next attempt\n", 2.0)
+    sink.end_stream(log, "stdout")
+    sink.end_stream(log, "stderr")
+    await sink.flush()
+    assert _read(tmp_path, "stdout.log") == b"one\nno newline\nnext attempt\n"
+    assert _read(tmp_path, "combined.log") == b"one\nno newline\nerr\nnext attempt\n"
+    # Another writer of the same directory (a later process) sees the open line on disk.
+    other = LogSink()
+    try:
+        again = other.open(tmp_path)
+        other.write(again, "stderr", b"tail", 3.0)
+        other.end_stream(again, "stderr")
+        other.write(again, "stderr", b"later process\n", 4.0)
+        await other.flush()
+    finally:
+        await other.aclose()
+    assert _read(tmp_path, "stderr.log") == b"err\ntail\nlater process\n"
+    assert _read(tmp_path, "combined.log").endswith(b"next attempt\ntail\nlater process\n")
+
+
+@pytest.mark.anyio
+async def test_an_endless_line_is_cut_into_pieces_in_combined(
+    sink: LogSink, tmp_path: Path
+) -> None:
+    log = sink.open(tmp_path)
+    euro = "\u20ac".encode()  # 3 bytes: cuts must never split it
+    data = b"a" + euro * MAX_LINE_BYTES
+    for start in range(0, len(data), 65_536):
+        sink.write(log, "stdout", data[start : start + 65_536], 1.0)
+    sink.end_stream(log, "stdout")
+    sink.end_stream(log, "stderr")
+    await sink.flush()
+    assert _read(tmp_path, "stdout.log") == data
+    pieces = _read(tmp_path, "combined.log").split(b"\n")
+    assert len(pieces) == 4  # three cut pieces and the unterminated rest
+    assert b"".join(pieces) == data
+    assert max(len(p) for p in pieces) <= MAX_LINE_BYTES
+    for piece in pieces:
+        piece.decode()  # whole UTF-8 sequences in every piece
 
 
 @pytest.mark.anyio
@@ -149,6 +201,22 @@ async def test_write_error_surfaces_from_the_next_flush(sink: LogSink, tmp_path:
     sink.write(healthy, "stdout", b"fine\n", 2.0)
     await sink.flush()
     assert _read(tmp_path / "ok", "stdout.log") == b"fine\n"
+
+
+@pytest.mark.anyio
+async def test_a_write_error_is_reported_to_its_own_replica_only(
+    sink: LogSink, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_bytes(b"")
+    broken = sink.open(blocker / "replica")
+    healthy = sink.open(tmp_path / "ok")
+    sink.write(broken, "stdout", b"lost\n", 1.0)
+    sink.write(healthy, "stdout", b"fine\n", 2.0)
+    await sink.flush(healthy)  # the other replica's failure is not this one's news
+    with pytest.raises(BackendError, match="not-a-directory"):
+        await sink.flush(broken)
+    await sink.flush()  # reported once
 
 
 @pytest.mark.anyio
@@ -227,3 +295,29 @@ def test_bad_stream_name_is_rejected(tmp_path: Path) -> None:
             log_sink.write(log, "stdin", b"x", 1.0)  # type: ignore[arg-type]
     finally:
         log_sink.close()
+
+
+@pytest.mark.anyio
+async def test_room_waits_while_the_writer_is_behind(sink: LogSink, tmp_path: Path) -> None:
+    log = sink.open(tmp_path)
+    chunk = b"w" * 65_535 + b"\n"
+    count = 4 * QUEUED_BYTES_HIGH // len(chunk)
+    for _ in range(count):  # far faster than the thread writes: a backlog builds up
+        sink.write(log, "stdout", chunk, 1.0)
+    await sink.room()
+    # Nothing was queued since: once room() returned, the backlog is at most the low mark.
+    assert sink._writer._backlog <= QUEUED_BYTES_LOW
+    await sink.flush()
+    assert sink._writer._backlog == 0
+    assert (tmp_path / "stdout.log").stat().st_size == count * len(chunk)
+
+
+@pytest.mark.anyio
+async def test_room_never_waits_on_a_closed_sink(tmp_path: Path) -> None:
+    sink = LogSink()
+    log = sink.open(tmp_path)
+    for _ in range(300):
+        sink.write(log, "stdout", b"c" * 65_536, 1.0)
+    await sink.aclose()
+    with anyio.fail_after(5):
+        await sink.room()

@@ -13,7 +13,7 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
@@ -43,11 +43,17 @@ from supervisor.backends.local.request import (
 from supervisor.backends.store import CANCEL_REQUEST, AppStore, Index, Owner
 from supervisor.errors import BackendError, SubmitError
 from supervisor.events import Exited, ReplicaKey, Started, Submitted
-from supervisor.fsm.states import AppState
+from supervisor.fsm.states import TERMINAL, AppState, ReplicaState
 from supervisor.logs import LogSink, ReplicaLog
 from supervisor.runopts import ResolvedCfg, RunOpts
 from supervisor.specs import AppDef, AppHandle, RetryPolicy, make_handle
-from supervisor.status import AppStatus, DescribeAppResponse, ListAppResponse, Transition
+from supervisor.status import (
+    AppStatus,
+    DescribeAppResponse,
+    ListAppResponse,
+    RoleStatus,
+    Transition,
+)
 from supervisor.validate import Capabilities
 
 __all__ = ["LocalBackend"]
@@ -151,7 +157,7 @@ class LocalRuntime(AppRuntime):
             code = await proc.follow()
             self._backend.reaper.unregister(proc.pid)
             try:
-                await self._backend.log_sink.flush()
+                await self._backend.log_sink.flush(self._logs[key])
             except BackendError as e:
                 # A log write failed (a full disk, a removed log dir): the app hears of
                 # it; the exit is still reported, and no other app is taken down.
@@ -173,6 +179,11 @@ class LocalRuntime(AppRuntime):
                     structured_error_msg=error,
                 )
             )
+        except Exception as exc:
+            # This runs in the Supervisor's task group: an error escaping would stop
+            # every app. It is this app's end instead (its actor stops the rest).
+            proc.kill_now()
+            self.emit(AppNotice(message=f"following {key[0]}/{key[1]} failed: {exc}", fatal=True))
         finally:
             done.set()
 
@@ -233,6 +244,16 @@ class LocalRuntime(AppRuntime):
         for slot in self._slots.values():
             if slot.done is not None:
                 await slot.done.wait()
+        # Log failures no exit reported (a replica that never started): this app's
+        # to show, not left for the Supervisor's close to raise at everyone.
+        failures: list[BackendError] = []
+        for log in self._logs.values():
+            try:
+                await self._backend.log_sink.flush(log)
+            except BackendError as e:
+                failures.append(e)
+        if failures:
+            raise failures[0]
 
 
 async def _process_exit(pid: int) -> None:
@@ -242,6 +263,21 @@ async def _process_exit(pid: int) -> None:
     except ProcessLookupError:
         return
     try:
+        await anyio.wait_readable(pidfd)
+    finally:
+        os.close(pidfd)
+
+
+async def _owner_exit(owner: Owner) -> None:
+    """Return when the app's supervising process exits; at once if it already has."""
+    try:
+        pidfd = os.pidfd_open(owner.pid)
+    except ProcessLookupError:
+        return
+    try:
+        # The pidfd pins the process; a pid already reused by another is no owner.
+        if not await anyio.to_thread.run_sync(owner.alive):
+            return
         await anyio.wait_readable(pidfd)
     finally:
         os.close(pidfd)
@@ -357,7 +393,19 @@ class LocalBackend(Backend):
                 num_restarts=status.num_restarts,
                 msg=f"the supervising process (pid {owner.pid}) ended without "
                 "recording a final state",
-                roles=status.roles,
+                # Nobody follows its replicas any more: what they do is unknown too.
+                roles=tuple(
+                    RoleStatus(
+                        role.role,
+                        tuple(
+                            r
+                            if r.state.name in TERMINAL
+                            else replace(r, state=ReplicaState.UNKNOWN)
+                            for r in role.replicas
+                        ),
+                    )
+                    for role in status.roles
+                ),
             )
         return status, app
 
@@ -436,7 +484,17 @@ class LocalBackend(Backend):
 
     async def log_target(self, handle: AppHandle, role: str, replica_id: int) -> LogTarget | None:
         store = await self._store_for(handle)
-        return None if store is None else self.make_log_target(store, role, replica_id)
+        if store is None:
+            return None
+        target = self.make_log_target(store, role, replica_id)
+        app = await anyio.to_thread.run_sync(store.read_app)
+        if app is None or not isinstance(app.get("owner"), dict):
+            return target
+        owner = Owner.from_json(app["owner"])
+        if owner.host != socket.gethostname():
+            return target  # no pidfd for a process on another machine
+        # The owner's death ends the output (its replicas die with it): an event.
+        return replace(target, ended=partial(_owner_exit, owner))
 
     async def aclose(self) -> None:
         for runtime in list(self._runtimes):

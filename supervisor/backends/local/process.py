@@ -109,6 +109,7 @@ class ReplicaProcess:
 
     async def _pump(self, stream: StreamName, fd: int) -> None:
         while True:
+            await self._sink.room()  # a replica outrunning the disk waits, memory does not grow
             await anyio.wait_readable(fd)
             try:
                 data = os.read(fd, 1 << 16)

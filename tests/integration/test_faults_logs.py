@@ -1,0 +1,263 @@
+"""Faults injected for real: a full file system, a removed app directory, huge lines.
+
+The full disk is a real 2 MB tmpfs mounted by the test (it needs root: the
+test says why it skips otherwise); the removed directory is really removed
+while the replica runs; the huge line is really written by a replica. In
+every case the faulty app hears of it and every other app is untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import anyio
+import pytest
+
+from supervisor import AppState, Supervisor
+from supervisor.backends.base import EventSink, Request
+from supervisor.backends.local.backend import LocalBackend, LocalRuntime
+from supervisor.events import ReplicaKey
+from supervisor.logs.lines import MAX_LINE_BYTES
+
+from .helpers import app, py_role, running_with
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
+
+WRITE_20MB = "import sys\nfor _ in range(20):\n    sys.stdout.write('x' * (1 << 20) + '\\n')\n"
+SLOW_OK = "import time; time.sleep(1); print('fine', flush=True)"
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A real 2 MB tmpfs, unmounted afterwards."""
+    mount_point = tmp_path / "small-tmpfs"
+    mount_point.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root; this test runs as a normal user")
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount_point)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+async def _stdout(sv: Supervisor, handle: str, role: str) -> list[str]:
+    return [line async for line in sv.log_iter(handle, role, 0, streams="stdout")]
+
+
+async def test_a_full_disk_is_its_apps_problem_only(small_tmpfs: Path, tmp_path: Path) -> None:
+    async with Supervisor(session="svc", state_dir=tmp_path / "state") as sv:
+        full = await sv.submit(
+            app(py_role("w", WRITE_20MB), name="full"), "local", cfg={"log_dir": str(small_tmpfs)}
+        )
+        other = await sv.submit(
+            app(py_role("ok", SLOW_OK), name="other"), "local", cfg={"log_dir": str(tmp_path)}
+        )
+        with anyio.fail_after(60):
+            other_status = await sv.wait(other)
+            full_status = await sv.wait(full)
+        assert other_status.state is AppState.SUCCEEDED, other_status
+        assert "No space left on device" not in other_status.msg
+        assert await _stdout(sv, other, "ok") == ["fine\n"]
+        # The full-disk app ran to its end and says what went wrong.
+        assert full_status.is_terminal, full_status
+        assert "No space left on device" in full_status.msg, full_status
+        # The Supervisor keeps working: a new app runs to the end.
+        later = await sv.submit(
+            app(py_role("ok", SLOW_OK)), "local", cfg={"log_dir": str(tmp_path / "later")}
+        )
+        with anyio.fail_after(60):
+            assert (await sv.wait(later)).state is AppState.SUCCEEDED
+
+
+async def test_a_removed_app_directory_is_its_apps_problem_only(tmp_path: Path) -> None:
+    doomed_dir = tmp_path / "doomed"
+    code = (
+        "import os, sys, time\n"
+        "print('before', flush=True)\n"
+        f"while os.path.exists({str(doomed_dir)!r}): time.sleep(0.05)\n"
+        "print('after', flush=True)\n"
+    )
+    async with Supervisor(session="svc", state_dir=tmp_path / "state") as sv:
+        doomed = await sv.submit(
+            app(py_role("w", code), name="doomed"), "local", cfg={"log_dir": str(doomed_dir)}
+        )
+        other = await sv.submit(
+            app(py_role("ok", "import time; time.sleep(2); print('fine', flush=True)")),
+            "local",
+            cfg={"log_dir": str(tmp_path / "kept")},
+        )
+        with anyio.fail_after(30):
+            async for _ in sv.log_iter(doomed, "w", 0, should_tail=True):
+                break  # 'before' was written: the directory is in use
+        await anyio.to_thread.run_sync(shutil.rmtree, doomed_dir)
+        with anyio.fail_after(60):
+            other_status = await sv.wait(other)
+            doomed_status = await sv.wait(doomed)
+        assert other_status.state is AppState.SUCCEEDED, other_status
+        assert other_status.msg == ""
+        assert doomed_status.is_terminal, doomed_status
+        assert "No such file or directory" in doomed_status.msg, doomed_status
+        later = await sv.submit(
+            app(py_role("ok", SLOW_OK)), "local", cfg={"log_dir": str(tmp_path / "later")}
+        )
+        with anyio.fail_after(60):
+            assert (await sv.wait(later)).state is AppState.SUCCEEDED
+
+
+class _RestartBug(LocalBackend):
+    """The local backend with a bug injected into restarts.
+
+    A fake on purpose: no real fault makes ``restart`` raise an unexpected
+    error on demand, and the point is what such a bug does to the other apps.
+    """
+
+    async def launch(self, request: Request, sink: EventSink) -> LocalRuntime:
+        runtime = await super().launch(request, sink)
+
+        async def restart(attempts: Sequence[tuple[ReplicaKey, int]], reason: str) -> None:
+            raise RuntimeError("injected restart bug")
+
+        runtime.restart = restart  # type: ignore[method-assign]
+        return runtime
+
+
+async def test_an_unexpected_error_ends_its_app_only(tmp_path: Path) -> None:
+    token = f"asv-abandoned-{uuid.uuid4().hex}"
+    crash = py_role("crash", "import sys; sys.exit(1)", max_retries=1)
+    sleeper = py_role("sleeper", "import time; time.sleep(600)", args=[token])
+    async with Supervisor(
+        session="svc", state_dir=tmp_path / "state", backends={"buggy": _RestartBug}
+    ) as sv:
+        broken = await sv.submit(app(crash, sleeper, name="broken"), "buggy")
+        other = await sv.submit(app(py_role("ok", SLOW_OK)), "local")
+        with anyio.fail_after(60):
+            broken_status = await sv.wait(broken)
+            other_status = await sv.wait(other)
+        assert broken_status.state is AppState.UNKNOWN, broken_status
+        assert "injected restart bug" in broken_status.msg
+        # Its replicas were stopped, not left running unsupervised.
+        assert running_with(token) == []
+        assert other_status.state is AppState.SUCCEEDED, other_status
+        later = await sv.submit(app(py_role("ok", SLOW_OK)), "local")
+        with anyio.fail_after(60):
+            assert (await sv.wait(later)).state is AppState.SUCCEEDED
+    # Other processes read the same end.
+    async with Supervisor(session="svc", state_dir=tmp_path / "state") as reader:
+        described = await reader.describe(broken.replace("buggy://", "local://"))
+    assert described is not None and described.state is AppState.UNKNOWN
+
+
+def _peak_rss_reset() -> None:
+    """Start a new peak-RSS measurement for this process (Linux: clear_refs value 5)."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def _peak_rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM in /proc/self/status")
+
+
+async def test_an_endless_line_keeps_the_supervisors_memory_bounded(tmp_path: Path) -> None:
+    size = 64 * MAX_LINE_BYTES  # 64 MiB without a single newline
+    code = (
+        "import sys\n"
+        "block = b'0123456789abcdef' * 65536\n"
+        f"for _ in range({size} // len(block)):\n"
+        "    sys.stdout.buffer.write(block)\n"
+        "sys.stdout.flush()\n"
+    )
+    async with Supervisor(session="svc", state_dir=tmp_path / "state") as sv:
+        _peak_rss_reset()
+        before = _peak_rss_bytes()
+        handle = await sv.submit(app(py_role("w", code)), "local", cfg={"log_dir": str(tmp_path)})
+        with anyio.fail_after(120):
+            status = await sv.wait(handle)
+        grown = _peak_rss_bytes() - before
+        assert status.state is AppState.SUCCEEDED, status
+        # Holding the line whole would cost the line at least once (64 MiB).
+        assert grown < size // 2, f"peak RSS grew by {grown} bytes"
+        app_dir = tmp_path / "svc" / handle.rpartition("/")[2] / "w" / "0"
+        assert (await anyio.Path(app_dir / "stdout.log").stat()).st_size == size
+        # Read back in pieces, each bounded, nothing lost.
+        total = 0
+        async for piece in sv.log_iter(handle, "w", 0, streams="stdout"):
+            assert len(piece) <= MAX_LINE_BYTES
+            assert piece.strip("0123456789abcdef") == ""
+            total += len(piece)
+        assert total == size
+    combined = (await anyio.Path(app_dir / "combined.log").stat()).st_size
+    assert combined == size + size // MAX_LINE_BYTES - 1  # a newline after every cut piece
+
+
+async def test_an_attempts_last_line_stays_apart_from_the_next(tmp_path: Path) -> None:
+    code = (
+        "import os, sys\n"
+        "if os.environ['ASUPERVISOR_ATTEMPT'] == '0':\n"
+        "    sys.stdout.write('first attempt, no newline'); sys.stdout.flush()\n"
+        "    sys.stderr.write('dying'); sys.stderr.flush()\n"
+        "    sys.exit(1)\n"
+        "print('second attempt')\n"
+        "print('oops', file=sys.stderr)\n"
+    )
+    async with Supervisor(session="svc", state_dir=tmp_path / "state") as sv:
+        handle = await sv.submit(
+            app(py_role("w", code, max_retries=1)), "local", cfg={"log_dir": str(tmp_path)}
+        )
+        with anyio.fail_after(60):
+            assert (await sv.wait(handle)).state is AppState.SUCCEEDED
+        out = [line async for line in sv.log_iter(handle, "w", 0, streams="stdout")]
+        err = [line async for line in sv.log_iter(handle, "w", 0, streams="stderr")]
+        combined = [line async for line in sv.log_iter(handle, "w", 0)]
+    assert out == ["first attempt, no newline\n", "second attempt\n"]
+    assert err == ["dying\n", "oops\n"]
+    assert sorted(combined) == sorted(out + err)
+
+
+async def test_running_out_of_descriptors_is_its_apps_problem_only(tmp_path: Path) -> None:
+    token = f"asv-no-fds-{uuid.uuid4().hex}"
+    async with Supervisor(session="svc", state_dir=tmp_path / "state") as sv:
+        other = await sv.submit(
+            app(py_role("ok", "import time; time.sleep(3); print('fine', flush=True)")),
+            "local",
+            cfg={"log_dir": str(tmp_path / "other")},
+        )
+        # Descriptors are per process: leave this one 40 more than it holds now, so
+        # the next app (30 replicas of 3+ descriptors each) runs out while launching.
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        in_use = len(os.listdir("/proc/self/fd"))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (in_use + 40, hard))
+        try:
+            hog = await sv.submit(
+                app(py_role("w", "import time; time.sleep(600)", args=[token], num_replicas=30)),
+                "local",
+                cfg={"log_dir": str(tmp_path / "hog")},
+            )
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        with anyio.fail_after(60):
+            hog_status = await sv.wait(hog)
+            other_status = await sv.wait(other)
+        assert hog_status.state is AppState.FAILED, hog_status
+        replica_msgs = " ".join(r.msg for role in hog_status.roles for r in role.replicas)
+        assert "Too many open files" in replica_msgs, hog_status
+        assert running_with(token) == []  # nothing it started was left running
+        assert other_status.state is AppState.SUCCEEDED, other_status
+        assert other_status.msg == ""
+        assert await _stdout(sv, other, "ok") == ["fine\n"]
+    # Closing raised nothing: the hog's log failures were its own notice, not the close's.

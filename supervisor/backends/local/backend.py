@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import anyio
 from asyncinotify import Inotify, Mask
@@ -96,20 +97,33 @@ class LocalRuntime(AppRuntime):
         self._backend.watch_cancel(self)
         for key, slot in self._slots.items():
             self.emit(Submitted(role=key[0], replica_id=key[1]))
-            self._spawn(key, slot)
+            async with slot.lock:
+                await self._spawn(key, slot)
 
-    def _spawn(self, key: ReplicaKey, slot: _Slot) -> None:
+    async def _spawn(self, key: ReplicaKey, slot: _Slot) -> None:
+        """Start one attempt; called with ``slot.lock`` held, so a stop meanwhile waits for it."""
         launch = slot.launch
+        if slot.stopped:
+            # A stop decided before the spawn: nothing starts, the stop is answered here.
+            self.emit(Exited(role=key[0], replica_id=key[1], attempt=slot.attempt, exit_code=None))
+            return
         env = {**os.environ, **launch.env, "ASUPERVISOR_ATTEMPT": str(slot.attempt)}
         if launch.path_prepend:
             env["PATH"] = launch.path_prepend + os.pathsep + env.get("PATH", os.defpath)
         log = self._logs[key]
         try:
-            proc = ReplicaProcess(
-                launch.argv, cwd=launch.cwd, env=env, sink=self._backend.log_sink, log=log
+            proc = await ReplicaProcess.start(
+                launch.argv,
+                cwd=launch.cwd,
+                env=env,
+                group=self.request.app_id,
+                reaper=self._backend.reaper,
+                sink=self._backend.log_sink,
+                log=log,
             )
-        except OSError as e:
-            msg = f"cannot start {launch.argv[0]!r}: {e.strerror or e}"
+        except (OSError, BackendError) as e:
+            reason = e.strerror if isinstance(e, OSError) else None
+            msg = f"cannot start {launch.argv[0]!r}: {reason or e}"
             self._backend.log_sink.write(
                 log, "stderr", f"asupervisor: {msg}\n".encode(), time.time()
             )
@@ -123,7 +137,6 @@ class LocalRuntime(AppRuntime):
                 )
             )
             return
-        self._backend.reaper.register(proc.pid, proc.pgid)
         slot.proc = proc
         slot.done = anyio.Event()
         self.emit(
@@ -136,13 +149,16 @@ class LocalRuntime(AppRuntime):
             )
         )
         self._backend.task_group.start_soon(self._follow, key, slot, proc, slot.done, slot.attempt)
+        if slot.stopped:
+            # A stop decided while the spawn was under way wins: the new attempt is
+            # killed at once and its exit answers the stop.
+            proc.kill_now()
 
     async def _follow(
         self, key: ReplicaKey, slot: _Slot, proc: ReplicaProcess, done: anyio.Event, attempt: int
     ) -> None:
         try:
             code = await proc.follow()
-            self._backend.reaper.unregister(proc.pid)
             try:
                 await self._backend.log_sink.flush()
             except BackendError as e:
@@ -150,6 +166,10 @@ class LocalRuntime(AppRuntime):
                 # it; the exit is still reported, and no other app is taken down.
                 self.emit(AppNotice(message=str(e)))
             error = ""
+            unknown = ""
+            if code is None:
+                # Never a success: the app hears why the status is missing.
+                unknown = f"{key[0]}/{key[1]}: {proc.unknown_reason}"
             if code != 0:
                 error = await anyio.to_thread.run_sync(
                     self.store.read_error_file, Path(slot.launch.log_dir)
@@ -163,6 +183,7 @@ class LocalRuntime(AppRuntime):
                     attempt=attempt,
                     exit_code=code,
                     signal=signal_name(code),
+                    msg=unknown,
                     structured_error_msg=error,
                 )
             )
@@ -197,13 +218,12 @@ class LocalRuntime(AppRuntime):
             if proc is not None and done is not None:
                 await proc.terminate(self.request.stop_grace)
                 await done.wait()
-            if slot.stopped:
-                self.emit(Exited(role=key[0], replica_id=key[1], attempt=attempt, exit_code=None))
-                return
-            await anyio.to_thread.run_sync(
-                lambda: (Path(slot.launch.log_dir) / "error.json").unlink(missing_ok=True)
-            )
-            self._spawn(key, slot)
+            if not slot.stopped:
+                await anyio.to_thread.run_sync(
+                    lambda: (Path(slot.launch.log_dir) / "error.json").unlink(missing_ok=True)
+                )
+            # _spawn checks ``stopped`` again: a stop that came during the await wins.
+            await self._spawn(key, slot)
 
     async def record(
         self, status: AppStatus, transitions: Sequence[Transition], final: bool
@@ -224,8 +244,11 @@ class LocalRuntime(AppRuntime):
     async def aclose(self) -> None:
         self._backend.unwatch_cancel(self)
         for slot in self._slots.values():
-            if slot.done is not None:
-                await slot.done.wait()
+            async with slot.lock:  # a restart under way finishes (or is stopped) first
+                if slot.done is not None:
+                    await slot.done.wait()
+        # Whatever the replicas left behind (outside their process groups) goes too.
+        self._backend.reaper.release(self.request.app_id)
 
 
 async def _process_exit(pid: int) -> None:
@@ -259,7 +282,7 @@ class LocalBackend(Backend):
         super().__init__(context)
         self.task_group = context.task_group
         self.log_sink = LogSink()
-        self.reaper = Reaper()
+        self.reaper = Reaper(context.task_group)
         self.index = Index(context.state_dir, "local")
         self.owner = Owner.current()
         self._runtimes: set[LocalRuntime] = set()
@@ -281,6 +304,10 @@ class LocalBackend(Backend):
             max_replicas_per_role=None,
             requires_image=False,
         )
+
+    def statistics(self) -> dict[str, Any]:
+        """``containment``: how replicas are kept from outliving their app (see the README)."""
+        return {"containment": self.reaper.containment}
 
     def default_log_dir(self) -> Path:
         return self.context.state_dir / "logs"

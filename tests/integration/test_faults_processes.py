@@ -39,6 +39,9 @@ pytestmark = [pytest.mark.integration]
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN_VAR = "ASV_FAULT_TOKEN"
+# "best": a cgroup per app where this process may make one (root here and in CI), and
+# the subreaper; "subreaper": what an unprivileged process gets, forced.
+CONTAINMENTS = ["best", "subreaper"]
 
 # Three ways out of the replica's process group, each reporting the pid it left behind.
 ESCAPE = (
@@ -265,10 +268,12 @@ EMBEDDER = textwrap.dedent(
 )
 
 
-def _embedder(tmp_path: Path, mode: str, token: str) -> subprocess.Popen[str]:
+def _embedder(
+    tmp_path: Path, mode: str, token: str, containment: str = "best"
+) -> subprocess.Popen[str]:
     script = tmp_path / "embedder.py"
     script.write_text(EMBEDDER)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "ASUPERVISOR_CONTAINMENT": containment}
     return subprocess.Popen(
         [sys.executable, str(script), mode, token, str(tmp_path / "pids"), ESCAPE],
         stdin=subprocess.PIPE,
@@ -287,6 +292,7 @@ def _finish(proc: subprocess.Popen[str]) -> None:
             stream.close()
 
 
+@pytest.mark.parametrize("containment", CONTAINMENTS)
 @pytest.mark.parametrize(
     ("mode", "sig"),
     [
@@ -300,10 +306,10 @@ def _finish(proc: subprocess.Popen[str]) -> None:
     ],
 )
 def test_no_escaped_descendant_survives_the_supervisor(
-    state_dir: Path, tmp_path: Path, mode: str, sig: signal.Signals | None
+    state_dir: Path, tmp_path: Path, mode: str, sig: signal.Signals | None, containment: str
 ) -> None:
     token = secrets.token_hex(6)
-    proc = _embedder(tmp_path, mode, token)
+    proc = _embedder(tmp_path, mode, token, containment)
     assert proc.stdout is not None and proc.stdin is not None
     forked: list[int] = []
     try:
@@ -332,12 +338,13 @@ def test_no_escaped_descendant_survives_the_supervisor(
                 os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.parametrize("containment", CONTAINMENTS)
 @pytest.mark.parametrize("delay_ms", [5, 30, 80, 150])
 def test_sigkill_during_a_big_submit_leaks_nothing(
-    state_dir: Path, tmp_path: Path, delay_ms: int
+    state_dir: Path, tmp_path: Path, delay_ms: int, containment: str
 ) -> None:
     token = secrets.token_hex(6)
-    proc = _embedder(tmp_path, "big-submit", token)
+    proc = _embedder(tmp_path, "big-submit", token, containment)
     assert proc.stdout is not None
     try:
         assert proc.stdout.readline().strip() == "SUBMITTING"
@@ -351,7 +358,11 @@ def test_sigkill_during_a_big_submit_leaks_nothing(
 
 
 @pytest.mark.anyio
-async def test_close_leaves_no_escapee(state_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("containment", CONTAINMENTS)
+async def test_close_leaves_no_escapee(
+    state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, containment: str
+) -> None:
+    monkeypatch.setenv("ASUPERVISOR_CONTAINMENT", containment)
     token = secrets.token_hex(6)
     env = {TOKEN_VAR: token, "PIDS": str(tmp_path / "pids")}
     role = Role(name="s", entrypoint="sh", args=["-c", ESCAPE], num_replicas=2, env=env)
@@ -363,5 +374,117 @@ async def test_close_leaves_no_escapee(state_dir: Path, tmp_path: Path) -> None:
                     break
             assert len(_token_pids(token)) >= 8
         assert await anyio.to_thread.run_sync(_survivors, token) == []
+    finally:
+        _kill_token(token)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("containment", CONTAINMENTS)
+async def test_an_ended_app_leaves_no_escapee_while_the_supervisor_lives(
+    state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, containment: str
+) -> None:
+    monkeypatch.setenv("ASUPERVISOR_CONTAINMENT", containment)
+    ended, other = secrets.token_hex(6), secrets.token_hex(6)
+    leave = ESCAPE.replace("exec sleep 600", "exit 0")
+    pids = str(tmp_path / "pids")
+    quitter = Role(
+        name="q", entrypoint="sh", args=["-c", leave], env={TOKEN_VAR: ended, "PIDS": pids}
+    )
+    keeper = Role(
+        name="k", entrypoint="sh", args=["-c", ESCAPE], env={TOKEN_VAR: other, "PIDS": pids}
+    )
+    try:
+        async with Supervisor(session="escape") as sv:
+            kept = await sv.submit(app(keeper, name="keeper"), "local")
+            async for _ in sv.log_iter(kept, "k", 0, should_tail=True):
+                break
+            handle = await sv.submit(app(quitter, name="quitter"), "local")
+            status = await sv.wait(handle, timeout=30)
+            assert status.state is AppState.SUCCEEDED
+            assert await anyio.to_thread.run_sync(_survivors, ended) == []
+            # Another app of the same supervisor is left alone.
+            assert len(_token_pids(other)) >= 4
+            expected = (
+                "cgroup+subreaper" if containment == "best" and _cgroups_writable() else "subreaper"
+            )
+            assert sv.statistics()["local"]["containment"] == expected
+        assert await anyio.to_thread.run_sync(_survivors, other) == []
+    finally:
+        _kill_token(ended)
+        _kill_token(other)
+
+
+def _cgroups_writable() -> bool:
+    """Whether this process may make a cgroup v2 directory (root with cgroup2 mounted)."""
+    return os.geteuid() == 0 and any(
+        line.split(" - ")[1].startswith("cgroup2 ")
+        for line in Path("/proc/self/mountinfo").read_text().splitlines()
+    )
+
+
+@pytest.mark.anyio
+async def test_replicas_of_an_app_share_its_cgroup(state_dir: Path) -> None:
+    if not _cgroups_writable():
+        pytest.skip("no writable cgroup v2 here (needs root): the subreaper alone is used")
+    role = Role(name="c", entrypoint="sh", args=["-c", "cat /proc/self/cgroup"], num_replicas=2)
+    async with Supervisor(session="cg") as sv:
+        handle = await sv.submit(app(role, name="cg"), "local")
+        assert (await sv.wait(handle, timeout=30)).state is AppState.SUCCEEDED
+        app_id = handle.rpartition("/")[2]
+        for k in range(2):
+            lines = [line async for line in sv.log_iter(handle, "c", k)]
+            v2 = [line for line in lines if line.startswith("0::")]
+            assert v2 and v2[0].rstrip().endswith(f"/{app_id}"), lines
+            assert "/asupervisor-" in v2[0]
+
+
+def _reaper_pids() -> list[int]:
+    me = str(os.getpid())
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if stat.rpartition(")")[2].split()[1] == me and b"reaper.py" in cmdline:
+            found.append(int(entry))
+    return found
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("max_retries", [0, 2])
+async def test_a_killed_reaper_makes_exits_unknown_never_successful(
+    state_dir: Path, max_retries: int
+) -> None:
+    token = secrets.token_hex(6)
+    role = Role(
+        name="r",
+        entrypoint="sh",
+        args=["-c", 'test "$ASUPERVISOR_ATTEMPT" = 0 && exec sleep 600; exit 0'],
+        num_replicas=2,
+        max_retries=max_retries,
+        retry_policy=RetryPolicy.REPLICA,
+        env={TOKEN_VAR: token},
+    )
+    try:
+        with anyio.fail_after(60):
+            async with Supervisor(session="rk") as sv:
+                handle = await sv.submit(app(role), "local")
+                reapers = _reaper_pids()
+                assert len(reapers) == 1
+                os.kill(reapers[0], signal.SIGKILL)
+                status = await sv.wait(handle, timeout=30)
+                if max_retries:
+                    # Retried through a new reaper: the second attempts succeed.
+                    assert status.state is AppState.SUCCEEDED, status
+                    assert status.num_restarts == 2
+                else:
+                    assert status.state is AppState.FAILED, status
+                    assert "exit status is unknown" in status.msg
+                    states = [r.state for r in status.roles[0].replicas]
+                    assert ReplicaState.SUCCEEDED not in states
+                    assert all(r.exit_code is None for r in status.roles[0].replicas)
+        assert _survivors(token, 5.0) == []
     finally:
         _kill_token(token)

@@ -144,6 +144,7 @@ class Reaper:
     def __init__(self, task_group: TaskGroup) -> None:
         self._task_group = task_group
         self._conn: _Connection | None = None
+        self._ended: list[_Connection] = []  # reapers that died; cleaned up at close
         self._next_id = 0
 
     @property
@@ -152,7 +153,10 @@ class Reaper:
         return "not started" if self._conn is None else self._conn.containment
 
     def _connection(self) -> _Connection:
-        if self._conn is None or self._conn.dead:
+        if self._conn is not None and self._conn.dead:
+            self._ended.append(self._conn)
+            self._conn = None
+        if self._conn is None:
             self._conn = _Connection(self._task_group)
         return self._conn
 
@@ -224,9 +228,14 @@ class Reaper:
 
     async def aclose(self) -> None:
         """Ask the reaper to stop everything left, wait for it to exit, then close the socket."""
-        conn, self._conn = self._conn, None
-        if conn is None:
-            return
+        conns, self._ended = [*self._ended, self._conn], []
+        self._conn = None
+        for conn in conns:
+            if conn is not None:
+                await self._close(conn)
+
+    @staticmethod
+    async def _close(conn: _Connection) -> None:
         with anyio.CancelScope(shield=True):
             if not conn.dead:
                 # A reaper that cannot be reached is exiting already: it is waited for below.

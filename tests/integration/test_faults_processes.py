@@ -52,7 +52,7 @@ ESCAPE = (
 )
 
 
-def _token_pids(token: str) -> list[int]:
+def token_pids(token: str) -> list[int]:
     """Every live (non-zombie) process whose environment carries ``token``."""
     needle = f"{TOKEN_VAR}={token}".encode()
     found = []
@@ -71,11 +71,11 @@ def _token_pids(token: str) -> list[int]:
     return found
 
 
-def _survivors(token: str, seconds: float = 5.0) -> list[int]:
+def survivors(token: str, seconds: float = 5.0) -> list[int]:
     """Processes carrying ``token`` still alive after ``seconds`` (waits on pidfds, no polling)."""
     deadline = time.monotonic() + seconds
     while True:
-        pids = _token_pids(token)
+        pids = token_pids(token)
         left = deadline - time.monotonic()
         if not pids or left <= 0:
             return pids
@@ -91,8 +91,8 @@ def _survivors(token: str, seconds: float = 5.0) -> list[int]:
                 os.close(fd)
 
 
-def _kill_token(token: str) -> None:
-    for pid in _token_pids(token):
+def kill_token(token: str) -> None:
+    for pid in token_pids(token):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
 
@@ -136,9 +136,9 @@ async def test_cancel_during_restart_respawn_wins_and_close_returns(
             for role in status.roles:
                 for r in role.replicas:
                     assert r.state is ReplicaState.CANCELLED, r
-        assert _survivors(token, 2.0) == []
+        assert survivors(token, 2.0) == []
     finally:
-        _kill_token(token)
+        kill_token(token)
 
 
 @pytest.mark.anyio
@@ -166,9 +166,9 @@ async def test_close_during_restart_respawn_returns(state_dir: Path) -> None:
                         break
             final = sv.status(handle)
         assert final is not None and final.state is AppState.CANCELLED
-        assert _survivors(token, 2.0) == []
+        assert survivors(token, 2.0) == []
     finally:
-        _kill_token(token)
+        kill_token(token)
 
 
 # ------------------------------------------------ item 3: exit statuses not stolen
@@ -316,7 +316,7 @@ def test_no_escaped_descendant_survives_the_supervisor(
         assert proc.stdout.readline().strip() == "READY"
         escaped = [int(p) for p in (tmp_path / "pids").read_text().split()]
         assert len(escaped) == 6  # three ways out, two replicas
-        assert len(_token_pids(token)) >= 8  # the two replicas and their escapees
+        assert len(token_pids(token)) >= 8  # the two replicas and their escapees
         if mode == "forked-child":
             forked = [
                 int(p)
@@ -329,10 +329,10 @@ def test_no_escaped_descendant_survives_the_supervisor(
         else:
             proc.send_signal(sig)
             proc.wait(timeout=30)
-        assert _survivors(token) == []
+        assert survivors(token) == []
     finally:
         _finish(proc)
-        _kill_token(token)
+        kill_token(token)
         for pid in forked:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -351,10 +351,10 @@ def test_sigkill_during_a_big_submit_leaks_nothing(
         time.sleep(delay_ms / 1000)
         proc.kill()
         proc.wait(timeout=30)
-        assert _survivors(token) == []
+        assert survivors(token) == []
     finally:
         _finish(proc)
-        _kill_token(token)
+        kill_token(token)
 
 
 @pytest.mark.anyio
@@ -372,10 +372,10 @@ async def test_close_leaves_no_escapee(
             for k in range(2):
                 async for _ in sv.log_iter(handle, "s", k, should_tail=True):
                     break
-            assert len(_token_pids(token)) >= 8
-        assert await anyio.to_thread.run_sync(_survivors, token) == []
+            assert len(token_pids(token)) >= 8
+        assert await anyio.to_thread.run_sync(survivors, token) == []
     finally:
-        _kill_token(token)
+        kill_token(token)
 
 
 @pytest.mark.anyio
@@ -401,17 +401,17 @@ async def test_an_ended_app_leaves_no_escapee_while_the_supervisor_lives(
             handle = await sv.submit(app(quitter, name="quitter"), "local")
             status = await sv.wait(handle, timeout=30)
             assert status.state is AppState.SUCCEEDED
-            assert await anyio.to_thread.run_sync(_survivors, ended) == []
+            assert await anyio.to_thread.run_sync(survivors, ended) == []
             # Another app of the same supervisor is left alone.
-            assert len(_token_pids(other)) >= 4
+            assert len(token_pids(other)) >= 4
             expected = (
                 "cgroup+subreaper" if containment == "best" and _cgroups_writable() else "subreaper"
             )
             assert sv.statistics()["local"]["containment"] == expected
-        assert await anyio.to_thread.run_sync(_survivors, other) == []
+        assert await anyio.to_thread.run_sync(survivors, other) == []
     finally:
-        _kill_token(ended)
-        _kill_token(other)
+        kill_token(ended)
+        kill_token(other)
 
 
 def _cgroups_writable() -> bool:
@@ -485,6 +485,6 @@ async def test_a_killed_reaper_makes_exits_unknown_never_successful(
                     states = [r.state for r in status.roles[0].replicas]
                     assert ReplicaState.SUCCEEDED not in states
                     assert all(r.exit_code is None for r in status.roles[0].replicas)
-        assert _survivors(token, 5.0) == []
+        assert survivors(token, 5.0) == []
     finally:
-        _kill_token(token)
+        kill_token(token)

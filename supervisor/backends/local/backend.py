@@ -249,6 +249,7 @@ class LocalRuntime(AppRuntime):
                     await slot.done.wait()
         # Whatever the replicas left behind (outside their process groups) goes too.
         self._backend.reaper.release(self.request.app_id)
+        self._backend.forget(self)
 
 
 async def _process_exit(pid: int) -> None:
@@ -331,8 +332,11 @@ class LocalBackend(Backend):
         watch = self._inotify.add_watch(runtime.store.app_dir, Mask.CREATE | Mask.MOVED_TO)
         self._watches[watch.wd] = runtime
 
-    def unwatch_cancel(self, runtime: LocalRuntime) -> None:
+    def forget(self, runtime: LocalRuntime) -> None:
+        """The runtime is closed: nothing of it runs or can still start."""
         self._runtimes.discard(runtime)
+
+    def unwatch_cancel(self, runtime: LocalRuntime) -> None:
         if self._inotify is None:
             return
         for watch in list(self._inotify.watches):
@@ -456,6 +460,8 @@ class LocalBackend(Backend):
     async def aclose(self) -> None:
         for runtime in list(self._runtimes):
             runtime.kill_all()
+        # Also those whose app already ended: a restart of theirs may still be under way,
+        # and must be over before the reaper and the log sink close.
         for runtime in list(self._runtimes):
             await runtime.aclose()
         if self._inotify is not None:

@@ -434,7 +434,7 @@ async def test_replicas_of_an_app_share_its_cgroup(state_dir: Path) -> None:
         for k in range(2):
             lines = [line async for line in sv.log_iter(handle, "c", k)]
             v2 = [line for line in lines if line.startswith("0::")]
-            assert v2 and v2[0].rstrip().endswith(f"/{app_id}"), lines
+            assert v2 and v2[0].rstrip().endswith(f"/app-{app_id}"), lines
             assert "/asupervisor-" in v2[0]
 
 

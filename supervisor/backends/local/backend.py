@@ -95,10 +95,16 @@ class LocalRuntime(AppRuntime):
             for key, slot in self._slots.items()
         }
         self._backend.watch_cancel(self)
-        for key, slot in self._slots.items():
+        for key in self._slots:
             self.emit(Submitted(role=key[0], replica_id=key[1]))
-            async with slot.lock:
-                await self._spawn(key, slot)
+        # All at once: the reaper forks while this process prepares the next requests.
+        async with anyio.create_task_group() as tg:
+            for key, slot in self._slots.items():
+                tg.start_soon(self._spawn_locked, key, slot)
+
+    async def _spawn_locked(self, key: ReplicaKey, slot: _Slot) -> None:
+        async with slot.lock:
+            await self._spawn(key, slot)
 
     async def _spawn(self, key: ReplicaKey, slot: _Slot) -> None:
         """Start one attempt; called with ``slot.lock`` held, so a stop meanwhile waits for it."""

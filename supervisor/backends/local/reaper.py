@@ -41,12 +41,12 @@ import os
 import select
 import signal
 import socket
+import subprocess
 import sys
 import time
 from typing import Any
 
 GRACE_SECONDS = 1.0
-PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 MAX_MESSAGE = 1 << 20
 _FD_ITEM = array.array("i").itemsize
@@ -114,7 +114,15 @@ class Reaper:
         self.live: set[int] = set()  # replica leaders not reaped yet (pid == pgid)
         self.outbox: list[bytes] = []
         self.subreaper = _prctl(PR_SET_CHILD_SUBREAPER, 1)
+        self.popens: dict[int, subprocess.Popen[bytes]] = {}
         self.cgroup = _cgroup_base()
+        self.home: int | None = None  # cgroup.procs of this process's own leaf
+        if self.cgroup is not None:
+            self.home = _enter_home(self.cgroup)
+            if self.home is None:
+                with contextlib.suppress(OSError):
+                    os.rmdir(self.cgroup)
+                self.cgroup = None
         self.groups: dict[str, str] = {}  # app -> its cgroup directory
         self.emptying: list[str] = []  # cgroups of ended apps, removed once empty
         self.closing = False
@@ -217,8 +225,7 @@ class Reaper:
         path = self.groups.get(group)
         try:
             if path is None:
-                safe = group.replace("/", "_").lstrip(".") or "app"
-                path = os.path.join(self.cgroup, safe)
+                path = os.path.join(self.cgroup, "app-" + group.replace("/", "_"))
                 os.makedirs(path, exist_ok=True)
                 self.groups[group] = path
             return os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
@@ -226,29 +233,46 @@ class Reaper:
             return None
 
     def spawn(self, msg: dict[str, Any], fds: list[int]) -> None:
+        """Start one replica in a session of its own, inside its app's cgroup if there is one.
+
+        This process steps into the app's cgroup for the spawn and back out
+        after, so the child is born inside it (nothing it forks can be missed)
+        and Popen can still use vfork: no Python code runs in the child.
+        """
         if len(fds) != 2:
             self.send(op="failed", id=msg["id"], errno=0, error="no output pipes were passed")
             return
+        argv = msg["argv"]
         procs = self._group_procs(str(msg.get("group", "")))
-        err_r, err_w = os.pipe()
         try:
-            pid = os.fork()
-            if pid == 0:  # pragma: no cover - the child execs or exits
-                _child(msg, fds, procs, err_w, self.me)
-            os.close(err_w)
-            report = b""
-            while chunk := os.read(err_r, 4096):
-                report += chunk
+            if procs is not None:
+                os.write(procs, b"0")
+            try:
+                popen = subprocess.Popen(
+                    argv,
+                    cwd=msg["cwd"],
+                    env=msg["env"],
+                    stdin=subprocess.DEVNULL,
+                    stdout=fds[0],
+                    stderr=fds[1],
+                    start_new_session=True,
+                )
+            finally:
+                if procs is not None and self.home is not None:
+                    os.write(self.home, b"0")
+        except OSError as e:
+            where = f": {e.filename}" if e.filename not in (None, argv[0]) else ""
+            self.send(op="failed", id=msg["id"], errno=e.errno or 0, error=f"{e.strerror}{where}")
+            return
+        except (ValueError, subprocess.SubprocessError) as e:
+            self.send(op="failed", id=msg["id"], errno=0, error=str(e))
+            return
         finally:
-            os.close(err_r)
             if procs is not None:
                 os.close(procs)
-        if report:
-            code, _, text = report.decode(errors="replace").partition(":")
-            self.send(op="failed", id=msg["id"], errno=int(code or 0), error=text)
-            return  # the child already exited; reap() collects it
-        self.live.add(pid)
-        self.send(op="spawned", id=msg["id"], pid=pid)
+        self.popens[popen.pid] = popen
+        self.live.add(popen.pid)
+        self.send(op="spawned", id=msg["id"], pid=popen.pid)
 
     # ---------------------------------------------------------------- reaping
     def reap(self) -> None:
@@ -269,6 +293,10 @@ class Reaper:
                 _, status = os.waitpid(pid, 0)
             except ChildProcessError:
                 continue
+            popen = self.popens.pop(pid, None)
+            if popen is not None:
+                # Known to be reaped: the Popen object never waits for it again.
+                popen.returncode = os.waitstatus_to_exitcode(status)
             if pid in self.live:
                 self.live.discard(pid)
                 self.send(op="exit", pid=pid, status=status)
@@ -324,9 +352,29 @@ class Reaper:
             with contextlib.suppress(OSError):
                 os.rmdir(path)
         if self.cgroup is not None:
+            # Back to where it started, so its own leaf and the base can go too.
             with contextlib.suppress(OSError):
+                with open(os.path.join(os.path.dirname(self.cgroup), "cgroup.procs"), "w") as f:
+                    f.write("0")
+                os.rmdir(os.path.join(self.cgroup, "reaper"))
                 os.rmdir(self.cgroup)
         self.live.clear()
+
+
+def _enter_home(base: str) -> int | None:
+    """Move this process into a leaf of its own below ``base``; its ``cgroup.procs``, or None."""
+    home = os.path.join(base, "reaper")
+    try:
+        os.mkdir(home)
+        fd = os.open(os.path.join(home, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        os.write(fd, b"0")
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def _kill_cgroup(path: str) -> None:
@@ -353,39 +401,6 @@ def _kill_descendants(me: int) -> None:
         except ChildProcessError:
             if not found:
                 return
-
-
-def _child(msg: dict[str, Any], fds: list[int], procs: int | None, err_w: int, reaper: int) -> None:
-    """In the forked child: new session, own cgroup, output pipes, cwd, then exec. Never returns."""
-    stage = "exec"
-    try:
-        os.setsid()
-        if procs is not None:
-            with contextlib.suppress(OSError):
-                os.write(procs, b"0")
-        # The replica dies with the reaper, should the reaper itself be killed.
-        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != reaper:
-            os._exit(127)
-        signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ):
-            signal.signal(sig, signal.SIG_DFL)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(fds[0], 1)
-        os.dup2(fds[1], 2)
-        stage = "chdir"
-        os.chdir(msg["cwd"])
-        stage = "exec"
-        argv = msg["argv"]
-        os.execvpe(argv[0], argv, msg["env"])
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            os.write(err_w, f"{e.errno or 0}:{stage}".encode())
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.write(err_w, b"0:setup")
-    os._exit(127)
 
 
 def main() -> int:

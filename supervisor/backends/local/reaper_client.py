@@ -6,9 +6,9 @@ resolve the caller's wait, exit reports fill the replica's ``ExitReport``.
 Writes are a few hundred bytes each and the reaper never stops reading, so
 sending does not wait in practice.
 
-If the reaper itself dies (killed from outside), every replica it had is
-killed by the kernel (``PR_SET_PDEATHSIG``) and reported with an unknown
-exit status; the next spawn starts a new reaper.
+If the reaper itself dies (killed from outside), the replicas it had are
+killed from here (a pidfd per replica tells which still run) and reported
+with an unknown exit status; the next spawn starts a new reaper.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import contextlib
 import errno
 import json
 import os
+import select
+import signal
 import socket
 import subprocess
 import sys
@@ -44,6 +46,15 @@ class ExitReport:
     done: anyio.Event = field(default_factory=anyio.Event)
     status: int | None = None
     reason: str = ""
+    pid: int = 0
+    pidfd: int | None = None  # kept until the exit, to stop the replica should the reaper die
+
+    def settle(self, status: int | None, reason: str = "") -> None:
+        self.status, self.reason = status, reason
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+        self.done.set()
 
     @property
     def returncode(self) -> int | None:
@@ -114,16 +125,18 @@ class _Connection:
         elif op in ("spawned", "failed"):
             if op == "spawned":
                 # Registered before the spawner resumes: its exit may be the very next message.
-                self.exits[msg["pid"]] = ExitReport()
+                pid = msg["pid"]
+                report = self.exits[pid] = msg["report"] = ExitReport(pid=pid)
+                with contextlib.suppress(OSError):
+                    report.pidfd = os.pidfd_open(pid)
             self.replies[msg["id"]] = msg
             event = self.waiting.pop(msg["id"], None)
             if event is not None:
                 event.set()
         elif op == "exit":
-            report = self.exits.pop(msg["pid"], None)
-            if report is not None:
-                report.status = msg["status"]
-                report.done.set()
+            ended = self.exits.pop(msg["pid"], None)
+            if ended is not None:
+                ended.settle(msg["status"])
 
     def _end(self) -> None:
         """The reaper is gone: whatever waits on it is answered, nothing hangs."""
@@ -132,8 +145,11 @@ class _Connection:
             event.set()
         self.waiting.clear()
         for report in self.exits.values():
-            report.reason = "the local reaper process ended, so the exit status is unknown"
-            report.done.set()
+            if report.pidfd is not None and not select.select([report.pidfd], [], [], 0)[0]:
+                # Still running (so its pid, and group id, are still its own): stopped here.
+                with contextlib.suppress(OSError):
+                    os.killpg(report.pid, signal.SIGKILL)
+            report.settle(None, "the local reaper process ended, so the exit status is unknown")
         self.exits.clear()
         self.stopped.set()
 
@@ -204,25 +220,20 @@ class Reaper:
         if reply["op"] == "failed":
             code = int(reply["errno"]) or errno.EIO
             raise OSError(code, f"{os.strerror(code)} ({reply['error']})")
-        pid = int(reply["pid"])
-        report = conn.exits.get(pid)
-        if report is None:  # it exited, or the reaper ended, before this task resumed
-            report = ExitReport()
-            report.reason = "the local reaper process ended, so the exit status is unknown"
-            report.done.set()
-        return pid, report
+        report: ExitReport = reply["report"]  # already settled if it exited meanwhile
+        return report.pid, report
 
     def kill(self, pids: Sequence[int], sig: int) -> None:
         """Signal the process groups of replicas not yet reaped; others are left alone."""
         if self._conn is not None and not self._conn.dead and pids:
-            # A reaper gone meanwhile took its replicas with it (PR_SET_PDEATHSIG).
+            # A reaper gone meanwhile: _end already killed what it had left.
             with contextlib.suppress(BackendError):
                 self._conn.send({"op": "kill", "pids": list(pids), "sig": int(sig)})
 
     def release(self, group: str) -> None:
         """An app ended: the reaper kills whatever its replicas left behind."""
         if self._conn is not None and not self._conn.dead:
-            # As in kill: what the app left behind ended with the reaper.
+            # A reaper gone meanwhile: its adopted orphans are beyond reach (see README).
             with contextlib.suppress(BackendError):
                 self._conn.send({"op": "release", "group": group})
 

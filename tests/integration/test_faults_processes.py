@@ -318,10 +318,12 @@ def test_no_escaped_descendant_survives_the_supervisor(
         assert len(escaped) == 6  # three ways out, two replicas
         assert len(token_pids(token)) >= 8  # the two replicas and their escapees
         if mode == "forked-child":
-            forked = [
+            forked = [  # the host's children but its reaper
                 int(p)
                 for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+                if b"reaper.py" not in Path(f"/proc/{p}/cmdline").read_bytes()
             ]
+            assert len(forked) == 1
         if sig is None:
             proc.stdin.write("\n")
             proc.stdin.flush()
@@ -365,6 +367,7 @@ async def test_close_leaves_no_escapee(
     monkeypatch.setenv("ASUPERVISOR_CONTAINMENT", containment)
     token = secrets.token_hex(6)
     env = {TOKEN_VAR: token, "PIDS": str(tmp_path / "pids")}
+    cgroups_before = _our_cgroups()
     role = Role(name="s", entrypoint="sh", args=["-c", ESCAPE], num_replicas=2, env=env)
     try:
         async with Supervisor(session="escape") as sv:
@@ -374,6 +377,7 @@ async def test_close_leaves_no_escapee(
                     break
             assert len(token_pids(token)) >= 8
         assert await anyio.to_thread.run_sync(survivors, token) == []
+        assert _our_cgroups() <= cgroups_before  # the reaper removed its cgroups
     finally:
         kill_token(token)
 
@@ -412,6 +416,16 @@ async def test_an_ended_app_leaves_no_escapee_while_the_supervisor_lives(
     finally:
         kill_token(ended)
         kill_token(other)
+
+
+def _our_cgroups() -> set[str]:
+    """The reapers' cgroup directories that exist now (none without a writable cgroup2)."""
+    mounts = [
+        line.split(" - ")[0].split()[4]
+        for line in Path("/proc/self/mountinfo").read_text().splitlines()
+        if line.split(" - ")[1].startswith("cgroup2 ")
+    ]
+    return {str(p) for m in mounts for p in Path(m).glob("**/asupervisor-*")}
 
 
 def _cgroups_writable() -> bool:
@@ -467,6 +481,7 @@ async def test_a_killed_reaper_makes_exits_unknown_never_successful(
         retry_policy=RetryPolicy.REPLICA,
         env={TOKEN_VAR: token},
     )
+    cgroups_before = _our_cgroups()
     try:
         with anyio.fail_after(60):
             async with Supervisor(session="rk") as sv:
@@ -486,5 +501,6 @@ async def test_a_killed_reaper_makes_exits_unknown_never_successful(
                     assert ReplicaState.SUCCEEDED not in states
                     assert all(r.exit_code is None for r in status.roles[0].replicas)
         assert survivors(token, 5.0) == []
+        assert _our_cgroups() <= cgroups_before  # removed by the supervisor this time
     finally:
         kill_token(token)

@@ -85,6 +85,7 @@ class _Connection:
         self.replies: dict[int, dict[str, Any]] = {}
         self.exits: dict[int, ExitReport] = {}
         self.containment = "starting"
+        self.cgroup: str | None = None  # the reaper's cgroup directory, if it made one
         self.dead = False
         self.scope = anyio.CancelScope()
         self.stopped = anyio.Event()
@@ -119,6 +120,7 @@ class _Connection:
     def _dispatch(self, msg: dict[str, Any]) -> None:
         op = msg["op"]
         if op == "hello":
+            self.cgroup = msg["cgroup"]
             self.containment = "cgroup+subreaper" if msg["cgroup"] else "subreaper"
             if not msg["subreaper"]:
                 self.containment = "cgroup" if msg["cgroup"] else "process-group"
@@ -151,6 +153,10 @@ class _Connection:
                     os.killpg(report.pid, signal.SIGKILL)
             report.settle(None, "the local reaper process ended, so the exit status is unknown")
         self.exits.clear()
+        if self.cgroup is not None:
+            # Its cgroup still holds whatever the replicas left behind: killed at once.
+            with contextlib.suppress(OSError), open(f"{self.cgroup}/cgroup.kill", "w") as f:
+                f.write("1")
         self.stopped.set()
 
 
@@ -266,3 +272,17 @@ class Reaper:
             await conn.stopped.wait()
             conn.sock.close()
             conn.popen.wait()  # at once: it has exited (0 if the host reaped it first)
+            if conn.cgroup is not None:
+                await anyio.to_thread.run_sync(_remove_cgroup, conn.cgroup)
+
+
+def _remove_cgroup(path: str) -> None:
+    """Remove what a reaper that was killed could not: its (now empty) cgroup directories."""
+    if not os.path.isdir(path):
+        return  # the reaper removed it itself
+    for entry in os.scandir(path):
+        if entry.is_dir():
+            with contextlib.suppress(OSError):
+                os.rmdir(entry.path)
+    with contextlib.suppress(OSError):
+        os.rmdir(path)

@@ -160,20 +160,23 @@ class Reaper:
         poller.register(self.wake, select.POLLIN)
         if self.parent_fd is not None:
             poller.register(self.parent_fd, select.POLLIN)
-        while not self.closing:
-            mask = select.POLLIN | (select.POLLOUT if self.outbox else 0)
-            poller.modify(self.sock, mask)
-            for fd, events in poller.poll():
-                if fd == self.wake:
-                    self.drain_wake()
-                    self.reap()
-                elif fd == self.parent_fd:
-                    self.closing = True  # the supervisor exited, however it ended
-                elif events & select.POLLOUT:
-                    self.flush()
-                if fd == self.sock.fileno() and events & (select.POLLIN | select.POLLHUP):
-                    self.receive()
-        self.stop_everything()
+        try:
+            while not self.closing:
+                mask = select.POLLIN | (select.POLLOUT if self.outbox else 0)
+                poller.modify(self.sock, mask)
+                for fd, events in poller.poll():
+                    if fd == self.wake:
+                        self.drain_wake()
+                        self.reap()
+                    elif fd == self.parent_fd:
+                        self.closing = True  # the supervisor exited, however it ended
+                    elif events & select.POLLOUT:
+                        self.flush()
+                    if fd == self.sock.fileno() and events & (select.POLLIN | select.POLLHUP):
+                        self.receive()
+        finally:
+            # Even after a bug of its own (the traceback goes to the host's stderr).
+            self.stop_everything()
 
     def drain_wake(self) -> None:
         with contextlib.suppress(BlockingIOError):

@@ -150,10 +150,14 @@ async def _collect(sv: Supervisor, handle: str) -> list[Transition]:
     return [t async for t in sv.watch(handle)]
 
 
-def test_random_interleavings_end_cleanly(state_dir: Path) -> None:
+@pytest.mark.parametrize("containment", ["best", "subreaper"])
+def test_random_interleavings_end_cleanly(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch, containment: str
+) -> None:
+    monkeypatch.setenv("ASUPERVISOR_CONTAINMENT", containment)
     runner = Interleavings.TestCase
     runner.settings = settings(
-        max_examples=int(os.environ.get("ASV_INTERLEAVING_EXAMPLES", "12")),
+        max_examples=int(os.environ.get("ASV_INTERLEAVING_EXAMPLES", "10")),
         stateful_step_count=8,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],

@@ -249,7 +249,11 @@ class Reaper:
         procs = self._group_procs(str(msg.get("group", "")))
         try:
             if procs is not None:
-                os.write(procs, b"0")
+                try:
+                    os.write(procs, b"0")
+                except OSError:  # the cgroup refuses (a pids limit): the subreaper still holds it
+                    os.close(procs)
+                    procs = None
             try:
                 popen = subprocess.Popen(
                     argv,
@@ -261,8 +265,8 @@ class Reaper:
                     start_new_session=True,
                 )
             finally:
-                if procs is not None and self.home is not None:
-                    os.write(self.home, b"0")
+                if procs is not None:
+                    self._go_home()
         except OSError as e:
             where = f": {e.filename}" if e.filename not in (None, argv[0]) else ""
             self.send(op="failed", id=msg["id"], errno=e.errno or 0, error=f"{e.strerror}{where}")
@@ -276,6 +280,20 @@ class Reaper:
         self.popens[popen.pid] = popen
         self.live.add(popen.pid)
         self.send(op="spawned", id=msg["id"], pid=popen.pid)
+
+    def _go_home(self) -> None:
+        """Leave the app's cgroup after a spawn; if that fails, never kill a cgroup again.
+
+        (This process would be inside the one it kills.)
+        """
+        try:
+            if self.home is None:
+                raise OSError("no home cgroup")
+            os.write(self.home, b"0")
+        except OSError:
+            self.cgroup = None
+            self.groups.clear()
+            self.emptying.clear()
 
     # ---------------------------------------------------------------- reaping
     def reap(self) -> None:

@@ -228,6 +228,8 @@ class AppFSM:
         model.signal = event.signal
         model.structured_error_msg = event.structured_error_msg
         what = f"{model.role}/{model.replica_id} {describe_exit(event.exit_code, event.signal)}"
+        if event.exit_code is None and event.msg:
+            what = event.msg  # e.g. an exit status the backend could not learn
         model.msg = event.msg or ("" if outcome is ExitOutcome.SUCCEEDED else what)
         if outcome is ExitOutcome.RESTART:
             return await self._restart(model, role, event.at, what)

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import anyio
 from asyncinotify import Inotify, Mask
@@ -107,22 +108,41 @@ class LocalRuntime(AppRuntime):
             for key, slot in self._slots.items()
         }
         self._backend.watch_cancel(self)
-        for key, slot in self._slots.items():
+        for key in self._slots:
             self.emit(Submitted(role=key[0], replica_id=key[1]))
-            self._spawn(key, slot)
+        # All at once: the reaper forks while this process prepares the next requests.
+        async with anyio.create_task_group() as tg:
+            for key, slot in self._slots.items():
+                tg.start_soon(self._spawn_locked, key, slot)
 
-    def _spawn(self, key: ReplicaKey, slot: _Slot) -> None:
+    async def _spawn_locked(self, key: ReplicaKey, slot: _Slot) -> None:
+        async with slot.lock:
+            await self._spawn(key, slot)
+
+    async def _spawn(self, key: ReplicaKey, slot: _Slot) -> None:
+        """Start one attempt; called with ``slot.lock`` held, so a stop meanwhile waits for it."""
         launch = slot.launch
+        if slot.stopped:
+            # A stop decided before the spawn: nothing starts, the stop is answered here.
+            self.emit(Exited(role=key[0], replica_id=key[1], attempt=slot.attempt, exit_code=None))
+            return
         env = {**os.environ, **launch.env, "ASUPERVISOR_ATTEMPT": str(slot.attempt)}
         if launch.path_prepend:
             env["PATH"] = launch.path_prepend + os.pathsep + env.get("PATH", os.defpath)
         log = self._logs[key]
         try:
-            proc = ReplicaProcess(
-                launch.argv, cwd=launch.cwd, env=env, sink=self._backend.log_sink, log=log
+            proc = await ReplicaProcess.start(
+                launch.argv,
+                cwd=launch.cwd,
+                env=env,
+                group=self.request.app_id,
+                reaper=self._backend.reaper,
+                sink=self._backend.log_sink,
+                log=log,
             )
-        except OSError as e:
-            msg = f"cannot start {launch.argv[0]!r}: {e.strerror or e}"
+        except (OSError, BackendError) as e:
+            reason = e.strerror if isinstance(e, OSError) else None
+            msg = f"cannot start {launch.argv[0]!r}: {reason or e}"
             self._backend.log_sink.write(
                 log, "stderr", f"asupervisor: {msg}\n".encode(), time.time()
             )
@@ -136,7 +156,6 @@ class LocalRuntime(AppRuntime):
                 )
             )
             return
-        self._backend.reaper.register(proc.pid, proc.pgid)
         slot.proc = proc
         slot.done = anyio.Event()
         self.emit(
@@ -149,13 +168,16 @@ class LocalRuntime(AppRuntime):
             )
         )
         self._backend.task_group.start_soon(self._follow, key, slot, proc, slot.done, slot.attempt)
+        if slot.stopped:
+            # A stop decided while the spawn was under way wins: the new attempt is
+            # killed at once and its exit answers the stop.
+            proc.kill_now()
 
     async def _follow(
         self, key: ReplicaKey, slot: _Slot, proc: ReplicaProcess, done: anyio.Event, attempt: int
     ) -> None:
         try:
             code = await proc.follow()
-            self._backend.reaper.unregister(proc.pid)
             try:
                 await self._backend.log_sink.flush(self._logs[key])
             except BackendError as e:
@@ -163,6 +185,10 @@ class LocalRuntime(AppRuntime):
                 # it; the exit is still reported, and no other app is taken down.
                 self.emit(AppNotice(message=str(e)))
             error = ""
+            unknown = ""
+            if code is None:
+                # Never a success: the app hears why the status is missing.
+                unknown = f"{key[0]}/{key[1]}: {proc.unknown_reason}"
             if code != 0:
                 error = await anyio.to_thread.run_sync(
                     self.store.read_error_file, Path(slot.launch.error_file)
@@ -176,6 +202,7 @@ class LocalRuntime(AppRuntime):
                     attempt=attempt,
                     exit_code=code,
                     signal=signal_name(code),
+                    msg=unknown,
                     structured_error_msg=error,
                 )
             )
@@ -215,13 +242,12 @@ class LocalRuntime(AppRuntime):
             if proc is not None and done is not None:
                 await proc.terminate(self.request.stop_grace)
                 await done.wait()
-            if slot.stopped:
-                self.emit(Exited(role=key[0], replica_id=key[1], attempt=attempt, exit_code=None))
-                return
-            await anyio.to_thread.run_sync(
-                lambda: Path(slot.launch.error_file).unlink(missing_ok=True)
-            )
-            self._spawn(key, slot)
+            if not slot.stopped:
+                await anyio.to_thread.run_sync(
+                    lambda: Path(slot.launch.error_file).unlink(missing_ok=True)
+                )
+            # _spawn checks ``stopped`` again: a stop that came during the await wins.
+            await self._spawn(key, slot)
 
     async def record(
         self, status: AppStatus, transitions: Sequence[Transition], final: bool
@@ -242,8 +268,12 @@ class LocalRuntime(AppRuntime):
     async def aclose(self) -> None:
         self._backend.unwatch_cancel(self)
         for slot in self._slots.values():
-            if slot.done is not None:
-                await slot.done.wait()
+            async with slot.lock:  # a restart under way finishes (or is stopped) first
+                if slot.done is not None:
+                    await slot.done.wait()
+        # Whatever the replicas left behind (outside their process groups) goes too.
+        self._backend.reaper.release(self.request.app_id)
+        self._backend.forget(self)
         # Log failures no exit reported (a replica that never started): this app's
         # to show, not left for the Supervisor's close to raise at everyone.
         failures: list[BackendError] = []
@@ -302,7 +332,7 @@ class LocalBackend(Backend):
         super().__init__(context)
         self.task_group = context.task_group
         self.log_sink = LogSink()
-        self.reaper = Reaper()
+        self.reaper = Reaper(context.task_group)
         self.index = Index(context.state_dir, "local")
         self.owner = Owner.current()
         self._runtimes: set[LocalRuntime] = set()
@@ -330,6 +360,10 @@ class LocalBackend(Backend):
         limit = cfg.get_int("max_replicas_per_role", DEFAULT_MAX_REPLICAS)
         return dataclasses.replace(self.capabilities, max_replicas_per_role=limit)
 
+    def statistics(self) -> dict[str, Any]:
+        """``containment``: how replicas are kept from outliving their app (see the README)."""
+        return {"containment": self.reaper.containment}
+
     def default_log_dir(self) -> Path:
         return self.context.state_dir / "logs"
 
@@ -352,8 +386,11 @@ class LocalBackend(Backend):
         watch = self._inotify.add_watch(runtime.store.app_dir, Mask.CREATE | Mask.MOVED_TO)
         self._watches[watch.wd] = runtime
 
-    def unwatch_cancel(self, runtime: LocalRuntime) -> None:
+    def forget(self, runtime: LocalRuntime) -> None:
+        """The runtime is closed: nothing of it runs or can still start."""
         self._runtimes.discard(runtime)
+
+    def unwatch_cancel(self, runtime: LocalRuntime) -> None:
         if self._inotify is None:
             return
         for watch in list(self._inotify.watches):
@@ -499,6 +536,8 @@ class LocalBackend(Backend):
     async def aclose(self) -> None:
         for runtime in list(self._runtimes):
             runtime.kill_all()
+        # Also those whose app already ended: a restart of theirs may still be under way,
+        # and must be over before the reaper and the log sink close.
         for runtime in list(self._runtimes):
             await runtime.aclose()
         if self._inotify is not None:

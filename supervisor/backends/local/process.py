@@ -1,24 +1,23 @@
 """One spawned attempt of a local replica: its process group, its exit, its output.
 
-Exits are observed through a pidfd made readable by the kernel the moment the
-process ends, so there is no polling and no watcher thread per child (the
-asyncio child watcher of Python 3.11 would start one thread per process).
+Replicas are children of the reaper process (``reaper.py``), which reports
+each exit over its socket, so there is no polling and no watcher thread per
+child, and the host's own SIGCHLD handling cannot lose an exit status.
 Output arrives through two pipes read when the loop says they are readable
 and is handed, with its arrival time, to the backend's LogSink.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Mapping
 from typing import Literal
 
 import anyio
 
+from supervisor.backends.local.reaper_client import ExitReport, Reaper
 from supervisor.logs import LogSink, ReplicaLog
 
 __all__ = ["ReplicaProcess", "signal_name"]
@@ -28,8 +27,8 @@ DRAIN_TIMEOUT = 2.0
 StreamName = Literal["stdout", "stderr"]
 
 
-def signal_name(returncode: int) -> str | None:
-    if returncode >= 0:
+def signal_name(returncode: int | None) -> str | None:
+    if returncode is None or returncode >= 0:
         return None
     try:
         return signal.Signals(-returncode).name
@@ -38,66 +37,82 @@ def signal_name(returncode: int) -> str | None:
 
 
 class ReplicaProcess:
-    """Spawned in its own session, so its whole process group can be signalled at once."""
+    """A child of the reaper, in its own session: its whole process group is signalled at once.
+
+    The reaper is its parent, so its exit status comes from the reaper and the
+    host's SIGCHLD handling cannot take it; signals go through the reaper too,
+    which never signals a group whose leader it has already reaped.
+    """
 
     def __init__(
         self,
+        pid: int,
+        report: ExitReport,
+        pipes: dict[StreamName, int],
+        *,
+        reaper: Reaper,
+        sink: LogSink,
+        log: ReplicaLog,
+    ) -> None:
+        self.pid = pid
+        self.pgid = pid  # a session leader leads its group
+        self._report = report
+        self._pipes = pipes
+        self._reaper = reaper
+        self._sink = sink
+        self._log = log
+        self.returncode: int | None = None
+        self.unknown_reason = ""
+        self.exited = report.done
+        self._pipes_closed = anyio.Event()
+
+    @classmethod
+    async def start(
+        cls,
         argv: tuple[str, ...],
         *,
         cwd: str,
         env: Mapping[str, str],
+        group: str,
+        reaper: Reaper,
         sink: LogSink,
         log: ReplicaLog,
-    ) -> None:
-        self._sink = sink
-        self._log = log
+    ) -> ReplicaProcess:
+        """Spawn through the reaper; OSError if it cannot start, BackendError if no reaper."""
         r_out, w_out = os.pipe()
         r_err, w_err = os.pipe()
         try:
-            # Popen here is a fork+exec, as asyncio's own subprocess support does
-            # on the loop; it returns once the child has exec'd.
-            self._popen = subprocess.Popen(
-                argv,
-                cwd=cwd,
-                env=dict(env),
-                stdin=subprocess.DEVNULL,
-                stdout=w_out,
-                stderr=w_err,
-                start_new_session=True,
+            pid, report = await reaper.spawn(
+                argv, cwd=cwd, env=env, group=group, stdout=w_out, stderr=w_err
             )
         except BaseException:
             os.close(r_out)
             os.close(r_err)
             raise
         finally:
+            # The reaper holds its own copies (passed as SCM_RIGHTS): the pipes
+            # end when the replica and whatever it started close theirs.
             os.close(w_out)
             os.close(w_err)
-        self.pid = self._popen.pid
-        self.pgid = self.pid  # start_new_session makes it the group leader
-        self._pidfd = os.pidfd_open(self.pid)
-        self._pipes: dict[StreamName, int] = {"stdout": r_out, "stderr": r_err}
-        for fd in self._pipes.values():
+        for fd in (r_out, r_err):
             os.set_blocking(fd, False)
-        self.returncode: int | None = None
-        self.exited = anyio.Event()
-        self._pipes_closed = anyio.Event()
+        pipes: dict[StreamName, int] = {"stdout": r_out, "stderr": r_err}
+        return cls(pid, report, pipes, reaper=reaper, sink=sink, log=log)
 
-    async def follow(self) -> int:
+    async def follow(self) -> int | None:
         """Copy output until both pipes close and wait for the exit; return the code.
 
+        None when the exit status is unknown (``unknown_reason`` says why).
         Run as one task per attempt. Pipes left open by a process that escaped
         the group are abandoned ``DRAIN_TIMEOUT`` seconds after the exit.
         """
         async with anyio.create_task_group() as tg:
             for stream, fd in self._pipes.items():
                 tg.start_soon(self._pump, stream, fd)
-            await anyio.wait_readable(self._pidfd)
-            os.close(self._pidfd)
-            # The leader is a zombie until reaped, so its pgid cannot be reused
-            # yet: anything it left behind in its group is killed now.
-            self._kill_group(signal.SIGKILL)
-            code = self.returncode = self._popen.wait()
-            self.exited.set()
+            await self._report.done.wait()
+            # The reaper killed what the leader left in its group before reaping it.
+            code = self.returncode = self._report.returncode
+            self.unknown_reason = self._report.reason
             with anyio.move_on_after(DRAIN_TIMEOUT):
                 await self._pipes_closed.wait()
             tg.cancel_scope.cancel()
@@ -142,7 +157,4 @@ class ReplicaProcess:
             self._kill_group(signal.SIGKILL)
 
     def _kill_group(self, sig: signal.Signals) -> None:
-        if self.returncode is not None:
-            return  # reaped: the group id may belong to someone else now
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pgid, sig)
+        self._reaper.kill([self.pid], sig)

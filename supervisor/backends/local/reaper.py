@@ -1,91 +1,445 @@
-"""Watchdog process that stops local replicas when their supervisor dies.
+"""The reaper: parent of every local replica, and the guarantee that none outlives its supervisor.
 
 Nothing inside a process survives SIGKILL, and the library may not install
-signal handlers, so a separate process keeps the promise that no replica
-outlives its supervisor. The supervisor starts one reaper (in its own
-session, so a signal to the supervisor's process group spares it) and tells
-it over a pipe which process groups exist::
+signal handlers, so a separate process keeps three promises the supervising
+process cannot keep alone:
 
-    + <pid> <pgid>\\n    a replica was started
-    - <pid>\\n           it ended and was reaped
+* **Exit statuses nobody can steal.** Replicas are this process's children,
+  so the host's own SIGCHLD disposition (``SIG_IGN``) or a ``waitpid(-1)``
+  loop in the host cannot reap them first: the status reported is always
+  the one the kernel gave.
+* **Containment.** This process is a child subreaper
+  (``PR_SET_CHILD_SUBREAPER``): whatever a replica starts and abandons
+  (``setsid``, a double fork, ``bash`` job control) is re-parented here, not
+  to init, so it can still be found and killed. Where the kernel lets it
+  (cgroup v2 mounted and writable: root, or a delegated subtree) each app's
+  replicas also go in a cgroup of their own, killed whole with
+  ``cgroup.kill`` when the app ends.
+* **Nothing outlives the supervisor.** It watches the supervisor with a
+  pidfd (a forked child of the host that inherited the socket cannot keep
+  it waiting) and the socket's end-of-file; either one stops everything
+  registered (SIGTERM, then SIGKILL after a grace) and then kills every
+  descendant it still has, until it has no child left.
 
-The reaper only reads. When the pipe reaches end-of-file (the supervisor
-closed it, exited, or was killed), every group still registered gets SIGTERM,
-then SIGKILL after a short grace. Waiting uses pidfds and poll, never sleeps.
+Protocol: JSON, one message per SOCK_SEQPACKET datagram on fd 0. From the
+supervisor: ``spawn`` (with the output pipes as SCM_RIGHTS), ``kill``,
+``release`` (an app ended), ``shutdown``. To it: ``hello``, ``spawned`` or
+``failed`` per spawn, ``exit`` per replica. Sends never block this process:
+replies queue until the socket is writable, so it always keeps reading.
 
-This file runs as a script with ``python -I -S`` and imports nothing from
-the package, so it starts in milliseconds.
+This file runs as a script with ``python -I -S`` and imports nothing from the
+package, so it starts in milliseconds.
 """
 
 from __future__ import annotations
 
+import array
 import contextlib
+import ctypes
+import json
 import os
 import select
 import signal
+import socket
+import subprocess
 import sys
 import time
+from typing import Any
 
 GRACE_SECONDS = 1.0
+PR_SET_CHILD_SUBREAPER = 36
+MAX_MESSAGE = 1 << 20
+_FD_ITEM = array.array("i").itemsize
 
 
-def _read_registry(stream: int) -> dict[int, tuple[int, int | None]]:
-    """Follow the supervisor's messages until end-of-file; return groups still alive."""
-    live: dict[int, tuple[int, int | None]] = {}
-    buffer = b""
-    while True:
-        chunk = os.read(stream, 65536)
-        if not chunk:
-            return live
-        buffer += chunk
-        *lines, buffer = buffer.split(b"\n")
-        for line in lines:
-            parts = line.split()
-            if len(parts) == 3 and parts[0] == b"+":
-                pid, pgid = int(parts[1]), int(parts[2])
-                try:
-                    pidfd: int | None = os.pidfd_open(pid)
-                except OSError:
-                    pidfd = None
-                live[pid] = (pgid, pidfd)
-            elif len(parts) == 2 and parts[0] == b"-":
-                _, pidfd = live.pop(int(parts[1]), (0, None))
-                if pidfd is not None:
-                    os.close(pidfd)
+def _prctl(option: int, value: int) -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(option, value, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
 
 
-def _signal_groups(groups: dict[int, tuple[int, int | None]], sig: int) -> None:
-    for pgid, _ in groups.values():
-        with contextlib.suppress(OSError):
-            os.killpg(pgid, sig)
+def _cgroup_base() -> str | None:
+    """A fresh cgroup v2 directory below this process's own, or None where none can be made.
+
+    ``ASUPERVISOR_CONTAINMENT=subreaper`` skips it: what an unprivileged process gets.
+    """
+    if os.environ.get("ASUPERVISOR_CONTAINMENT") == "subreaper":
+        return None
+    try:
+        with open("/proc/self/mountinfo") as f:
+            mounts = [line.split() for line in f]
+        with open("/proc/self/cgroup") as f:
+            own = next((x[3:].strip() for x in f if x.startswith("0::")), None)
+        mount = next((m[4] for m in mounts if m[m.index("-") + 1] == "cgroup2"), None)
+        if own is None or mount is None:
+            return None
+        base = os.path.join(mount + own.rstrip("/"), f"asupervisor-{os.getpid()}")
+        os.mkdir(base)
+        if not os.path.exists(os.path.join(base, "cgroup.kill")):
+            os.rmdir(base)  # a kernel before 5.14: no way to kill a cgroup at once
+            return None
+        return base
+    except (OSError, ValueError, IndexError):
+        return None
 
 
-def _wait_exits(groups: dict[int, tuple[int, int | None]], seconds: float) -> None:
-    """Return when every leader has exited or ``seconds`` have passed."""
-    poller = select.poll()
-    pending = {fd for _, fd in groups.values() if fd is not None}
-    for fd in pending:
-        poller.register(fd, select.POLLIN)
-    deadline = time.monotonic() + seconds
-    while pending:
-        left = deadline - time.monotonic()
-        if left <= 0:
+def _descendants(root: int) -> list[int]:
+    """Every live descendant of ``root``, found from /proc (children before their children)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out: list[int] = []
+    stack = [root]
+    while stack:
+        for child in children.get(stack.pop(), ()):
+            out.append(child)
+            stack.append(child)
+    return out
+
+
+class Reaper:
+    def __init__(self, sock: socket.socket, parent_fd: int | None) -> None:
+        self.sock = sock
+        self.parent_fd = parent_fd
+        self.me = os.getpid()
+        self.live: set[int] = set()  # replica leaders not reaped yet (pid == pgid)
+        self.outbox: list[bytes] = []
+        self.subreaper = _prctl(PR_SET_CHILD_SUBREAPER, 1)
+        self.popens: dict[int, subprocess.Popen[bytes]] = {}
+        self.cgroup = _cgroup_base()
+        self.home: int | None = None  # cgroup.procs of this process's own leaf
+        if self.cgroup is not None:
+            self.home = _enter_home(self.cgroup)
+            if self.home is None:
+                with contextlib.suppress(OSError):
+                    os.rmdir(self.cgroup)
+                self.cgroup = None
+        self.groups: dict[str, str] = {}  # app -> its cgroup directory
+        self.emptying: list[str] = []  # cgroups of ended apps, removed once empty
+        self.closing = False
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        self.wake = wake_r
+        signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        # Inherited dispositions are not ours to pass on: replicas start with defaults.
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+            signal.signal(sig, signal.SIG_DFL)
+
+    # ---------------------------------------------------------------- sending
+    def send(self, **msg: Any) -> None:
+        self.outbox.append(json.dumps(msg).encode())
+        self.flush()
+
+    def flush(self) -> None:
+        while self.outbox:
+            try:
+                self.sock.send(self.outbox[0], socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return
+            except OSError:
+                self.outbox.clear()  # the supervisor is gone
+                return
+            self.outbox.pop(0)
+
+    # ---------------------------------------------------------------- serving
+    def serve(self) -> None:
+        self.send(op="hello", subreaper=self.subreaper, cgroup=self.cgroup)
+        poller = select.poll()
+        poller.register(self.sock, select.POLLIN)
+        poller.register(self.wake, select.POLLIN)
+        if self.parent_fd is not None:
+            poller.register(self.parent_fd, select.POLLIN)
+        try:
+            while not self.closing:
+                mask = select.POLLIN | (select.POLLOUT if self.outbox else 0)
+                poller.modify(self.sock, mask)
+                for fd, events in poller.poll():
+                    if fd == self.wake:
+                        self.drain_wake()
+                        self.reap()
+                    elif fd == self.parent_fd:
+                        self.closing = True  # the supervisor exited, however it ended
+                    elif events & select.POLLOUT:
+                        self.flush()
+                    if fd == self.sock.fileno() and events & (select.POLLIN | select.POLLHUP):
+                        self.receive()
+        finally:
+            # Even after a bug of its own (the traceback goes to the host's stderr).
+            self.stop_everything()
+
+    def drain_wake(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self.wake, 4096):
+                pass
+
+    def receive(self) -> None:
+        fds: list[int] = []
+        try:
+            data, ancdata, _, _ = self.sock.recvmsg(
+                MAX_MESSAGE,
+                socket.CMSG_SPACE(2 * _FD_ITEM),
+                socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC,
+            )
+        except BlockingIOError:
             return
-        for fd, _ in poller.poll(left * 1000):
-            pending.discard(fd)
-            poller.unregister(fd)
+        except OSError:
+            data, ancdata = b"", []
+        for level, kind, payload in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                usable = len(payload) - len(payload) % _FD_ITEM
+                fds.extend(array.array("i", payload[:usable]))
+        if not data:
+            self.closing = True  # end-of-file: the supervisor closed or died
+            return
+        msg = json.loads(data)
+        try:
+            op = msg["op"]
+            if op == "spawn":
+                self.spawn(msg, fds)
+            elif op == "kill":
+                for pid in msg["pids"]:
+                    if pid in self.live:
+                        with contextlib.suppress(OSError):
+                            os.killpg(pid, msg["sig"])
+            elif op == "release":
+                self.release(str(msg["group"]))
+            elif op == "shutdown":
+                self.closing = True
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    # --------------------------------------------------------------- spawning
+    def _group_procs(self, group: str) -> int | None:
+        """An open ``cgroup.procs`` of the app's cgroup (made on first use), or None."""
+        if self.cgroup is None:
+            return None
+        path = self.groups.get(group)
+        try:
+            if path is None:
+                path = os.path.join(self.cgroup, "app-" + group.replace("/", "_"))
+                os.makedirs(path, exist_ok=True)
+                self.groups[group] = path
+            return os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+
+    def spawn(self, msg: dict[str, Any], fds: list[int]) -> None:
+        """Start one replica in a session of its own, inside its app's cgroup if there is one.
+
+        This process steps into the app's cgroup for the spawn and back out
+        after, so the child is born inside it (nothing it forks can be missed)
+        and Popen can still use vfork: no Python code runs in the child.
+        """
+        if len(fds) != 2:
+            self.send(op="failed", id=msg["id"], errno=0, error="no output pipes were passed")
+            return
+        argv = msg["argv"]
+        procs = self._group_procs(str(msg.get("group", "")))
+        try:
+            if procs is not None:
+                try:
+                    os.write(procs, b"0")
+                except OSError:  # the cgroup refuses (a pids limit): the subreaper still holds it
+                    os.close(procs)
+                    procs = None
+            try:
+                popen = subprocess.Popen(
+                    argv,
+                    cwd=msg["cwd"],
+                    env=msg["env"],
+                    stdin=subprocess.DEVNULL,
+                    stdout=fds[0],
+                    stderr=fds[1],
+                    start_new_session=True,
+                )
+            finally:
+                if procs is not None:
+                    self._go_home()
+        except OSError as e:
+            where = f": {e.filename}" if e.filename not in (None, argv[0]) else ""
+            self.send(op="failed", id=msg["id"], errno=e.errno or 0, error=f"{e.strerror}{where}")
+            return
+        except (ValueError, subprocess.SubprocessError) as e:
+            self.send(op="failed", id=msg["id"], errno=0, error=str(e))
+            return
+        finally:
+            if procs is not None:
+                os.close(procs)
+        self.popens[popen.pid] = popen
+        self.live.add(popen.pid)
+        self.send(op="spawned", id=msg["id"], pid=popen.pid)
+
+    def _go_home(self) -> None:
+        """Leave the app's cgroup after a spawn; if that fails, never kill a cgroup again.
+
+        (This process would be inside the one it kills.)
+        """
+        try:
+            if self.home is None:
+                raise OSError("no home cgroup")
+            os.write(self.home, b"0")
+        except OSError:
+            self.cgroup = None
+            self.groups.clear()
+            self.emptying.clear()
+
+    # ---------------------------------------------------------------- reaping
+    def reap(self) -> None:
+        """Collect every exited child; report replicas, after killing the rest of their group."""
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None or info.si_pid == 0:
+                return
+            pid = info.si_pid
+            if pid in self.live:
+                # Still a zombie, so its group id cannot have been reused yet.
+                with contextlib.suppress(OSError):
+                    os.killpg(pid, signal.SIGKILL)
+            try:
+                _, status = os.waitpid(pid, 0)
+            except ChildProcessError:
+                continue
+            popen = self.popens.pop(pid, None)
+            if popen is not None:
+                # Known to be reaped: the Popen object never waits for it again.
+                popen.returncode = os.waitstatus_to_exitcode(status)
+            if pid in self.live:
+                self.live.discard(pid)
+                self.send(op="exit", pid=pid, status=status)
+
+    def release(self, group: str) -> None:
+        """An app ended: kill whatever its replicas left behind."""
+        path = self.groups.pop(group, None)
+        if path is not None:
+            _kill_cgroup(path)
+            with contextlib.suppress(OSError):
+                os.rmdir(path)  # busy until the kill completes; stop_everything retries
+            if os.path.isdir(path):
+                self.emptying.append(path)
+            return
+        # No cgroup: adopted orphans that still carry the app's id in their environment.
+        needle = f"ASUPERVISOR_APP_ID={group}".encode()
+        for pid in _descendants(self.me):
+            if pid in self.live:
+                continue
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    tagged = needle in f.read().split(b"\0")
+            except OSError:
+                continue
+            if tagged:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+        self.reap()
+
+    # --------------------------------------------------------------- stopping
+    def stop_everything(self) -> None:
+        """SIGTERM every replica group, SIGKILL after the grace, then every descendant."""
+        self.flush()
+        if self.live:
+            for pid in self.live:
+                with contextlib.suppress(OSError):
+                    os.killpg(pid, signal.SIGTERM)
+            deadline = time.monotonic() + GRACE_SECONDS
+            poller = select.poll()
+            poller.register(self.wake, select.POLLIN)
+            while self.live and (left := deadline - time.monotonic()) > 0:
+                poller.poll(left * 1000)
+                self.drain_wake()
+                self.reap()
+        for pid in list(self.live):
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+        paths = [*self.groups.values(), *self.emptying]
+        for path in paths:
+            _kill_cgroup(path)
+        _kill_descendants(self.me)
+        for path in paths:
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
+        if self.cgroup is not None:
+            # Back to where it started, so its own leaf and the base can go too.
+            with contextlib.suppress(OSError):
+                with open(os.path.join(os.path.dirname(self.cgroup), "cgroup.procs"), "w") as f:
+                    f.write("0")
+                os.rmdir(os.path.join(self.cgroup, "reaper"))
+                os.rmdir(self.cgroup)
+        self.live.clear()
+
+
+def _enter_home(base: str) -> int | None:
+    """Move this process into a leaf of its own below ``base``; its ``cgroup.procs``, or None."""
+    home = os.path.join(base, "reaper")
+    try:
+        os.mkdir(home)
+        fd = os.open(os.path.join(home, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        os.write(fd, b"0")
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _kill_cgroup(path: str) -> None:
+    with contextlib.suppress(OSError), open(os.path.join(path, "cgroup.kill"), "w") as f:
+        f.write("1")
+
+
+def _kill_descendants(me: int) -> None:
+    """SIGKILL every descendant and reap, until this process has no child at all.
+
+    A subreaper inherits whatever a killed process leaves, so repeating the
+    scan ends with nothing; without the subreaper bit the scan still finds
+    every process that has not yet been orphaned.
+    """
+    while True:
+        found = _descendants(me)
+        for pid in found:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        try:
+            os.waitpid(-1, 0 if found else os.WNOHANG)
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        except ChildProcessError:
+            if not found:
+                return
 
 
 def main() -> int:
-    groups = _read_registry(sys.stdin.fileno())
-    if groups:
-        _signal_groups(groups, signal.SIGTERM)
-        _wait_exits(groups, GRACE_SECONDS)
-        _signal_groups(groups, signal.SIGKILL)
+    sock = socket.socket(fileno=0)
+    parent = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+    parent_fd: int | None = None
+    if parent:
+        try:
+            parent_fd = os.pidfd_open(parent)
+        except OSError:
+            return 0  # the supervisor is already gone: nothing was started
+        if os.getppid() != parent:
+            return 0
+    Reaper(sock, parent_fd).serve()
     return 0
 
 
 if __name__ == "__main__":
-    # Started with start_new_session=True: Ctrl-C in the supervisor's terminal
-    # does not reach this process, so it needs no signal handling of its own.
+    # Started in a session of its own, so Ctrl-C in the supervisor's terminal
+    # does not reach it; it stops when the supervisor does.
     sys.exit(main())

@@ -1,61 +1,288 @@
-"""The supervisor's side of the watchdog in ``reaper.py``.
+"""The supervisor's side of the reaper in ``reaper.py``: spawns, exits, kills over one socket.
 
 Started lazily with the first replica, so a Supervisor that never launches
-locally costs nothing. Messages are a few bytes each and the reaper reads
-continuously, so writing them to its pipe never waits in practice.
+locally costs nothing. One task reads the reaper's messages: spawn replies
+resolve the caller's wait, exit reports fill the replica's ``ExitReport``.
+Writes are a few hundred bytes each and the reaper never stops reading, so
+sending does not wait in practice.
+
+If the reaper itself dies (killed from outside), the replicas it had are
+killed from here (a pidfd per replica tells which still run) and reported
+with an unknown exit status; the next spawn starts a new reaper.
 """
 
 from __future__ import annotations
 
+import array
+import contextlib
+import errno
+import json
 import os
+import select
+import signal
+import socket
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import anyio
+from anyio.abc import TaskGroup
 
-__all__ = ["Reaper"]
+from supervisor.errors import BackendError
+
+__all__ = ["ExitReport", "Reaper"]
 
 _SCRIPT = Path(__file__).with_name("reaper.py")
+_MAX_MESSAGE = 1 << 16
 
 
-class Reaper:
-    def __init__(self) -> None:
-        self._popen: subprocess.Popen[bytes] | None = None
-        self._fd: int | None = None
+@dataclass
+class ExitReport:
+    """How one replica ended: ``status`` is the raw wait status, None when it is unknown."""
 
-    def _ensure_started(self) -> int:
-        if self._fd is None:
+    done: anyio.Event = field(default_factory=anyio.Event)
+    status: int | None = None
+    reason: str = ""
+    pid: int = 0
+    pidfd: int | None = None  # kept until the exit, to stop the replica should the reaper die
+
+    def settle(self, status: int | None, reason: str = "") -> None:
+        self.status, self.reason = status, reason
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+        self.done.set()
+
+    @property
+    def returncode(self) -> int | None:
+        """As ``Popen.returncode``: the exit code, or minus the signal; None if unknown."""
+        return None if self.status is None else os.waitstatus_to_exitcode(self.status)
+
+
+class _Connection:
+    """One running reaper process and its socket."""
+
+    def __init__(self, task_group: TaskGroup) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
             # -I -S: no site-packages, no user paths: a start in milliseconds.
-            self._popen = subprocess.Popen(
-                [sys.executable, "-I", "-S", str(_SCRIPT)],
-                stdin=subprocess.PIPE,
+            self.popen = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(_SCRIPT), str(os.getpid())],
+                stdin=theirs.fileno(),
                 stdout=subprocess.DEVNULL,
                 start_new_session=True,
             )
-            assert self._popen.stdin is not None
-            self._fd = os.dup(self._popen.stdin.fileno())
-            self._popen.stdin.close()
-        return self._fd
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.sock = ours
+        self.waiting: dict[int, anyio.Event] = {}
+        self.replies: dict[int, dict[str, Any]] = {}
+        self.exits: dict[int, ExitReport] = {}
+        self.containment = "starting"
+        self.cgroup: str | None = None  # the reaper's cgroup directory, if it made one
+        self.dead = False
+        self.scope = anyio.CancelScope()
+        self.stopped = anyio.Event()
+        task_group.start_soon(self._read)
 
-    def register(self, pid: int, pgid: int) -> None:
-        os.write(self._ensure_started(), f"+ {pid} {pgid}\n".encode())
+    def send(self, msg: Mapping[str, object], fds: Sequence[int] = ()) -> None:
+        if self.dead:
+            raise BackendError("the local reaper process has ended", transient=True)
+        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+        try:
+            self.sock.sendmsg([json.dumps(msg).encode()], ancillary)
+        except OSError as e:
+            raise BackendError(f"cannot reach the local reaper: {e}", transient=True) from e
 
-    def unregister(self, pid: int) -> None:
-        if self._fd is not None:
-            os.write(self._fd, f"- {pid}\n".encode())
+    async def _read(self) -> None:
+        try:
+            with self.scope:
+                while True:
+                    await anyio.wait_readable(self.sock.fileno())
+                    try:
+                        data = self.sock.recv(_MAX_MESSAGE, socket.MSG_DONTWAIT)
+                    except BlockingIOError:
+                        continue
+                    except OSError:
+                        data = b""
+                    if not data:
+                        break
+                    self._dispatch(json.loads(data))
+        finally:
+            self._end()
+
+    def _dispatch(self, msg: dict[str, Any]) -> None:
+        op = msg["op"]
+        if op == "hello":
+            self.cgroup = msg["cgroup"]
+            self.containment = "cgroup+subreaper" if msg["cgroup"] else "subreaper"
+            if not msg["subreaper"]:
+                self.containment = "cgroup" if msg["cgroup"] else "process-group"
+        elif op in ("spawned", "failed"):
+            if op == "spawned":
+                # Registered before the spawner resumes: its exit may be the very next message.
+                pid = msg["pid"]
+                report = self.exits[pid] = msg["report"] = ExitReport(pid=pid)
+                with contextlib.suppress(OSError):
+                    report.pidfd = os.pidfd_open(pid)
+            self.replies[msg["id"]] = msg
+            event = self.waiting.pop(msg["id"], None)
+            if event is not None:
+                event.set()
+        elif op == "exit":
+            ended = self.exits.pop(msg["pid"], None)
+            if ended is not None:
+                ended.settle(msg["status"])
+
+    def _end(self) -> None:
+        """The reaper is gone: whatever waits on it is answered, nothing hangs."""
+        self.dead = True
+        for event in self.waiting.values():
+            event.set()
+        self.waiting.clear()
+        for report in self.exits.values():
+            if report.pidfd is not None and not select.select([report.pidfd], [], [], 0)[0]:
+                # Still running (so its pid, and group id, are still its own): stopped here.
+                with contextlib.suppress(OSError):
+                    os.killpg(report.pid, signal.SIGKILL)
+            report.settle(None, "the local reaper process ended, so the exit status is unknown")
+        self.exits.clear()
+        if self.cgroup is not None:
+            # Its cgroup still holds whatever the replicas left behind: killed at once.
+            with contextlib.suppress(OSError), open(f"{self.cgroup}/cgroup.kill", "w") as f:
+                f.write("1")
+        self.stopped.set()
+
+
+class Reaper:
+    """Spawns replicas through the reaper process, which is their parent."""
+
+    def __init__(self, task_group: TaskGroup) -> None:
+        self._task_group = task_group
+        self._conn: _Connection | None = None
+        self._ended: list[_Connection] = []  # reapers that died; cleaned up at close
+        self._next_id = 0
+
+    @property
+    def containment(self) -> str:
+        """How replicas are contained: ``cgroup+subreaper``, ``subreaper``, ... (for statistics)."""
+        return "not started" if self._conn is None else self._conn.containment
+
+    def _connection(self) -> _Connection:
+        if self._conn is not None and self._conn.dead:
+            self._ended.append(self._conn)
+            self._conn = None
+        if self._conn is None:
+            self._conn = _Connection(self._task_group)
+        return self._conn
+
+    async def spawn(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        group: str,
+        stdout: int,
+        stderr: int,
+    ) -> tuple[int, ExitReport]:
+        """Start ``argv`` in its own session; the pid and where its exit will be reported.
+
+        Raises OSError when it cannot be started (not found, bad cwd), BackendError
+        when the reaper cannot be reached.
+        """
+        try:
+            conn = self._connection()
+        except OSError as e:
+            raise BackendError(f"cannot start the local reaper: {e}", transient=True) from e
+        self._next_id += 1
+        ident = self._next_id
+        answered = conn.waiting[ident] = anyio.Event()
+        msg = {
+            "op": "spawn",
+            "id": ident,
+            "argv": list(argv),
+            "cwd": cwd,
+            "env": dict(env),
+            "group": group,
+        }
+        try:
+            conn.send(msg, (stdout, stderr))
+        except BackendError:
+            conn.waiting.pop(ident, None)
+            raise
+        # Shielded: a spawn under way must be answered, or its replica would be unknown.
+        with anyio.CancelScope(shield=True):
+            await answered.wait()
+        reply = conn.replies.pop(ident, None)
+        if reply is None:
+            raise BackendError("the local reaper ended during a spawn", transient=True)
+        if reply["op"] == "failed":
+            code = int(reply["errno"]) or errno.EIO
+            raise OSError(code, f"{os.strerror(code)} ({reply['error']})")
+        report: ExitReport = reply["report"]  # already settled if it exited meanwhile
+        return report.pid, report
+
+    def kill(self, pids: Sequence[int], sig: int) -> None:
+        """Signal the process groups of replicas not yet reaped; others are left alone."""
+        if self._conn is not None and not self._conn.dead and pids:
+            # A reaper gone meanwhile: _end already killed what it had left.
+            with contextlib.suppress(BackendError):
+                self._conn.send({"op": "kill", "pids": list(pids), "sig": int(sig)})
+
+    def release(self, group: str) -> None:
+        """An app ended: the reaper kills whatever its replicas left behind."""
+        if self._conn is not None and not self._conn.dead:
+            # A reaper gone meanwhile: its adopted orphans are beyond reach (see README).
+            with contextlib.suppress(BackendError):
+                self._conn.send({"op": "release", "group": group})
 
     async def aclose(self) -> None:
-        """Close the pipe (the reaper then stops whatever is still registered) and reap it."""
-        if self._fd is None or self._popen is None:
-            return
-        os.close(self._fd)
-        self._fd = None
-        pidfd = os.pidfd_open(self._popen.pid)
-        try:
-            with anyio.CancelScope(shield=True):
-                await anyio.wait_readable(pidfd)
-        finally:
-            os.close(pidfd)
-        self._popen.wait()
-        self._popen = None
+        """Ask the reaper to stop everything left, wait for it to exit, then close the socket."""
+        conns, self._ended = [*self._ended, self._conn], []
+        self._conn = None
+        for conn in conns:
+            if conn is not None:
+                await self._close(conn)
+
+    @staticmethod
+    async def _close(conn: _Connection) -> None:
+        with anyio.CancelScope(shield=True):
+            if not conn.dead:
+                # A reaper that cannot be reached is exiting already: it is waited for below.
+                with contextlib.suppress(BackendError):
+                    conn.send({"op": "shutdown"})
+            try:
+                pidfd = os.pidfd_open(conn.popen.pid)
+            except ProcessLookupError:
+                pidfd = None
+            if pidfd is not None:
+                try:
+                    await anyio.wait_readable(pidfd)
+                finally:
+                    os.close(pidfd)
+            # The reader unregisters its fd before the fd is closed (a number soon reused).
+            conn.scope.cancel()
+            await conn.stopped.wait()
+            conn.sock.close()
+            conn.popen.wait()  # at once: it has exited (0 if the host reaped it first)
+            if conn.cgroup is not None:
+                await anyio.to_thread.run_sync(_remove_cgroup, conn.cgroup)
+
+
+def _remove_cgroup(path: str) -> None:
+    """Remove what a reaper that was killed could not: its (now empty) cgroup directories."""
+    if not os.path.isdir(path):
+        return  # the reaper removed it itself
+    for entry in os.scandir(path):
+        if entry.is_dir():
+            with contextlib.suppress(OSError):
+                os.rmdir(entry.path)
+    with contextlib.suppress(OSError):
+        os.rmdir(path)

@@ -277,7 +277,11 @@ class Supervisor:
             raise DuplicateAppError(f"{handle} was already scheduled by this Supervisor")
         actor = AppActor(handle, info.request)
         try:
-            runtime = await impl.launch(info.request, actor.post)
+            # Shielded: a launch cut short by the caller's cancel would leave what it
+            # had started (processes, a Slurm job, containers) with no handle and no
+            # record. The cancel lands just below instead, where the app is stopped.
+            with anyio.CancelScope(shield=True):
+                runtime = await impl.launch(info.request, actor.post)
         except BaseException:
             actor.discard()
             raise

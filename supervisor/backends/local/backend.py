@@ -8,6 +8,7 @@ ask for a cancel, which this backend notices through inotify.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import socket
@@ -375,7 +376,16 @@ class LocalBackend(Backend):
             raise TypeError(f"the local backend cannot run a {type(request).__name__}")
         runtime = LocalRuntime(self, request, sink)
         self._runtimes.add(runtime)
-        await runtime.start()
+        try:
+            await runtime.start()
+        except BaseException:
+            # Cancelled (or failed) part-way: no handle will reach anyone, so the
+            # replicas already spawned are stopped here, not left running unowned.
+            with anyio.CancelScope(shield=True):
+                runtime.kill_all()
+                with contextlib.suppress(BackendError):
+                    await runtime.aclose()
+            raise
         return runtime
 
     # ---------------------------------------------------------- cancel requests

@@ -281,7 +281,8 @@ def test_run_component_help_through_the_cli() -> None:
     assert "--msg" in result.output and "--num_replicas" in result.output
     result = CliRunner().invoke(cli, ["run", "ddp", "--help"])
     assert result.exit_code == 0
-    assert "SCRIPT [SCRIPT_ARGS]..." in result.output and "-j" in result.output
+    assert "[SCRIPT_ARGS]..." in result.output and "-j" in result.output
+    assert "--script" in result.output and "--memMB" in result.output
 
 
 def test_defaults_before_varargs_keep_their_slots(parent: click.Context) -> None:

@@ -255,11 +255,14 @@ class AppFSM:
             ExitOutcome.FAILED: ReplicaState.FAILED,
         }[outcome]
         await self._advance(model, target, (outcome.value,), event, model.msg)
-        if outcome is not ExitOutcome.FAILED:
-            return []
-        if not self._failed or (event.structured_error_msg and not self.structured_error_msg):
+        if self._failed and event.structured_error_msg and not self.structured_error_msg:
             # The root cause is the first failure, unless a later one wrote an error file
             # (a gang on Slurm reports its members' failures together, in no useful order).
+            self.msg = what
+            self.structured_error_msg = event.structured_error_msg
+        if outcome is not ExitOutcome.FAILED:
+            return []
+        if not self._failed:
             self._failed = True
             self.msg = what
             self.structured_error_msg = event.structured_error_msg

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 from pathlib import Path
 
@@ -27,7 +28,7 @@ def ensure_cluster(accounting: bool = True) -> dict[str, object]:
     Skips, printing why, only when the cluster truly cannot start here.
     """
     facts = json.loads(FACTS.read_text()) if FACTS.exists() else {}
-    healthy = _run("status", timeout=60).returncode == 0
+    healthy = _run("status", timeout=60).returncode == 0 and _nodes_resolve()
     if not healthy or bool(facts.get("accounting")) != accounting:
         args = ["up"] if accounting else ["up", "--no-accounting"]
         done = _run(*args)
@@ -37,6 +38,15 @@ def ensure_cluster(accounting: bool = True) -> dict[str, object]:
             pytest.skip(message)
         facts = json.loads(FACTS.read_text())
     return facts
+
+
+def _nodes_resolve() -> bool:
+    """Node names resolve (an older `up` did not add them to /etc/hosts)."""
+    try:
+        socket.gethostbyname("n1")
+    except OSError:
+        return False
+    return True
 
 
 async def until_running(sv: Supervisor, handle: str) -> None:

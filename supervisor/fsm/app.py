@@ -324,6 +324,13 @@ class AppFSM:
 
     async def _update_app(self, at: float) -> None:
         target = derive_from_counts(self._counts, self.cancel_requested)
+        if (
+            self.cancel_requested
+            and target is AppState.RUNNING
+            and not self._counts["RUNNING"]
+            and self.app.state in (AppState.SUBMITTED, AppState.PENDING)
+        ):
+            return  # replicas cancelled while they waited: the app never started
         step = plan(APP_TRANSITIONS, self.app.state.name, target.name, _APP_FINALS)
         if isinstance(step, Drop):
             return

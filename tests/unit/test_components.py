@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import AppDef, Role, macros
+from supervisor import AppDef, RetryPolicy, Role, macros
 from supervisor.backends.slurm.script import PROCS_PER_NODE
 from supervisor.components import BUILTINS, ddp, echo, parse_j, sh
 from supervisor.validate import Capabilities, validate
@@ -180,3 +181,11 @@ def test_ddp_shell_line_runs_the_script_with_every_variable(tmp_path: Path) -> N
         "TORCHELASTIC_RUN_ID": "app-1",
     }
     assert report["argv"] == ["a b", "$HOME", "it's"]
+
+
+def test_replica_retries_on_a_collective_job_warn() -> None:
+    role = dataclasses.replace(
+        only_role(ddp("x.py", j="1x2", max_retries=1)), retry_policy=RetryPolicy.REPLICA
+    )
+    with pytest.warns(UserWarning, match="cannot rejoin"):
+        validate(AppDef(name="x", roles=[role]), LOCAL)

@@ -19,6 +19,7 @@ Pure: no I/O, no environment lookups.
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -403,3 +404,28 @@ def validate(app: object, caps: Capabilities) -> None:
     checker.guarded("app", lambda: checker.check_app(app))
     if checker.problems:
         raise SpecError(checker.problems, context=_context(app))
+    _warn_lone_restarts(app)
+
+
+_COLLECTIVE_ENV = ("WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _warn_lone_restarts(app: object) -> None:
+    """A rank restarted alone cannot rejoin its peers' collective: say so (it is legal)."""
+    for role in getattr(app, "roles", ()):
+        collective = "asupervisor/procs_per_node" in role.metadata or any(
+            k in role.env for k in _COLLECTIVE_ENV
+        )
+        if (
+            collective
+            and role.num_replicas > 1
+            and role.max_retries > 0
+            and role.retry_policy is RetryPolicy.REPLICA
+        ):
+            warnings.warn(
+                f"role {role.name!r} looks like a collective job (torch.distributed): with "
+                "RetryPolicy.REPLICA a restarted rank cannot rejoin the others' process "
+                "group; use APPLICATION (or ROLE)",
+                UserWarning,
+                stacklevel=3,
+            )

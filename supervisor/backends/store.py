@@ -155,6 +155,13 @@ class AppStore:
             return None
         return AppStatus.from_json(data["status"]), Owner.from_json(data["owner"])
 
+    def read_final_status(self) -> AppStatus | None:
+        """The status recorded when the app ended, or None while it runs (or never recorded)."""
+        data = _read_json(self.app_dir / "state.json")
+        if not isinstance(data, dict) or data.get("final") is not True:
+            return None
+        return AppStatus.from_json(data["status"])
+
     def read_transitions(self) -> list[Transition]:
         try:
             text = (self.app_dir / "transitions.jsonl").read_text()

@@ -1,20 +1,57 @@
-"""``ddp``: a torchrun-style data-parallel job, one process per rank."""
+"""``ddp``: a torchrun-style data-parallel job, in one of two launch modes.
+
+* ``mode="rank"`` (default): one replica per rank, NNODES x NPROC replicas of
+  ``python SCRIPT ARGS...``; each rank is its own replica with its own state,
+  logs and exit code. The role carries :data:`PROCS_PER_NODE` in its metadata
+  so a backend that places processes on nodes (Slurm) asks for NNODES nodes
+  with NPROC tasks each instead of one node per rank.
+* ``mode="torchrun"``: one replica per node running ``torchrun`` with a c10d
+  rendezvous, as TorchX does; torchrun restarts its workers in place
+  (``--max_restarts``) before the supervisor sees a failure.
+
+Either way every rank sees what torchrun sets: RANK, LOCAL_RANK, GROUP_RANK,
+ROLE_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_WORLD_SIZE, ROLE_WORLD_SIZE,
+ROLE_NAME, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID (the app id, which
+namespaces the rendezvous), TORCHELASTIC_RESTART_COUNT,
+TORCHELASTIC_MAX_RESTARTS and OMP_NUM_THREADS=1 when several processes share
+a node (unless ``env`` sets it).
+"""
 
 from __future__ import annotations
 
 import re
 import shlex
-import sys
+import socket
+from collections.abc import Mapping
 from pathlib import Path
 
-from supervisor.specs import AppDef, Role, macros
+from supervisor.backends.slurm.script import PROCS_PER_NODE
+from supervisor.specs import AppDef, Resource, Role, macros
 
-__all__ = ["MASTER_PORT", "ddp", "parse_j"]
+__all__ = [
+    "MASTER_PORT",
+    "NAMED_RESOURCES",
+    "PROCS_PER_NODE",
+    "ddp",
+    "parse_j",
+    "role_name",
+]
 
 MASTER_PORT = 29500
-"""torchrun's default rendezvous port."""
+"""torchrun's default rendezvous port; ddp only uses it when asked to (``--rdzv_port``)."""
+
+NAMED_RESOURCES: Mapping[str, Resource] = {
+    "cpu.small": Resource(cpu=1, gpu=0, memMB=1024),
+    "cpu.medium": Resource(cpu=2, gpu=0, memMB=4096),
+    "cpu.large": Resource(cpu=8, gpu=0, memMB=16384),
+    "gpu.1": Resource(cpu=8, gpu=1, memMB=32768),
+    "gpu.8": Resource(cpu=64, gpu=8, memMB=262144),
+}
+"""Resources by name for ``ddp -h NAME`` (per node)."""
 
 _J = re.compile(r"(?:(\d+)x)?(\d+)")
+_PORT_RANGE = (20000, 20000)
+"""Multi-node apps derive their port from the app id: 20000 + (cksum(app id) mod 20000)."""
 
 
 def parse_j(j: str) -> tuple[int, int]:
@@ -28,57 +65,165 @@ def parse_j(j: str) -> tuple[int, int]:
     return nnodes, nproc
 
 
+def role_name(script: str | None, module: str | None) -> str:
+    """TorchX's rule: the script's file name without ``.py``, or the module's last part."""
+    base = Path(script).stem if script else (module or "").rpartition(".")[2]
+    name = re.sub(r"[^A-Za-z0-9_-]+", "-", base).strip("-_")
+    return name if name[:1].isalpha() else f"ddp-{name}".rstrip("-")
+
+
+def _free_port() -> int:
+    """A port free on this host now (torchrun --standalone's way for one node)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def _per_proc(total: int, nproc: int) -> int:
+    return -1 if total < 0 else -(-total // nproc)
+
+
 def ddp(
-    script: str,
     *script_args: str,
+    script: str | None = None,
+    m: str | None = None,
     j: str = "1x2",
     name: str | None = None,
+    h: str | None = None,
+    cpu: int = 2,
+    gpu: int = 0,
+    memMB: int = 1024,  # noqa: N803 (TorchX spells it so)
+    env: dict[str, str] | None = None,
     max_retries: int = 0,
-    master_port: int = MASTER_PORT,
+    rdzv_port: int = 0,
+    mode: str = "rank",
+    interpreter: str = "python",
 ) -> AppDef:
-    """Run a Python script data-parallel, torchrun style: one replica per rank.
+    """Run a Python script (or module) data-parallel, as torchrun would.
 
-    One role, ``trainer``, with NNODES x NPROC replicas of ``python SCRIPT
-    ARGS...`` (this interpreter). Each replica gets RANK (its replica id),
-    WORLD_SIZE, LOCAL_WORLD_SIZE (NPROC), MASTER_PORT, and, computed by the
-    shell when it starts, LOCAL_RANK (RANK mod NPROC), GROUP_RANK (RANK div
-    NPROC) and MASTER_ADDR (the host of rank 0, read from the variable the
-    backend names through ``${rank0_env}``). The script and its arguments
-    are shell-quoted; macros in them are still substituted.
+    ``asupervisor run ddp -j 2x2 --script train.py -- --lr 0.1`` (or simply
+    ``ddp train.py --lr 0.1``). Rank 0's host is the rendezvous address; the
+    port is free on this host for one node, derived from the app id for
+    several (so two apps do not collide), or ``--rdzv_port``. Resources are
+    per node, as in TorchX; in rank mode each rank asks for its share.
 
     Args:
+        script_args: the script's arguments (the first is the script when
+            neither --script nor -m is given)
         script: the Python script to run
-        script_args: arguments passed to the script
+        m: run this module instead of a script (python -m)
         j: NNODESxNPROC_PER_NODE, e.g. 2x4, or just NPROC for one node
-        name: the app's name (default: the script's name)
-        max_retries: how many times the job may be restarted after a failure
-        master_port: the port rank 0 listens on for the rendezvous
+        name: the app's name (default: the script's or module's name)
+        h: a named resource per node (cpu.small, cpu.medium, cpu.large, gpu.1, gpu.8)
+        cpu: CPUs per node
+        gpu: GPUs per node
+        memMB: memory per node in MB
+        env: extra environment variables, k=v,k2=v2
+        max_retries: restarts of the whole job after a failure (torchrun mode:
+            also torchrun's in-place --max_restarts)
+        rdzv_port: the rendezvous port (0: chosen as described above)
+        mode: rank (one replica per rank) or torchrun (one torchrun per node)
+        interpreter: the Python that runs the script on each node
     """
     nnodes, nproc = parse_j(j)
+    args = list(script_args)
+    if script is not None and m is not None:
+        raise ValueError("give either --script or -m, not both")
+    if script is None and m is None:
+        if not args:
+            raise ValueError("expected a script: --script FILE, -m MODULE, or FILE [ARGS...]")
+        script = args.pop(0)
+    if mode not in ("rank", "torchrun"):
+        raise ValueError(f"--mode {mode!r}: expected rank or torchrun")
+    if h is not None and h not in NAMED_RESOURCES:
+        raise ValueError(f"-h {h!r}: expected one of {', '.join(NAMED_RESOURCES)}")
+    node = NAMED_RESOURCES[h] if h else Resource(cpu=cpu, gpu=gpu, memMB=memMB)
+    role = role_name(script, m)
+    target = ["-m", m] if m else [str(script)]
+    port = str(rdzv_port or (_free_port() if nnodes == 1 else 0))
     world = nnodes * nproc
-    command = shlex.join([sys.executable, script, *script_args])
+    extra = dict(env or {})
+    base_env = {
+        "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(nproc),
+        "GROUP_WORLD_SIZE": str(nnodes),
+        "ROLE_WORLD_SIZE": str(world),
+        "ROLE_NAME": role,
+        "TORCHELASTIC_RUN_ID": macros.app_id,
+        "TORCHELASTIC_MAX_RESTARTS": str(max_retries),
+        **({"OMP_NUM_THREADS": "1"} if nproc > 1 else {}),
+        **extra,
+    }
     # `$$` is a literal `$` for the shell; `$${rank0_env}` would stay literal
     # too, so the variable's name comes from a macro right after the escape.
-    shell = (
+    prelude = (
         f'export MASTER_ADDR="$${macros.rank0_env}"'
-        f" LOCAL_RANK=$$((RANK % {nproc})) GROUP_RANK=$$((RANK / {nproc}));"
-        f" exec {command}"
+        f' TORCHELASTIC_RESTART_COUNT="$${{ASUPERVISOR_ATTEMPT:-0}}"'
+        f" MASTER_PORT={_port_expr(port)};"
     )
+    if mode == "rank":
+        shell = (
+            f"{prelude} export LOCAL_RANK=$$((RANK % {nproc})) GROUP_RANK=$$((RANK / {nproc}));"
+            f" exec {shlex.join([interpreter, *target, *args])}"
+        )
+        return AppDef(
+            name=name or role,
+            roles=[
+                Role(
+                    name=role,
+                    entrypoint="sh",
+                    args=["-c", shell],
+                    env={"RANK": macros.replica_id, "ROLE_RANK": macros.replica_id, **base_env},
+                    num_replicas=world,
+                    max_retries=max_retries,
+                    resource=Resource(
+                        cpu=_per_proc(node.cpu, nproc),
+                        gpu=_per_proc(node.gpu, nproc),
+                        memMB=node.memMB // nproc if node.memMB > 0 else node.memMB,
+                    ),
+                    metadata={PROCS_PER_NODE: nproc},
+                )
+            ],
+        )
+    rdzv = (
+        ["--standalone"]
+        if nnodes == 1
+        else [
+            "--rdzv_backend=c10d",
+            '--rdzv_endpoint="$$MASTER_ADDR:$$MASTER_PORT"',
+            f"--rdzv_id={macros.app_id}",
+        ]
+    )
+    torchrun = [
+        shlex.quote(interpreter),
+        "-m torch.distributed.run",
+        f"--nnodes={nnodes}",
+        f"--nproc_per_node={nproc}",
+        f"--max_restarts={max_retries}",
+        f"--role={role}",
+        *rdzv,
+        shlex.join([*target, *args]),
+    ]
     return AppDef(
-        name=name or Path(script).stem or "ddp",
+        name=name or role,
         roles=[
             Role(
-                name="trainer",
+                name=role,
                 entrypoint="sh",
-                args=["-c", shell],
-                env={
-                    "RANK": macros.replica_id,
-                    "WORLD_SIZE": str(world),
-                    "LOCAL_WORLD_SIZE": str(nproc),
-                    "MASTER_PORT": str(master_port),
-                },
-                num_replicas=world,
+                args=["-c", f"{prelude} exec {' '.join(torchrun)}"],
+                env=base_env,
+                num_replicas=nnodes,
                 max_retries=max_retries,
+                resource=node,
             )
         ],
     )
+
+
+def _port_expr(port: str) -> str:
+    """The port, or (``0``) a shell expression deriving one from the app id, same on every node."""
+    if port != "0":
+        return port
+    low, span = _PORT_RANGE
+    checksum = f'$$(printf %s "{macros.app_id}" | cksum | cut -d" " -f1)'
+    return f"$$(({low} + {checksum} % {span}))"

@@ -100,6 +100,8 @@ class AppFSM:
         self.dropped: dict[str, int] = {}
         self.role_restarts = {r.name: 0 for r in roles}
         self.num_restarts = 0
+        self._requeued_to = 0  # the highest attempt a requeue brought any replica to
+        self.pending_reason = ""  # the scheduler's latest reason for keeping a replica queued
         self.cancel_requested = False
         self.msg = ""
         self.structured_error_msg = ""
@@ -136,7 +138,12 @@ class AppFSM:
                     for m in (self.replicas[(role.name, k)] for k in range(role.num_replicas))
                 )
                 roles.append(RoleStatus(role.name, reps))
-            msg = "; ".join(m for m in (self.msg, self.notice) if m)
+            waiting = (
+                f"pending: {self.pending_reason}"
+                if self.pending_reason and self.app.state is AppState.PENDING
+                else ""
+            )
+            msg = "; ".join(m for m in (self.msg, waiting, self.notice) if m)
             self._snapshot = AppStatus(
                 state=self.app.state,
                 num_restarts=self.num_restarts,
@@ -167,10 +174,17 @@ class AppFSM:
         if isinstance(event, Submitted):
             await self._advance(model, ReplicaState.SUBMITTED, ("submit",), event)
         elif isinstance(event, Queued):
-            await self._advance(model, ReplicaState.PENDING, ("queue",), event)
+            reason = "" if event.reason in ("", "None") else event.reason
+            await self._advance(model, ReplicaState.PENDING, ("queue",), event, reason)
+            if model.state is ReplicaState.PENDING and reason:
+                # The reason changes while the replica waits (Priority, then Resources):
+                # shown in status at once, no transition needed.
+                model.msg = reason
+                self.pending_reason = reason
         elif isinstance(event, Started):
             if await self._advance(model, ReplicaState.RUNNING, ("start",), event):
                 model.hostname = event.hostname
+                self.pending_reason = ""
         elif isinstance(event, Lost):
             if await self._advance(model, ReplicaState.UNKNOWN, ("lose",), event, event.reason):
                 model.msg = event.reason
@@ -211,7 +225,11 @@ class AppFSM:
             model.attempt = new_attempt
             model.restarts += gained
             model.msg = event.reason
-            self.num_restarts += gained
+            # One requeue moves every replica of the job to the next attempt: it is one
+            # restart of the app, however many replicas report it.
+            if new_attempt > self._requeued_to:
+                self.num_restarts += new_attempt - self._requeued_to
+                self._requeued_to = new_attempt
         return []
 
     async def _on_exited(self, model: ReplicaModel, event: Exited) -> list[Action]:
@@ -239,6 +257,11 @@ class AppFSM:
             ExitOutcome.FAILED: ReplicaState.FAILED,
         }[outcome]
         await self._advance(model, target, (outcome.value,), event, model.msg)
+        if self._failed and event.structured_error_msg and not self.structured_error_msg:
+            # The root cause is the first failure, unless a later one wrote an error file
+            # (a gang on Slurm reports its members' failures together, in no useful order).
+            self.msg = what
+            self.structured_error_msg = event.structured_error_msg
         if outcome is not ExitOutcome.FAILED:
             return []
         if not self._failed:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 from pathlib import Path
 
@@ -55,7 +56,7 @@ def ensure_cluster(accounting: bool = True) -> dict[str, object]:
         print(reason)
         pytest.skip(reason)
     facts = json.loads(FACTS.read_text()) if FACTS.exists() else {}
-    healthy = _run("status", timeout=60).returncode == 0
+    healthy = _run("status", timeout=60).returncode == 0 and _nodes_resolve()
     if not healthy or bool(facts.get("accounting")) != accounting:
         args = ["up"] if accounting else ["up", "--no-accounting"]
         done = _run(*args)
@@ -65,6 +66,15 @@ def ensure_cluster(accounting: bool = True) -> dict[str, object]:
             pytest.skip(message)
         facts = json.loads(FACTS.read_text())
     return facts
+
+
+def _nodes_resolve() -> bool:
+    """Node names resolve (an older `up` did not add them to /etc/hosts)."""
+    try:
+        socket.gethostbyname("n1")
+    except OSError:
+        return False
+    return True
 
 
 async def until_running(sv: Supervisor, handle: str) -> None:

@@ -281,7 +281,8 @@ def test_run_component_help_through_the_cli() -> None:
     assert "--msg" in result.output and "--num_replicas" in result.output
     result = CliRunner().invoke(cli, ["run", "ddp", "--help"])
     assert result.exit_code == 0
-    assert "SCRIPT [SCRIPT_ARGS]..." in result.output and "-j" in result.output
+    assert "[SCRIPT_ARGS]..." in result.output and "-j" in result.output
+    assert "--script" in result.output and "--memMB" in result.output
 
 
 def test_defaults_before_varargs_keep_their_slots(parent: click.Context) -> None:
@@ -294,3 +295,12 @@ def test_defaults_before_varargs_keep_their_slots(parent: click.Context) -> None
     assert CAPTURED == {"a": "A", "b": "B", "c": True, "rest": ()}
     call_component(slots, "slots", ["A", "b2", "r1", "--r2"], parent)
     assert CAPTURED == {"a": "A", "b": "b2", "c": False, "rest": ("r1", "--r2")}
+
+
+def test_ddp_takes_script_and_args_after_a_double_dash_without_the_dash() -> None:
+    result = CliRunner().invoke(
+        cli, ["run", "--dryrun", "ddp", "-j", "1x2", "--script", "t.py", "--", "--lr", "0.1"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "exec python t.py --lr 0.1'" in result.output
+    assert "-- --lr" not in result.output

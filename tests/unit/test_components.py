@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -10,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import AppDef, Role, macros
-from supervisor.components import BUILTINS, MASTER_PORT, ddp, echo, parse_j, sh
+from supervisor import AppDef, RetryPolicy, Role, macros
+from supervisor.backends.slurm.script import PROCS_PER_NODE
+from supervisor.components import BUILTINS, ddp, echo, parse_j, sh
 from supervisor.validate import Capabilities, validate
 
 LOCAL = Capabilities(backend="local")
@@ -67,35 +69,81 @@ def test_parse_j_rejects(j: str) -> None:
         parse_j(j)
 
 
-def test_ddp_role_env_and_macros() -> None:
-    app = ddp("train.py", "--lr", "0.1", j="2x3", max_retries=2)
+def test_ddp_role_env_resources_and_placement() -> None:
+    app = ddp("train.py", "--lr", "0.1", j="2x3", max_retries=2, cpu=6, memMB=3000)
     validate(app, LOCAL)
     assert app.name == "train"
     role = only_role(app)
-    assert role.name == "trainer" and role.entrypoint == "sh"
+    assert role.name == "train" and role.entrypoint == "sh"  # the role is named after the script
     assert role.num_replicas == 6 and role.max_retries == 2
-    assert dict(role.env) == {
-        "RANK": "${replica_id}",
-        "WORLD_SIZE": "6",
-        "LOCAL_WORLD_SIZE": "3",
-        "MASTER_PORT": str(MASTER_PORT),
-    }
-    assert MASTER_PORT == 29500
-    resolved = VALUES.apply(role)
-    assert resolved.env["RANK"] == "3"
-    flag, script = resolved.args
+    assert dict(role.metadata) == {PROCS_PER_NODE: 3}  # Slurm: 2 nodes x 3 tasks
+    assert (role.resource.cpu, role.resource.gpu, role.resource.memMB) == (2, 0, 1000)
+    env = dict(role.env)
+    assert env["RANK"] == env["ROLE_RANK"] == "${replica_id}"
+    assert env["WORLD_SIZE"] == env["ROLE_WORLD_SIZE"] == "6"
+    assert (env["LOCAL_WORLD_SIZE"], env["GROUP_WORLD_SIZE"]) == ("3", "2")
+    assert env["ROLE_NAME"] == "train" and env["TORCHELASTIC_RUN_ID"] == "${app_id}"
+    assert env["TORCHELASTIC_MAX_RESTARTS"] == "2" and env["OMP_NUM_THREADS"] == "1"
+    flag, script = VALUES.apply(role).args
     assert flag == "-c"
     # The escape gives the shell a `$`, the macro the variable's name.
     assert 'MASTER_ADDR="$TORCHX_RANK0_HOST"' in script
     assert "LOCAL_RANK=$((RANK % 3))" in script and "GROUP_RANK=$((RANK / 3))" in script
-    assert script.endswith(f"exec {sys.executable} train.py --lr 0.1")
+    assert script.endswith("exec python train.py --lr 0.1")  # python on PATH, not baked in
 
 
-def test_ddp_name_and_port_options() -> None:
+def test_ddp_script_module_interpreter_env_and_port_options() -> None:
     assert ddp("dir/job.py", name="mine").name == "mine"
-    assert ddp("x.py", master_port=1234).roles[0].env["MASTER_PORT"] == "1234"
+    role = only_role(ddp(script="x.py", rdzv_port=1234, env={"A": "b", "OMP_NUM_THREADS": "4"}))
+    assert "MASTER_PORT=1234;" in role.args[1]
+    assert role.env["A"] == "b" and role.env["OMP_NUM_THREADS"] == "4"
+    module = only_role(ddp("--flag", m="pkg.trainer", interpreter="/opt/py/bin/python3"))
+    assert module.name == "trainer"
+    assert module.args[1].endswith("exec /opt/py/bin/python3 -m pkg.trainer --flag")
+    assert only_role(ddp("x.py", j="1")).env.get("OMP_NUM_THREADS") is None
+    assert only_role(ddp("x.py", h="cpu.large", j="1x2")).resource.cpu == 4
     with pytest.raises(ValueError, match="-j"):
         ddp("x.py", j="bad")
+    with pytest.raises(ValueError, match="either --script or -m"):
+        ddp(script="a.py", m="b")
+    with pytest.raises(ValueError, match="expected a script"):
+        ddp()
+    with pytest.raises(ValueError, match="-h"):
+        ddp("x.py", h="huge")
+
+
+def test_ddp_ports_differ_per_app_and_agree_within_one() -> None:
+    """One node: a free port now; several: derived from the app id by every rank alike."""
+    one = only_role(ddp("x.py", j="1x2")).args[1]
+    assert "MASTER_PORT=$((" not in one
+    many = only_role(ddp("x.py", j="2x1"))
+    ports = set()
+    for app_id in ("app-1", "app-2"):
+        for rank in ("0", "1"):
+            values = macros.Values(img_root="", app_id=app_id, replica_id=rank, rank0_env="H")
+            shell = values.apply(many).args[1].split(" exec ")[0] + ' echo "$MASTER_PORT"'
+            done = subprocess.run(["sh", "-c", shell], capture_output=True, text=True, check=True)
+            ports.add((app_id, int(done.stdout)))
+    assert len(ports) == 2 and len({p for _, p in ports}) == 2
+    assert all(20000 <= p < 40000 for _, p in ports)
+
+
+def test_ddp_torchrun_mode_is_one_replica_per_node() -> None:
+    role = only_role(ddp("t.py", "--x", j="2x4", mode="torchrun", max_retries=3))
+    assert role.num_replicas == 2 and PROCS_PER_NODE not in role.metadata
+    line = VALUES.apply(role).args[1]
+    for piece in (
+        "-m torch.distributed.run",
+        "--nnodes=2",
+        "--nproc_per_node=4",
+        "--max_restarts=3",
+        "--rdzv_backend=c10d",
+        '--rdzv_endpoint="$MASTER_ADDR:$MASTER_PORT"',
+        "--rdzv_id=app-1",
+    ):
+        assert piece in line
+    assert line.endswith("t.py --x")
+    assert "--standalone" in only_role(ddp("t.py", j="1x2", mode="torchrun")).args[1]
 
 
 def test_ddp_shell_line_runs_the_script_with_every_variable(tmp_path: Path) -> None:
@@ -104,11 +152,18 @@ def test_ddp_shell_line_runs_the_script_with_every_variable(tmp_path: Path) -> N
     script.write_text(
         "import json, os, sys\n"
         "keys = ['RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE', 'GROUP_RANK',"
-        " 'MASTER_ADDR', 'MASTER_PORT']\n"
+        " 'MASTER_ADDR', 'MASTER_PORT', 'TORCHELASTIC_RESTART_COUNT', 'TORCHELASTIC_RUN_ID']\n"
         "print(json.dumps({'env': {k: os.environ.get(k) for k in keys}, 'argv': sys.argv[1:]}))\n"
     )
-    role = VALUES.apply(only_role(ddp(str(script), "a b", "$HOME", "it's", j="2x2")))
-    env = {**os.environ, **role.env, "TORCHX_RANK0_HOST": "rank0.example"}
+    app = ddp(str(script), "a b", "$HOME", "it's", j="2x2", rdzv_port=29511)
+    role = VALUES.apply(only_role(app))
+    env = {
+        **os.environ,
+        **role.env,
+        "TORCHX_RANK0_HOST": "rank0.example",
+        "ASUPERVISOR_ATTEMPT": "2",
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
     done = subprocess.run(
         [role.entrypoint, *role.args], env=env, capture_output=True, text=True, timeout=30
     )
@@ -121,6 +176,16 @@ def test_ddp_shell_line_runs_the_script_with_every_variable(tmp_path: Path) -> N
         "LOCAL_WORLD_SIZE": "2",
         "GROUP_RANK": "1",
         "MASTER_ADDR": "rank0.example",
-        "MASTER_PORT": "29500",
+        "MASTER_PORT": "29511",
+        "TORCHELASTIC_RESTART_COUNT": "2",
+        "TORCHELASTIC_RUN_ID": "app-1",
     }
     assert report["argv"] == ["a b", "$HOME", "it's"]
+
+
+def test_replica_retries_on_a_collective_job_warn() -> None:
+    role = dataclasses.replace(
+        only_role(ddp("x.py", j="1x2", max_retries=1)), retry_policy=RetryPolicy.REPLICA
+    )
+    with pytest.warns(UserWarning, match="cannot rejoin"):
+        validate(AppDef(name="x", roles=[role]), LOCAL)

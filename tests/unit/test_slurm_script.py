@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from supervisor import AppDef, Resource, RetryPolicy, Role, SpecError
 from supervisor.backends.base import DryrunContext
 from supervisor.backends.slurm.options import check_slurm_cfg, slurm_run_opts, valid_time
-from supervisor.backends.slurm.script import ClusterFacts, render
+from supervisor.backends.slurm.script import PROCS_PER_NODE, ClusterFacts, group_keys, render
 
 GOLDEN = Path(__file__).parent / "golden"
 CTX = DryrunContext(session="svc", app_id="train-0001", cwd="/home/me/project")
@@ -55,9 +56,11 @@ def _app() -> AppDef:
     )
 
 
-def _script(name: str, cfg: dict[str, object], facts: ClusterFacts = FACTS) -> str:
+def _script(
+    name: str, cfg: dict[str, object], facts: ClusterFacts = FACTS, app: AppDef | None = None
+) -> str:
     request = render(
-        _app(),
+        app or _app(),
         slurm_run_opts().resolve(cfg),
         CTX,
         facts=facts,
@@ -118,7 +121,7 @@ def test_hostile_values_reach_the_program_literally() -> None:
     assert HOSTILE_ARG in words
     assert f"TRICKY={HOSTILE_ENV}" in words
     # $$ escapes a dollar, so the program sees a shell-style reference, unexpanded.
-    assert "${SLURM_JOB_NODELIST_HET_GROUP_0}" in words
+    assert "${TORCHX_RANK0_HOST}" in words
 
 
 def test_request_is_not_mutated_and_is_deterministic() -> None:
@@ -160,3 +163,101 @@ def test_retry_policies_other_than_application_are_not_whole_job() -> None:
     )
     with pytest.raises(SpecError, match="REPLICA is not supported by backend 'slurm'"):
         validate(app, SLURM_CAPABILITIES)
+
+
+def _grouped_app() -> AppDef:
+    """A parameter server, then 2 nodes x 2 ranks (``ddp -j 2x2``'s placement)."""
+    return AppDef(
+        name="ddp",
+        roles=[
+            Role(name="ps", entrypoint="python", args=["-m", "ps"]),
+            Role(
+                name="trainer",
+                entrypoint="python",
+                args=["-m", "train", "--rank", "${replica_id}"],
+                num_replicas=4,
+                max_retries=1,
+                resource=Resource(cpu=1, memMB=512),
+                metadata={PROCS_PER_NODE: 2},
+            ),
+        ],
+    )
+
+
+def test_a_grouped_role_is_one_het_group_of_nodes_with_tasks_each() -> None:
+    script = _script("grouped", {}, app=_grouped_app())
+    assert script == (GOLDEN / "grouped.sbatch").read_text()
+    trainer = script[script.index("#SBATCH --job-name=trainer") :].split("\n\n")[0]
+    assert "--nodes=2" in trainer and "--ntasks-per-node=2" in trainer
+    assert "--mem=1024" in trainer  # --mem is per node: two 512 MB ranks
+    assert script.count("hetjob") == 1
+    assert group_keys(_grouped_app()) == [[("ps", 0)], [("trainer", k) for k in range(4)]]
+
+
+@pytest.mark.parametrize("rank", [0, 1, 2, 3])
+def test_each_task_of_a_group_runs_its_own_replica(rank: int, tmp_path: Path) -> None:
+    """Run group 1's command as Slurm would for each task (global ranks 1..4)."""
+    script = _script("grouped", {}, app=_grouped_app())
+    srun = script[script.index("srun ") :].split("exitcode=")[0]
+    group = shlex.split(srun.replace("\\\n", " ").split(" : ")[1])
+    launcher = "--output=/state/logs/svc/train-0001/trainer/launcher.log"
+    assert group[:2] == ["--het-group=1", launcher]
+    assert group[2:4] == ["sh", "-c"]
+    fake_python = tmp_path / "py"
+    fake_python.write_text('#!/bin/sh\nprintf "%s\\n" "$ASUPERVISOR_REPLICA_ID" "$@"\n')
+    fake_python.chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin", "ASUP_PYTHON": str(fake_python), "SLURM_PROCID": str(rank + 1)}
+    done = subprocess.run(["sh", "-c", group[4]], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.splitlines()
+    assert out[0] == str(rank)
+    assert out[-2:] == ["--rank", str(rank)]
+    assert f"/state/logs/svc/train-0001/trainer/{rank}" in out
+
+
+def test_a_grouped_role_must_divide_into_nodes() -> None:
+    role = Role(name="t", entrypoint="e", num_replicas=3, metadata={PROCS_PER_NODE: 2})
+    with pytest.raises(SpecError, match="does not divide"):
+        render(
+            AppDef(name="x", roles=[role]),
+            slurm_run_opts().resolve({}),
+            CTX,
+            facts=FACTS,
+            default_log_dir=Path("/l"),
+            job_dir=None,
+        )
+
+
+def test_retries_are_the_least_of_the_roles_and_the_job_is_always_requeueable() -> None:
+    script = _script("basic", {})
+    assert "-lt 0 ]" in script  # ps declares 0 retries, trainer 2: TorchX takes the minimum
+    assert "--requeue" in script and "--no-requeue" not in script
+
+
+def test_a_roles_error_file_is_kept_and_its_path_goes_before_the_nodes(tmp_path: Path) -> None:
+    """As TorchX: the role's TORCHELASTIC_ERROR_FILE wins, its PATH is joined, not replaced."""
+    role = Role(
+        name="t",
+        entrypoint="python",
+        env={"TORCHELASTIC_ERROR_FILE": "errs/mine.json", "PATH": "/opt/tools:"},
+    )
+    request = render(
+        AppDef(name="x", roles=[role]),
+        slurm_run_opts().resolve({}),
+        CTX,
+        facts=FACTS,
+        default_log_dir=Path("/l"),
+        job_dir=None,
+    )
+    (replica,) = request.replicas
+    assert "PATH" not in replica.env
+    assert replica.error_file(request.workdir) == "/home/me/project/errs/mine.json"
+    fake_python = tmp_path / "py"
+    fake_python.write_text('#!/bin/sh\nprintf "%s\\n" "$PATH" "$TORCHELASTIC_ERROR_FILE"\n')
+    fake_python.chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin", "ASUP_PYTHON": str(fake_python)}
+    done = subprocess.run(
+        ["sh", "-c", replica.command("pump.py")], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["/opt/tools:/usr/bin:/bin", "errs/mine.json"]

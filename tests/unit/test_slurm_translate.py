@@ -77,7 +77,7 @@ def test_node_failure_with_requeue_is_a_restart_not_a_failure() -> None:
     ]
     fsm, _ = _run(views)
     assert fsm.state is AppState.SUCCEEDED
-    assert fsm.num_restarts == 2  # one per replica: both components were requeued
+    assert fsm.num_restarts == 1  # one requeue of the whole job, however many replicas
     replica = fsm.snapshot().replica("trainer", 0)
     assert replica is not None and replica.restarts == 1
     app_path = [(t.source, t.dest) for t in fsm.history if t.role is None]
@@ -212,3 +212,57 @@ def test_the_teardown_of_a_requeued_run_is_not_a_new_run() -> None:
     assert fsm.state is AppState.SUCCEEDED
     assert [r.restarts for r in fsm.snapshot().roles[0].replicas] == [1, 1]
     assert max(getattr(m, "attempt", 0) for m in mail) == 1
+
+
+def test_a_group_of_tasks_gives_each_replica_the_components_state() -> None:
+    """One het component (N nodes x M tasks) stands for every replica of its role."""
+    translator = ViewTranslator(10, KEYS, [KEYS])
+    comp = JobRecord(job_id=10, het_job_id=10, het_offset=0, state="RUNNING", nodes="n[1-2]")
+    events = translator.events(JobView(10, (comp,), "queue"))
+    assert [(type(e).__name__, getattr(e, "key", None)) for e in events] == [
+        ("Started", ("trainer", 0)),
+        ("Started", ("trainer", 1)),
+    ]
+
+
+def test_the_pending_reason_is_shown_while_the_app_waits() -> None:
+    fsm, _ = _run([_view("PENDING", reason="Priority"), _view("PENDING", reason="Resources")])
+    status = fsm.snapshot()
+    assert status.state is AppState.PENDING
+    assert status.msg == "pending: Resources"
+    assert status.roles[0].replicas[0].msg == "Resources"
+    fsm, _ = _run([_view("PENDING", reason="Resources"), _view("RUNNING")])
+    assert "pending" not in fsm.snapshot().msg
+
+
+def test_cancelling_a_pending_job_records_no_start() -> None:
+    fsm, _ = _run([_view("PENDING", reason="Resources"), _view("CANCELLED", codes=(None, None))])
+    assert fsm.state is AppState.CANCELLED
+    assert not any(t.dest == "RUNNING" for t in fsm.history)
+
+
+def test_the_replica_that_wrote_an_error_file_is_the_root_cause() -> None:
+    """Slurm reports a gang's failures together: the one with an error file explains it."""
+    from supervisor.events import Exited, Started
+
+    fsm = AppFSM([RoleSpec("trainer", 2)])
+
+    async def feed() -> None:
+        for k in (0, 1):
+            await fsm.apply(Started(role="trainer", replica_id=k, attempt=0))
+        await fsm.apply(Exited(role="trainer", replica_id=0, attempt=0, exit_code=1))
+        await fsm.apply(
+            Exited(
+                role="trainer",
+                replica_id=1,
+                attempt=0,
+                exit_code=1,
+                structured_error_msg='{"message": "boom"}',
+            )
+        )
+
+    asyncio.run(feed())
+    status = fsm.snapshot()
+    assert status.state is AppState.FAILED
+    assert status.structured_error_msg == '{"message": "boom"}'
+    assert status.msg.startswith("trainer/1")

@@ -10,6 +10,7 @@ in ``states.py``, into replica events for the app's state machines.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from collections.abc import Sequence
@@ -34,22 +35,20 @@ from supervisor.backends.slurm.records import latest_per_component
 from supervisor.backends.slurm.script import (
     ClusterFacts,
     SlurmRequest,
+    group_keys,
     owner_comment,
     pump_path,
     render,
 )
 from supervisor.backends.slurm.ship import ship_pump
 from supervisor.backends.slurm.states import Meaning, meaning_of
-from supervisor.backends.slurm.translate import ViewTranslator, signal_name
+from supervisor.backends.slurm.translate import Mail, ViewTranslator, signal_name
 from supervisor.backends.slurm.transport import AccountingDisabled, CliTransport, SlurmTransport
 from supervisor.backends.store import AppStore, Index, Owner
 from supervisor.errors import Problem, SpecError, SubmitError
-from supervisor.events import (
-    ReplicaKey,
-    Submitted,
-)
+from supervisor.events import Exited, ReplicaKey, Submitted
 from supervisor.fsm.rules import derive_app_state
-from supervisor.fsm.states import ReplicaState
+from supervisor.fsm.states import AppState, ReplicaState
 from supervisor.runopts import ResolvedCfg, RunOpts
 from supervisor.specs import AppDef, AppHandle, make_handle
 from supervisor.status import (
@@ -85,7 +84,18 @@ class SlurmRuntime(AppRuntime):
         self.job_id = job_id
         self.emit = sink
         self.store = AppStore(Path(request.app_dir))
-        self.translator = ViewTranslator(job_id, [(r.role, r.replica_id) for r in request.replicas])
+        self.translator = ViewTranslator(
+            job_id,
+            [(r.role, r.replica_id) for r in request.replicas],
+            [[(r.role, r.replica_id) for r in g.replicas] for g in request.groups],
+        )
+        self._error_files = {
+            (r.role, r.replica_id): Path(r.error_file(request.workdir)) for r in request.replicas
+        }
+        # Views are translated in order, but failures wait for their error files
+        # (read off the loop): a queue keeps the events in the order Slurm gave them.
+        self._mail, self._mailbox = anyio.create_memory_object_stream[list[Mail]](1000)
+        backend.context.task_group.start_soon(self._deliver)
 
     def on_view(self, view: JobView) -> None:
         """The poller's listener: runs on the loop, never blocks."""
@@ -94,8 +104,29 @@ class SlurmRuntime(AppRuntime):
         if any(c.comment and not c.comment.startswith(ours) for c in view.components):
             # A controller that lost its state reuses job ids: this is someone else's job.
             view = JobView(view.job_id, (), "gone", f"job id {self.job_id} now names another job")
-        for event in self.translator.events(view):
+        mail = self.translator.events(view)
+        if any(_failed(m) for m in mail):
+            self._mail.send_nowait(mail)
+            return
+        for event in mail:
             self.emit(event)
+
+    async def _deliver(self) -> None:
+        """Failures of a view, with the error file each replica wrote (as locally)."""
+        async with self._mailbox:
+            async for mail in self._mailbox:
+                failed = [m for m in mail if isinstance(m, Exited) and _failed(m)]
+                errors = await anyio.to_thread.run_sync(self._read_errors, failed)
+                found = dict(zip([id(m) for m in failed], errors, strict=True))
+                for m in mail:
+                    error = found.get(id(m), "")
+                    if isinstance(m, Exited) and error:
+                        m = dataclasses.replace(m, structured_error_msg=error)
+                    self.emit(m)
+
+    def _read_errors(self, exits: list[Exited]) -> list[str]:
+        files = [self._error_files.get(m.key) for m in exits]
+        return [self.store.read_error_file(f) if f else "" for f in files]
 
     async def stop(self, keys: Sequence[ReplicaKey], reason: str) -> None:
         if self.translator.stopping:
@@ -120,6 +151,7 @@ class SlurmRuntime(AppRuntime):
 
     async def aclose(self) -> None:
         self._backend.poller.untrack(self.job_id)
+        await self._mail.aclose()
 
 
 class SlurmBackend(Backend):
@@ -223,17 +255,15 @@ class SlurmBackend(Backend):
                 gone += ": it left the controller and this cluster keeps no accounting"
             records = [r for r in accounted if r.het_job_id == job_id]
         definition = AppDef.from_json(app["app"])
-        keys = [(role.name, k) for role in definition.roles for k in range(role.num_replicas)]
         by_offset = {r.het_offset: r for r in records}
-        replicas: dict[str, list[ReplicaStatus]] = {role.name: [] for role in definition.roles}
-        states = []
-        for offset, (role, k) in enumerate(keys):
+        found: dict[ReplicaKey, ReplicaStatus] = {}
+        for offset, keys in enumerate(group_keys(definition)):
             rec = by_offset.get(offset)
             meaning = meaning_of(rec.state) if rec else None
             state = _REPLICA_STATE[meaning] if meaning else ReplicaState.UNKNOWN
-            states.append(state)
-            replicas[role].append(
-                ReplicaStatus(
+            waiting = state is ReplicaState.PENDING and rec and rec.reason not in ("", "None")
+            for role, k in keys:
+                found[(role, k)] = ReplicaStatus(
                     id=k,
                     state=state,
                     role=role,
@@ -241,9 +271,17 @@ class SlurmBackend(Backend):
                     exit_code=rec.exit_code if rec else None,
                     signal=signal_name(rec.signal) if rec else None,
                     restarts=rec.restart_cnt if rec else 0,
+                    msg=rec.reason if rec and waiting else "",
                 )
-            )
+        replicas = {
+            role.name: [found[(role.name, k)] for k in range(role.num_replicas)]
+            for role in definition.roles
+        }
+        states = [r.state for r in found.values()]
+        reasons = sorted({r.msg for r in found.values() if r.msg})
         msg = "" if records else gone
+        if reasons and derive_app_state(states, cancel_requested=False) is AppState.PENDING:
+            msg = f"pending: {', '.join(reasons)}"
         return AppStatus(
             state=derive_app_state(states, cancel_requested=False),
             num_restarts=max((r.restart_cnt for r in records), default=0),
@@ -251,12 +289,18 @@ class SlurmBackend(Backend):
             roles=tuple(RoleStatus(role, tuple(reps)) for role, reps in replicas.items()),
         )
 
+    async def _final_or_live(self, store: AppStore, app: dict[str, Any]) -> AppStatus:
+        """The supervising actor's final record when there is one (it saw the error files and
+        the root cause), else what Slurm says now."""
+        final = await anyio.to_thread.run_sync(store.read_final_status)
+        return final if final is not None else await self._status_of(app)
+
     async def describe(self, handle: AppHandle) -> DescribeAppResponse | None:
         found = await self._found(handle)
         if found is None:
             return None
-        _, app = found
-        status = await self._status_of(app)
+        store, app = found
+        status = await self._final_or_live(store, app)
         return DescribeAppResponse.from_status(
             handle.app_id, status, AppDef.from_json(app["app"]).roles
         )
@@ -270,7 +314,7 @@ class SlurmBackend(Backend):
             found = await self._found(handle)
             if found is None:
                 continue
-            status = await self._status_of(found[1])
+            status = await self._final_or_live(*found)
             out.append(ListAppResponse(app_id, status.state, str(handle), found[1]["app"]["name"]))
         return out
 
@@ -305,6 +349,10 @@ class SlurmBackend(Backend):
     async def aclose(self) -> None:
         await self.poller.aclose()
         await self.transport.aclose()
+
+
+def _failed(mail: Mail) -> bool:
+    return isinstance(mail, Exited) and (bool(mail.exit_code) or mail.signal is not None)
 
 
 def transport_from_env() -> SlurmTransport:

@@ -1,11 +1,15 @@
 """Pure rendering of an AppDef into one heterogeneous sbatch script.
 
 One het group per replica, so each replica gets its own node allocation,
-state and exit code in Slurm; one ``srun`` starts all groups at once with
-``--kill-on-bad-exit=1`` (a failing replica stops the gang). Every argument
-and environment value reaches the program literally: the script quotes each
-piece for the shell and passes the environment through ``env NAME=VALUE``,
-never through ``srun --export`` (which splits values at commas).
+state and exit code in Slurm; except a role whose metadata names
+``asupervisor/procs_per_node`` (M, e.g. ``ddp -j NxM``): it becomes one het
+group of N nodes with M tasks each, its replicas the tasks of that group (in
+order, M per node), since Slurm never places two het groups on one node. One
+``srun`` starts all groups at once with ``--kill-on-bad-exit=1`` (a failing
+replica stops the gang). Every argument and environment value reaches the
+program literally: the script quotes each piece for the shell and passes the
+environment through ``env NAME=VALUE``, never through ``srun --export``
+(which splits values at commas).
 
 Facts about the cluster that change the script (its Slurm version, the
 memory of its partitions) are an explicit input, so the same inputs always
@@ -14,6 +18,7 @@ give the same script.
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,20 +26,29 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.backends.base import DryrunContext, Request
+from supervisor.errors import Problem, SpecError
 from supervisor.runopts import ResolvedCfg
-from supervisor.specs import AppDef, macros
+from supervisor.specs import AppDef, Resource, macros
 
 __all__ = [
+    "PROCS_PER_NODE",
     "RANK0_ENV",
     "ClusterFacts",
+    "SlurmGroup",
     "SlurmReplica",
     "SlurmRequest",
+    "group_keys",
     "owner_comment",
     "pump_path",
     "render",
 ]
 
-RANK0_ENV = "SLURM_JOB_NODELIST_HET_GROUP_0"
+RANK0_ENV = "TORCHX_RANK0_HOST"
+"""Exported by the batch script: the first host of het group 0 (``${rank0_env}``)."""
+PROCS_PER_NODE = "asupervisor/procs_per_node"
+"""Role metadata: this many consecutive replicas share a node (one het group for the role)."""
+TASK_INDEX = "SLURM_PROCID"
+"""A task's rank in the whole het step; a group's replicas are ``first .. first+n-1``."""
 OWNER_TAG = "asupervisor"
 SMALL_MEMORY_MB = 1000
 """Partitions with at most this much RealMemory get no --mem: TorchX's rule for toy clusters."""
@@ -59,23 +73,71 @@ class SlurmReplica:
     argv: tuple[str, ...]
     env: Mapping[str, str]
     log_dir: str
+    path_prepend: str = ""  # the role's own PATH, put before the node's (as TorchX joins it)
+
+    def error_file(self, workdir: str) -> str:
+        """Where a failed replica's structured error is read (the role's own file, if set)."""
+        chosen = self.env.get("TORCHELASTIC_ERROR_FILE") or str(Path(self.log_dir) / "error.json")
+        return os.path.join(workdir, chosen)
+
+    def command(self, pump: str) -> str:
+        """The replica under the log pump, as shell words.
+
+        ``$ASUP_PYTHON`` and the node's ``$PATH`` are the only expanded words:
+        the node's interpreter and search path, known when the job starts.
+        """
+        env = shlex.join(["env", "--", *(f"{k}={v}" for k, v in self.env.items())])
+        if self.path_prepend:
+            env += " " + shlex.quote(f"PATH={self.path_prepend}") + ':"$PATH"'
+        pumped = ["-S", pump, self.log_dir, "--", *self.argv]
+        return f'{env} "$ASUP_PYTHON" {shlex.join(pumped)}'
+
+
+@dataclass(frozen=True)
+class SlurmGroup:
+    """One het group: one replica, or (procs_per_node) every replica of a role."""
+
+    group: int
+    replicas: tuple[SlurmReplica, ...]
     directives: tuple[str, ...]
+    launcher_log: str
+    first_task: int  # the step-wide rank of this group's first task
 
     def srun_group(self, het: bool, pump: str) -> str:
-        """This replica's part of the srun line; ``het`` False for a one-replica (plain) job.
-
-        The replica runs under the log pump (``$ASUP_PYTHON`` is the only
-        unquoted word: the node's interpreter, chosen when the job starts).
-        """
+        """This group's part of the srun line; ``het`` False for a one-group (plain) job."""
         launcher = [
             *([f"--het-group={self.group}"] if het else []),
-            f"--output={self.log_dir}/launcher.log",
-            "env",
-            "--",
-            *(f"{k}={v}" for k, v in self.env.items()),
+            f"--output={self.launcher_log}",
         ]
-        pumped = ["-S", pump, self.log_dir, "--", *self.argv]
-        return f'{shlex.join(launcher)} "$ASUP_PYTHON" {shlex.join(pumped)}'
+        if len(self.replicas) == 1:
+            return f"{shlex.join(launcher)} {self.replicas[0].command(pump)}"
+        # Several tasks run one command: each picks its replica by its rank.
+        cases = "".join(
+            f"{self.first_task + i}) exec {r.command(pump)} ;;\n"
+            for i, r in enumerate(self.replicas)
+        )
+        body = (
+            f'case "${TASK_INDEX}" in\n{cases}'
+            f'*) echo "asupervisor: no replica for task ${TASK_INDEX}" >&2; exit 1 ;;\nesac'
+        )
+        return f"{shlex.join(launcher)} sh -c {shlex.quote(body)}"
+
+
+def procs_per_node(metadata: Mapping[str, Any]) -> int | None:
+    value = metadata.get(PROCS_PER_NODE)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def group_keys(app: AppDef) -> list[list[tuple[str, int]]]:
+    """The replicas of each het group, in group order (what each Slurm component runs)."""
+    out: list[list[tuple[str, int]]] = []
+    for role in app.roles:
+        keys = [(role.name, k) for k in range(role.num_replicas)]
+        if procs_per_node(role.metadata) is not None:
+            out.append(keys)
+        else:
+            out.extend([key] for key in keys)
+    return out
 
 
 @dataclass(frozen=True)
@@ -86,6 +148,7 @@ class SlurmRequest(Request):
     job_dir: str | None = None
     max_retries: int = 0
     replicas: tuple[SlurmReplica, ...] = ()
+    groups: tuple[SlurmGroup, ...] = ()
     script: str = ""
 
     def __str__(self) -> str:
@@ -114,24 +177,49 @@ def owner_comment(session: str, app_id: str, comment: str | None) -> str:
 
 
 def _resource_directives(
-    cpu: int, gpu: int, mem_mb: int, cfg: ResolvedCfg, facts: ClusterFacts
+    res: Resource, per_node: int | None, nodes: int, cfg: ResolvedCfg, facts: ClusterFacts
 ) -> list[str]:
-    out = ["--ntasks=1"]
-    if cpu > 0:
-        out.append(f"--cpus-per-task={cpu}")
+    """What one group asks for: one task, or ``nodes`` x ``per_node`` tasks (per-task resources)."""
+    tasks = per_node or 1
+    out = (
+        ["--ntasks=1"]
+        if per_node is None
+        else [f"--nodes={nodes}", f"--ntasks-per-node={per_node}"]
+    )
+    if res.cpu > 0:
+        out.append(f"--cpus-per-task={res.cpu}")
     partition = cfg.get_str("partition")
     memory = facts.partition_memory(partition)
-    if mem_mb > 0 and not (memory is not None and memory <= SMALL_MEMORY_MB):
-        out.append(f"--mem={mem_mb}")
-    if gpu > 0:
+    if res.memMB > 0 and not (memory is not None and memory <= SMALL_MEMORY_MB):
+        out.append(f"--mem={res.memMB * tasks}")  # --mem is per node
+    if res.gpu > 0:
         out.append(
-            f"--gpus-per-node={gpu}" if facts.version >= (24, 11) else f"--gpus-per-task={gpu}"
+            f"--gpus-per-node={res.gpu * tasks}"
+            if facts.version >= (24, 11)
+            else f"--gpus-per-task={res.gpu}"
         )
     for key in ("partition", "constraint", "qos", "account"):
         value = cfg.get_str(key)
         if value:
             out.append(f"--{key}={value}")
     return out
+
+
+def _check_grouping(app: AppDef) -> None:
+    problems = []
+    for i, role in enumerate(app.roles):
+        if PROCS_PER_NODE not in role.metadata:
+            continue
+        per_node = procs_per_node(role.metadata)
+        where = f"roles[{i}].metadata[{PROCS_PER_NODE!r}]"
+        if per_node is None or per_node < 1:
+            problems.append(Problem(where, "must be a positive integer"))
+        elif role.num_replicas % per_node:
+            problems.append(
+                Problem(where, f"{per_node} does not divide num_replicas={role.num_replicas}")
+            )
+    if problems:
+        raise SpecError(problems, context="cannot place the app's replicas on Slurm nodes")
 
 
 def render(
@@ -144,12 +232,17 @@ def render(
     job_dir: str | None,
 ) -> SlurmRequest:
     """``job_dir`` is the directory chosen for this app (fresh per app), or None."""
+    _check_grouping(app)
     # Absolute (relative to the dry run's directory): compute nodes and other processes read it.
     log_root = Path(ctx.cwd, cfg.get_str("log_dir") or default_log_dir)
     app_dir = log_root / ctx.session / ctx.app_id
     workdir = job_dir or ctx.cwd
     replicas: list[SlurmReplica] = []
+    groups: list[SlurmGroup] = []
+    tasks = 0
     for role in app.roles:
+        per_node = procs_per_node(role.metadata)
+        role_replicas: list[SlurmReplica] = []
         for k in range(role.num_replicas):
             values = macros.Values(
                 img_root=role.image or workdir,
@@ -159,37 +252,58 @@ def render(
             )
             resolved = values.apply(role)
             replica_dir = app_dir / role.name / str(k)
+            role_env = dict(resolved.env)
+            role_path = role_env.pop("PATH", "")
             env = {
                 "PYTHONUNBUFFERED": "1",
-                **resolved.env,
+                # Defaults only: a role's own error file and log dir are kept (as TorchX does).
+                "TORCHELASTIC_ERROR_FILE": str(replica_dir / "error.json"),
+                "PET_LOG_DIR": str(replica_dir),
+                **role_env,
                 "ASUPERVISOR_APP_ID": ctx.app_id,
                 "ASUPERVISOR_SESSION": ctx.session,
                 "ASUPERVISOR_ROLE": role.name,
                 "ASUPERVISOR_REPLICA_ID": str(k),
                 "ASUPERVISOR_NUM_REPLICAS": str(role.num_replicas),
-                "TORCHELASTIC_ERROR_FILE": str(replica_dir / "error.json"),
-                "PET_LOG_DIR": str(replica_dir),
             }
-            res = role.resource
-            directives = [
-                f"--job-name={role.name}-{k}",
-                *_resource_directives(res.cpu, res.gpu, res.memMB, cfg, facts),
-            ]
-            replicas.append(
+            group = len(groups) + (0 if per_node is not None else len(role_replicas))
+            role_replicas.append(
                 SlurmReplica(
                     role=role.name,
                     replica_id=k,
-                    group=len(replicas),
+                    group=group,
                     argv=(resolved.entrypoint, *resolved.args),
                     env=env,
                     log_dir=str(replica_dir),
-                    directives=tuple(directives),
+                    path_prepend=role_path.strip(os.pathsep),
                 )
             )
-    max_retries = max((r.max_retries for r in app.roles), default=0)
+        if per_node is not None:
+            batches = [role_replicas]
+            nodes = role.num_replicas // per_node
+            name = role.name
+        else:
+            batches = [[r] for r in role_replicas]
+            nodes = 1
+            name = ""
+        for batch in batches:
+            directives = (
+                f"--job-name={name or f'{role.name}-{batch[0].replica_id}'}",
+                *_resource_directives(role.resource, per_node, nodes, cfg, facts),
+            )
+            log = (
+                f"{app_dir}/{role.name}/launcher.log"
+                if per_node is not None
+                else f"{batch[0].log_dir}/launcher.log"
+            )
+            groups.append(SlurmGroup(len(groups), tuple(batch), directives, log, tasks))
+            tasks += len(batch)
+        replicas.extend(role_replicas)
+    # TorchX's rule: the job may be retried as often as its least patient role allows.
+    max_retries = min((r.max_retries for r in app.roles), default=0)
     if not cfg.get_bool("requeue_on_failure", True):
         max_retries = 0
-    script = _script(app, cfg, ctx, replicas, app_dir, workdir, max_retries)
+    script = _script(app, cfg, ctx, groups, app_dir, workdir, max_retries)
     return SlurmRequest(
         backend="slurm",
         session=ctx.session,
@@ -202,6 +316,7 @@ def render(
         job_dir=job_dir,
         max_retries=max_retries,
         replicas=tuple(replicas),
+        groups=tuple(groups),
         script=script,
     )
 
@@ -210,7 +325,7 @@ def _script(
     app: AppDef,
     cfg: ResolvedCfg,
     ctx: DryrunContext,
-    replicas: list[SlurmReplica],
+    groups: list[SlurmGroup],
     app_dir: Path,
     workdir: str,
     max_retries: int,
@@ -221,29 +336,37 @@ def _script(
         f"--output={app_dir}/slurm-%j.out",
         "--open-mode=append",
         f"--comment={owner_comment(ctx.session, ctx.app_id, cfg.get_str('comment'))}",
-        "--requeue" if max_retries > 0 else "--no-requeue",
+        # Always requeueable, so a preempted or node-failed job goes back to the
+        # queue (RUNNING -> PENDING) whatever its retries; failures are retried
+        # by the script below only while retries are left.
+        "--requeue",
     ]
     for key in ("time", "mail-user", "mail-type"):
         value = cfg.get_str(key)
         if value:
             job_level.append(f"--{key}={value}")
     lines = ["#!/bin/bash", f"# asupervisor app {ctx.app_id} ({app.name}), session {ctx.session}"]
-    for replica in replicas:
-        if replica.group > 0:
+    for group in groups:
+        if group.group > 0:
             lines.append("#SBATCH hetjob")
-        directives = list(replica.directives) + (job_level if replica.group == 0 else [])
+        directives = list(group.directives) + (job_level if group.group == 0 else [])
         lines.extend(f"#SBATCH {q(d)}" for d in directives)
-    het = len(replicas) > 1
+    het = len(groups) > 1
     pump = pump_path(app_dir)
-    groups = " \\\n    : ".join(r.srun_group(het, pump) for r in replicas)
+    parts = " \\\n    : ".join(g.srun_group(het, pump) for g in groups)
     lines += [
         "",
         "export SLURM_UNBUFFEREDIO=1",
-        'ASUP_PYTHON="${ASUPERVISOR_PYTHON:-python3}"',
+        'export ASUP_PYTHON="${ASUPERVISOR_PYTHON:-python3}"',
         'export ASUPERVISOR_ATTEMPT="${SLURM_RESTART_COUNT:-0}"',
+        "# Rank 0's host: the first node of het group 0 (the whole job when not het).",
+        'rank0_nodes="${SLURM_JOB_NODELIST_HET_GROUP_0:-$SLURM_JOB_NODELIST}"',
+        'rank0=$(scontrol show hostnames "$rank0_nodes" 2>/dev/null | head -n 1)',
+        f'export {RANK0_ENV}="${{rank0:-$rank0_nodes}}"',
+        f'export ASUPERVISOR_RANK0_HOST="${RANK0_ENV}"',
         "",
         "srun --kill-on-bad-exit=1 --wait=60 --open-mode=append \\",
-        f"    {groups}",
+        f"    {parts}",
         "exitcode=$?",
         'echo "asupervisor: srun exited with code $exitcode"',
         f'if [ "$exitcode" -ne 0 ] && [ "${{SLURM_RESTART_COUNT:-0}}" -lt {max_retries} ]; then',

@@ -37,9 +37,16 @@ class ViewTranslator:
     asked for the cancel ourselves.
     """
 
-    def __init__(self, job_id: int, keys: Sequence[ReplicaKey]) -> None:
+    def __init__(
+        self,
+        job_id: int,
+        keys: Sequence[ReplicaKey],
+        groups: Sequence[Sequence[ReplicaKey]] | None = None,
+    ) -> None:
+        """``groups``: the replicas of each het component (default: one replica each)."""
         self.job_id = job_id
         self.keys = list(keys)
+        self.groups = [list(g) for g in groups] if groups is not None else [[k] for k in keys]
         self._attempts = dict.fromkeys(self.keys, 0)
         self._run_start: dict[ReplicaKey, int] = {}  # start time of the run seen this attempt
         self.stopping = False
@@ -76,9 +83,16 @@ class ViewTranslator:
         return out
 
     def _events(self, comp: JobRecord) -> list[Mail]:
-        if comp.het_offset >= len(self.keys):
+        """Every replica of a component lives its state (a group's tasks share one allocation)."""
+        if comp.het_offset >= len(self.groups):
             return [AppNotice(message=f"job {comp.job_id} has an unexpected component")]
-        role, k = self.keys[comp.het_offset]
+        out: list[Mail] = []
+        for key in self.groups[comp.het_offset]:
+            out.extend(self._replica_events(comp, key))
+        return out
+
+    def _replica_events(self, comp: JobRecord, key: ReplicaKey) -> list[Mail]:
+        role, k = key
         meaning = meaning_of(comp.state)
         if comp.requeue and comp.state in ("NODE_FAIL", "PREEMPTED"):
             meaning = Meaning.REQUEUED  # Slurm puts such a job back in the queue itself
@@ -87,8 +101,8 @@ class ViewTranslator:
                 AppNotice(message=f"Slurm reports state {comp.state!r}, unknown to asupervisor")
             ]
         out: list[Mail] = []
-        key = (role, k)
         seen_start = self._run_start.get(key)
+        seen_running = seen_start is not None
         if comp.state.startswith("COMPLETING") and (
             comp.restart_cnt > self._attempts[key]
             or (seen_start is not None and comp.started and comp.started != seen_start)
@@ -141,7 +155,9 @@ class ViewTranslator:
                 code = 1  # FAILED with nothing to show for it (NODE_FAIL, TIMEOUT, ...)
             if meaning is Meaning.CANCELLED and not code:
                 code = None  # cancelled before or while running: no success to report
-            if comp.nodes:
+            # A job cancelled while it waited has nodes in some views (those it was about
+            # to get): it never ran, so no start is reported for it.
+            if comp.nodes and (meaning is Meaning.FAILED or seen_running):
                 out.append(Started(**base, hostname=comp.nodes))
             out.append(
                 Exited(

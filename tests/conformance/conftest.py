@@ -1,0 +1,59 @@
+"""Collects the targets (every ``targets_*`` module's ``TARGETS``) and the fixtures each case uses."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from supervisor import Supervisor
+
+from .target import Target
+
+
+def _targets() -> list[Target]:
+    found: list[Target] = []
+    for info in sorted(pkgutil.iter_modules([str(Path(__file__).parent)]), key=lambda i: i.name):
+        if info.name.startswith("targets_"):
+            module = importlib.import_module(f"{__package__}.{info.name}")
+            found.extend(module.TARGETS)
+    ids = [t.id for t in found]
+    assert len(set(ids)) == len(ids), f"two targets share an id: {ids}"
+    return found
+
+
+TARGETS = _targets()
+
+
+@pytest.fixture(
+    scope="session",
+    params=[pytest.param(t, id=t.id, marks=list(t.marks)) for t in TARGETS],
+)
+def target(request: pytest.FixtureRequest) -> Target:
+    """Each case runs once per target; the target's component is brought up once."""
+    found: Target = request.param
+    found.ensure()
+    return found
+
+
+@pytest.fixture
+def exchange(tmp_path: Path) -> Path:
+    """A directory the replicas (as ``$CONF_DIR``) and the test both read and write."""
+    path = tmp_path / "exchange"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def cfg(target: Target, tmp_path: Path) -> dict[str, object]:
+    return target.cfg(tmp_path)
+
+
+@pytest.fixture
+async def sv(target: Target, state_dir: Path) -> AsyncIterator[Supervisor]:
+    """The Supervisor that submits; closed (stopping what is not durable) after the case."""
+    async with target.supervisor("conf") as found:
+        yield found

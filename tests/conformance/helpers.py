@@ -69,6 +69,4 @@ async def cli_json(target: Target, *args: str) -> Any:
 
 def replica_states(status: Any) -> dict[str, AppState]:
     """``{"role/k": state}`` of a status, for readable assertion messages."""
-    return {
-        f"{rs.role}/{r.id}": r.state for rs in status.roles for r in rs.replicas
-    }
+    return {f"{rs.role}/{r.id}": r.state for rs in status.roles for r in rs.replicas}

@@ -17,8 +17,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
 # Two bursts 3 s apart, on both streams; the last line has no newline.
 SCRIPT = (
-    "echo out1; echo err1 >&2; sleep 3; "
-    "echo out2; echo err2 >&2; printf 'out3 without newline'"
+    "echo out1; echo err1 >&2; sleep 3; echo out2; echo err2 >&2; printf 'out3 without newline'"
 )
 
 
@@ -65,5 +64,5 @@ async def test_logs_by_stream_regex_and_time_followed_until_the_replica_ends(
         await lines(sv, handle, "t", 1)
     with pytest.raises(UnknownAppError):
         await lines(sv, handle, "nope", 0)
-    with pytest.raises(ValueError, match="stdin|stream"):
+    with pytest.raises(ValueError, match=r"stdin|stream"):
         await lines(sv, handle, "t", 0, streams="stdin")

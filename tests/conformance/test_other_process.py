@@ -117,7 +117,7 @@ async def test_closing_the_supervisor_keeps_durable_apps_and_stops_the_others(
         if not durable:
             # Declared not durable: the first Supervisor's close stopped the app.
             assert described.state is AppState.CANCELLED, described
-            (exchange / "go").touch()
+            await anyio.Path(exchange / "go").touch()
             assert (await second.wait(handle, timeout=target.timeout)).state is AppState.CANCELLED
             assert await lines(second, handle, "r", 0, streams="stdout") == ["started\n"]
             return
@@ -131,7 +131,7 @@ async def test_closing_the_supervisor_keeps_durable_apps_and_stops_the_others(
                     followed.append(line)
 
             tg.start_soon(follow)
-            (exchange / "go").touch()
+            await anyio.Path(exchange / "go").touch()
             with anyio.fail_after(target.timeout):
                 final = await second.wait(handle)
         assert final.state is AppState.SUCCEEDED, final

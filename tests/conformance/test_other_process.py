@@ -1,0 +1,138 @@
+"""Apps seen by whoever did not start them: unknown handles, a second Supervisor, the CLI,
+and what closing the first Supervisor does to its apps (durable or not, as declared)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from supervisor import AppState, ReplicaState, Supervisor, UnknownAppError
+
+from .helpers import TRAPS_TERM, WAIT_FOR, app, cli, cli_json, first_line, lines
+from .target import Target
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
+
+LIVE = (AppState.PENDING, AppState.RUNNING)
+
+
+async def test_an_unknown_handle_is_an_unknown_app_everywhere(
+    target: Target, sv: Supervisor
+) -> None:
+    handle = f"{target.backend}://conf/never-00000000"
+    assert sv.status(handle) is None
+    assert await sv.describe(handle) is None  # None, not an error: the TorchX contract
+    assert not await sv.exists(handle)
+    with pytest.raises(UnknownAppError):
+        await sv.wait(handle, timeout=target.timeout)
+    with pytest.raises(UnknownAppError):
+        await sv.cancel(handle)
+    with pytest.raises(UnknownAppError):
+        await lines(sv, handle, "r", 0)
+    with pytest.raises(UnknownAppError):
+        await lines(sv, handle, "r", 0, should_tail=True)
+    code, _, err = await cli(target, "status", "--json", handle)
+    assert code == 1 and handle in err, err
+    code, _, err = await cli(target, "cancel", handle)
+    assert code == 1 and handle in err, err
+    code, _, err = await cli(target, "log", handle)
+    assert code == 1 and handle in err, err
+
+
+async def test_a_second_supervisor_describes_lists_follows_and_cancels(
+    target: Target, sv: Supervisor, cfg: dict[str, object], exchange: Path
+) -> None:
+    handle = await sv.submit(
+        app(target.role("r", TRAPS_TERM, exchange=exchange, num_replicas=2)), target.backend, cfg
+    )
+    async with target.supervisor("observer") as other:
+        with anyio.fail_after(target.timeout):
+            assert await first_line(other, handle, "r", 0) == "ready\n"
+            assert await first_line(other, handle, "r", 1) == "ready\n"
+        assert other.status(handle) is None  # not followed there: no snapshot, records instead
+        described = await other.describe(handle)
+        assert described is not None and described.state in LIVE, described
+        assert [r.name for r in described.roles] == ["r"]
+        listed = {a.app_handle: a for a in await other.list(target.backend)}
+        assert handle in listed and listed[handle].name == "conf", listed
+        await other.cancel(handle)
+        await other.cancel(handle)  # idempotent from there too
+        with anyio.fail_after(target.timeout):
+            mine = await sv.wait(handle)
+            theirs = await other.wait(handle)
+        assert mine.state is AppState.CANCELLED, mine
+        assert theirs.state is AppState.CANCELLED, theirs
+        replica = theirs.replica("r", 0)
+        assert replica is not None and replica.state is ReplicaState.CANCELLED, theirs
+        assert await lines(other, handle, "r", 0, streams="stdout") == ["ready\n", "got TERM\n"]
+        with anyio.fail_after(10):  # following an ended app from there stops by itself
+            followed = [x async for x in other.log_iter(handle, "r", 1, should_tail=True)]
+        assert followed == await lines(sv, handle, "r", 1)
+
+
+async def test_the_cli_in_another_process_reads_and_cancels_an_app(
+    target: Target, sv: Supervisor, cfg: dict[str, object], exchange: Path
+) -> None:
+    handle = await sv.submit(
+        app(target.role("r", TRAPS_TERM, exchange=exchange)), target.backend, cfg
+    )
+    with anyio.fail_after(target.timeout):
+        assert await first_line(sv, handle, "r", 0) == "ready\n"
+    status = await cli_json(target, "status", handle)
+    assert status["handle"] == handle and status["state"] in ("PENDING", "RUNNING"), status
+    listed = await cli_json(target, "list", "--backend", target.backend)
+    assert [(a["handle"], a["name"]) for a in listed] == [(handle, "conf")], listed
+    code, out, err = await cli(target, "log", handle, "r/0", "--streams", "stdout")
+    assert code == 0 and out == "ready\n", (code, out, err)
+    code, out, err = await cli(target, "log", handle, "--regex", "^nothing$")
+    assert code == 0 and out == "", (code, out, err)
+    code, _, err = await cli(target, "cancel", handle)
+    assert code == 0, err
+    final = await sv.wait(handle, timeout=target.timeout)
+    assert final.state is AppState.CANCELLED, final
+    ended = await cli_json(target, "status", handle)
+    assert ended["state"] == "CANCELLED", ended
+    code, out, err = await cli(target, "log", handle, "r/0", "--streams", "stdout")
+    assert code == 0 and out == "ready\ngot TERM\n", (code, out, err)
+    code, _, err = await cli(target, "cancel", handle)  # an ended app: fine, says so
+    assert code == 0 and "CANCELLED" in err, err
+
+
+async def test_closing_the_supervisor_keeps_durable_apps_and_stops_the_others(
+    target: Target, state_dir: Path, cfg: dict[str, object], exchange: Path
+) -> None:
+    script = WAIT_FOR + 'echo started; touch "$CONF_DIR/started"; wait_for go; echo finished'
+    async with target.supervisor("first") as first:
+        durable = type(first.backend(target.backend)).durable
+        handle = await first.submit(
+            app(target.role("r", script, exchange=exchange)), target.backend, cfg
+        )
+        with anyio.fail_after(target.timeout):
+            assert await first_line(first, handle, "r", 0) == "started\n"
+    async with target.supervisor("second") as second:
+        described = await second.describe(handle)
+        assert described is not None, handle
+        if not durable:
+            # Declared not durable: the first Supervisor's close stopped the app.
+            assert described.state is AppState.CANCELLED, described
+            await anyio.Path(exchange / "go").touch()
+            assert (await second.wait(handle, timeout=target.timeout)).state is AppState.CANCELLED
+            assert await lines(second, handle, "r", 0, streams="stdout") == ["started\n"]
+            return
+        # Declared durable: the scheduler still runs it, and a new Supervisor follows it.
+        assert described.state in LIVE, described
+        async with anyio.create_task_group() as tg:
+            followed: list[str] = []
+
+            async def follow() -> None:
+                async for line in second.log_iter(handle, "r", 0, should_tail=True):
+                    followed.append(line)
+
+            tg.start_soon(follow)
+            await anyio.Path(exchange / "go").touch()
+            with anyio.fail_after(target.timeout):
+                final = await second.wait(handle)
+        assert final.state is AppState.SUCCEEDED, final
+        assert followed == ["started\n", "finished\n"]

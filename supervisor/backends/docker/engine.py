@@ -1,0 +1,256 @@
+"""The few Engine API calls the backend makes, over aiodocker, with errors translated.
+
+Two calls are streamed by hand through aiodocker's request layer rather than
+its helpers: the event stream (read as JSON lines, so one connection serves
+every container of a Supervisor) and the log stream (whose 8-byte frame
+headers say which of stdout/stderr each chunk came from, which aiodocker's
+``log()`` throws away).
+
+Engine differences tolerated here: Podman answers a name conflict with 500
+instead of 409, and names the exit event ``died`` instead of ``die``.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+import aiodocker
+import aiohttp
+import anyio
+
+from supervisor.errors import BackendError, SubmitError
+
+__all__ = ["EXIT_ACTIONS", "Engine", "StreamName"]
+
+StreamName = Literal["stdout", "stderr"]
+EXIT_ACTIONS = frozenset({"die", "died"})
+_FRAME = struct.Struct(">BxxxL")
+_STREAMS: dict[int, StreamName] = {1: "stdout", 2: "stderr"}
+
+
+def _transient(e: aiodocker.DockerError) -> bool:
+    """Connection trouble and server errors may pass; a refused request will not."""
+    return e.status >= 500 and "no such image" not in e.message.lower()
+
+
+def _error(e: aiodocker.DockerError, what: str, *, submit: bool = False) -> BackendError:
+    cls = SubmitError if submit else BackendError
+    err = cls(f"{what}: {e.message} (engine status {e.status})", transient=_transient(e))
+    err.__cause__ = e
+    return err
+
+
+def _conflict(e: aiodocker.DockerError) -> bool:
+    return e.status == 409 or "already in use" in e.message or "already exists" in e.message
+
+
+class Engine:
+    """One engine address; the client is made on first use, inside the event loop."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self._docker: aiodocker.Docker | None = None
+
+    def client(self) -> aiodocker.Docker:
+        if self._docker is None:
+            self._docker = aiodocker.Docker(url=self.host, timeout=aiohttp.ClientTimeout(total=120))
+        return self._docker
+
+    async def aclose(self) -> None:
+        if self._docker is not None:
+            docker, self._docker = self._docker, None
+            await docker.close()
+
+    # ------------------------------------------------------------------ images
+    async def ensure_image(self, image: str) -> None:
+        """Pull ``image`` only when the engine does not have it."""
+        docker = self.client()
+        try:
+            await docker.images.inspect(image)
+            return
+        except aiodocker.DockerError as e:
+            if e.status != 404:
+                raise _error(e, f"cannot look up image {image!r}", submit=True) from e
+        try:
+            await docker.images.pull(image)
+        except aiodocker.DockerError as e:
+            raise SubmitError(
+                f"image {image!r} is not on the engine at {self.host} and pulling it failed: "
+                f"{e.message}",
+                transient=False,
+            ) from e
+
+    # ---------------------------------------------------------------- networks
+    async def create_network(self, body: Mapping[str, Any]) -> str:
+        try:
+            network = await self.client().networks.create(dict(body))
+        except aiodocker.DockerError as e:
+            raise _error(e, f"cannot create network {body.get('Name')!r}", submit=True) from e
+        return str(network.id)
+
+    async def remove_network(self, name: str) -> None:
+        try:
+            await self.client().networks.get(name)
+            async with self.client()._query(f"networks/{name}", method="DELETE"):
+                pass
+        except aiodocker.DockerError as e:
+            if e.status != 404:
+                raise _error(e, f"cannot remove network {name!r}") from e
+
+    async def list_networks(self, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        filters = json.dumps({"label": [f"{k}={v}" if v else k for k, v in labels.items()]})
+        try:
+            found: list[dict[str, Any]] = await self.client()._query_json(
+                "networks", params={"filters": filters}
+            )
+        except aiodocker.DockerError as e:
+            raise _error(e, "cannot list networks") from e
+        return found
+
+    # -------------------------------------------------------------- containers
+    async def create(self, name: str, body: Mapping[str, Any]) -> str:
+        try:
+            container = await self.client().containers.create(dict(body), name=name)
+        except aiodocker.DockerError as e:
+            if _conflict(e):
+                raise SubmitError(
+                    f"a container named {name!r} already exists on {self.host}", transient=False
+                ) from e
+            raise _error(e, f"cannot create container {name!r}", submit=True) from e
+        return str(container.id)
+
+    async def start(self, cid: str) -> None:
+        try:
+            await self.client().containers.container(cid).start()
+        except aiodocker.DockerError as e:
+            raise _error(e, f"cannot start container {cid[:12]}", submit=True) from e
+
+    async def kill(self, cid: str, signal: str) -> None:
+        """Signal a container; one that is gone or not running is not an error."""
+        try:
+            await self.client().containers.container(cid).kill(signal=signal)
+        except aiodocker.DockerError as e:
+            if e.status in (404, 409) or "not running" in e.message or "state" in e.message:
+                return
+            raise _error(e, f"cannot signal container {cid[:12]}") from e
+
+    async def inspect(self, cid: str) -> dict[str, Any] | None:
+        try:
+            info: dict[str, Any] = await self.client().containers.container(cid).show()
+        except aiodocker.DockerError as e:
+            if e.status == 404:
+                return None
+            raise _error(e, f"cannot inspect container {cid[:12]}") from e
+        return info
+
+    async def remove(self, cid: str) -> None:
+        try:
+            await self.client().containers.container(cid).delete(force=True, v=False)
+        except aiodocker.DockerError as e:
+            if e.status == 404 or "no such container" in e.message.lower():
+                return
+            if "removal" in e.message and "in progress" in e.message:
+                return
+            raise _error(e, f"cannot remove container {cid[:12]}") from e
+
+    async def wait_exit(self, cid: str, timeout: float) -> bool:
+        """Whether the container is (or within ``timeout`` becomes) not running."""
+        try:
+            with anyio.move_on_after(timeout):
+                async with self.client()._query(
+                    f"containers/{cid}/wait",
+                    method="POST",
+                    params={"condition": "not-running"},
+                    timeout=aiohttp.ClientTimeout(),
+                ):
+                    return True
+        except aiodocker.DockerError as e:
+            if e.status == 404:
+                return True
+            raise _error(e, f"cannot wait for container {cid[:12]}") from e
+        return False
+
+    async def list_containers(self, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        filters = json.dumps({"label": [f"{k}={v}" if v else k for k, v in labels.items()]})
+        try:
+            found: list[dict[str, Any]] = await self.client()._query_json(
+                "containers/json", params={"all": "1", "filters": filters}
+            )
+        except aiodocker.DockerError as e:
+            raise _error(e, "cannot list containers") from e
+        return found
+
+    # ----------------------------------------------------------------- streams
+    @asynccontextmanager
+    async def events(
+        self, labels: Mapping[str, str], since: float
+    ) -> AsyncIterator[AsyncIterator[dict[str, Any]]]:
+        """Container events of containers with ``labels``, from ``since`` on, as they happen.
+
+        ``since`` slightly in the past closes the gap between opening the stream
+        and the engine subscribing it: replayed events are harmless to callers.
+        """
+        params = {
+            "filters": json.dumps(
+                {"type": ["container"], "label": [f"{k}={v}" if v else k for k, v in labels.items()]}
+            ),
+            "since": f"{since:.9f}",
+        }
+        try:
+            cm = self.client()._query("events", params=params, timeout=aiohttp.ClientTimeout())
+            response = await cm.__aenter__()
+        except aiodocker.DockerError as e:
+            raise _error(e, "cannot follow the engine's events") from e
+
+        async def lines() -> AsyncIterator[dict[str, Any]]:
+            async for raw in response.content:
+                raw = raw.strip()
+                if raw:
+                    event = json.loads(raw)
+                    if isinstance(event, dict):
+                        yield event
+
+        try:
+            yield lines()
+        finally:
+            await cm.__aexit__(None, None, None)
+
+    async def log_frames(
+        self, cid: str, *, follow: bool
+    ) -> AsyncIterator[tuple[StreamName, bytes]]:
+        """(stream, bytes) as the engine sends them; ends when the engine closes the stream."""
+        params = {"stdout": "1", "stderr": "1", "follow": "1" if follow else "0"}
+        try:
+            async with self.client()._query(
+                f"containers/{cid}/logs", params=params, timeout=aiohttp.ClientTimeout()
+            ) as response:
+                content = response.content
+                while True:
+                    try:
+                        header = await content.readexactly(_FRAME.size)
+                    except aiohttp.client_exceptions.ClientPayloadError:
+                        return
+                    except EOFError:  # asyncio.IncompleteReadError: the stream ended
+                        return
+                    kind, size = _FRAME.unpack(header)
+                    data = await content.readexactly(size)
+                    stream = _STREAMS.get(kind)
+                    if stream is not None:
+                        yield stream, data
+        except aiodocker.DockerError as e:
+            if e.status == 404:
+                return
+            raise _error(e, f"cannot read the logs of container {cid[:12]}") from e
+
+
+def event_container(event: Mapping[str, Any]) -> str:
+    actor = event.get("Actor") or {}
+    return str(actor.get("ID") or event.get("id") or "")
+
+
+def event_action(event: Mapping[str, Any]) -> str:
+    return str(event.get("Action") or event.get("status") or "")

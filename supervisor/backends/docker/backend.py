@@ -20,6 +20,8 @@ What this process follows is heard from one engine event stream per backend.
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +72,8 @@ class DockerBackend(Backend):
         self._runtimes: set[DockerRuntime] = set()
         self._events_ready: dict[str, anyio.Event] = {}
         self._events_scope = anyio.CancelScope()
+        self._busy = 0
+        self._idle = anyio.Event()
         self.foreign = ForeignApps(self)
 
     def engine_for(self, host: str) -> Engine:
@@ -125,6 +129,19 @@ class DockerBackend(Backend):
             raise
         return runtime
 
+    @asynccontextmanager
+    async def tracked(self) -> AsyncIterator[None]:
+        """Background work that talks to an engine: ``aclose`` waits for it before closing."""
+        if self._busy == 0:
+            self._idle = anyio.Event()
+        self._busy += 1
+        try:
+            yield
+        finally:
+            self._busy -= 1
+            if self._busy == 0:
+                self._idle.set()
+
     def forget(self, runtime: DockerRuntime) -> None:
         self._runtimes.discard(runtime)
 
@@ -139,22 +156,26 @@ class DockerBackend(Backend):
     async def _follow_events(self, engine: Engine, ready: anyio.Event) -> None:
         """One stream for every container of this session; reopened if the engine drops it."""
         since = time.time() - 1.0
-        with self._events_scope:
-            while True:
-                try:
-                    async with engine.events({LABEL.SESSION: self.context.session}, since) as ev:
-                        ready.set()
-                        async for event in ev:
-                            since = float(event.get("timeNano", 0)) / 1e9 or since
-                            self._dispatch(event)
-                except BackendError as e:
-                    if not ready.is_set():
-                        ready.set()  # launch fails on its own with a clearer error
-                    for runtime in list(self._runtimes):
-                        runtime.emit_notice(f"lost the engine's event stream: {e}")
-                    await anyio.sleep(1.0)
-                except OSError:
-                    await anyio.sleep(1.0)
+        async with self.tracked():
+            with self._events_scope:
+                await self._read_events(engine, ready, since)
+
+    async def _read_events(self, engine: Engine, ready: anyio.Event, since: float) -> None:
+        while True:
+            try:
+                async with engine.events({LABEL.SESSION: self.context.session}, since) as ev:
+                    ready.set()
+                    async for event in ev:
+                        since = float(event.get("timeNano", 0)) / 1e9 or since
+                        self._dispatch(event)
+            except BackendError as e:
+                if not ready.is_set():
+                    ready.set()  # launch fails on its own with a clearer error
+                for runtime in list(self._runtimes):
+                    runtime.emit_notice(f"lost the engine's event stream: {e}")
+                await anyio.sleep(1.0)
+            except OSError:
+                await anyio.sleep(1.0)
 
     def _dispatch(self, event: dict[str, Any]) -> None:
         action = event_action(event)
@@ -200,7 +221,9 @@ class DockerBackend(Backend):
                 await anyio.to_thread.run_sync(self.foreign.mark_released, runtime.store)
         self._events_scope.cancel()
         await self.foreign.aclose()
+        with anyio.CancelScope(shield=True):
+            if self._busy:
+                await self._idle.wait()
         for engine in self.engines.values():
             await engine.aclose()
         await self.log_sink.aclose()
-

@@ -54,16 +54,33 @@ class Engine:
     def __init__(self, host: str) -> None:
         self.host = host
         self._docker: aiodocker.Docker | None = None
+        self._closed = False
 
     def client(self) -> aiodocker.Docker:
+        if self._closed:
+            raise BackendError(f"the connection to {self.host} is closed", transient=False)
         if self._docker is None:
             self._docker = aiodocker.Docker(url=self.host, timeout=aiohttp.ClientTimeout(total=120))
         return self._docker
 
     async def aclose(self) -> None:
+        self._closed = True
         if self._docker is not None:
             docker, self._docker = self._docker, None
             await docker.close()
+
+    @asynccontextmanager
+    async def _response(
+        self, path: str, method: str = "GET", params: Mapping[str, str] | None = None
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """A raw response, closed on the way out (aiodocker's ``_query`` leaves that to us)."""
+        response = await self.client()._do_query(
+            path, method, params=dict(params or {}), timeout=aiohttp.ClientTimeout()
+        )
+        try:
+            yield response
+        finally:
+            response.close()
 
     # ------------------------------------------------------------------ images
     async def ensure_image(self, image: str) -> None:
@@ -94,8 +111,7 @@ class Engine:
 
     async def remove_network(self, name: str) -> None:
         try:
-            await self.client().networks.get(name)
-            async with self.client()._query(f"networks/{name}", method="DELETE"):
+            async with self._response(f"networks/{name}", method="DELETE"):
                 pass
         except aiodocker.DockerError as e:
             if e.status != 404:
@@ -161,12 +177,10 @@ class Engine:
         """Whether the container is (or within ``timeout`` becomes) not running."""
         try:
             with anyio.move_on_after(timeout):
-                async with self.client()._query(
-                    f"containers/{cid}/wait",
-                    method="POST",
-                    params={"condition": "not-running"},
-                    timeout=aiohttp.ClientTimeout(),
-                ):
+                async with self._response(
+                    f"containers/{cid}/wait", "POST", {"condition": "not-running"}
+                ) as response:
+                    await response.read()
                     return True
         except aiodocker.DockerError as e:
             if e.status == 404:
@@ -194,14 +208,13 @@ class Engine:
         ``since`` slightly in the past closes the gap between opening the stream
         and the engine subscribing it: replayed events are harmless to callers.
         """
+        selectors = [f"{k}={v}" if v else k for k, v in labels.items()]
         params = {
-            "filters": json.dumps(
-                {"type": ["container"], "label": [f"{k}={v}" if v else k for k, v in labels.items()]}
-            ),
+            "filters": json.dumps({"type": ["container"], "label": selectors}),
             "since": f"{since:.9f}",
         }
         try:
-            cm = self.client()._query("events", params=params, timeout=aiohttp.ClientTimeout())
+            cm = self._response("events", params=params)
             response = await cm.__aenter__()
         except aiodocker.DockerError as e:
             raise _error(e, "cannot follow the engine's events") from e
@@ -225,9 +238,7 @@ class Engine:
         """(stream, bytes) as the engine sends them; ends when the engine closes the stream."""
         params = {"stdout": "1", "stderr": "1", "follow": "1" if follow else "0"}
         try:
-            async with self.client()._query(
-                f"containers/{cid}/logs", params=params, timeout=aiohttp.ClientTimeout()
-            ) as response:
+            async with self._response(f"containers/{cid}/logs", params=params) as response:
                 content = response.content
                 while True:
                     try:

@@ -27,8 +27,8 @@ from supervisor.backends.docker.runtime import ATTEMPT_FILE
 from supervisor.backends.store import AppStore, Owner, write_json_atomic
 from supervisor.errors import BackendError
 from supervisor.fsm.rules import derive_app_state
-from supervisor.fsm.states import AppState, ReplicaState
-from supervisor.specs import AppDef, AppHandle, make_handle
+from supervisor.fsm.states import AppState, ReplicaState, is_terminal
+from supervisor.specs import AppDef, AppHandle
 from supervisor.status import (
     AppStatus,
     DescribeAppResponse,
@@ -155,11 +155,11 @@ class ForeignApps:
         for role in definition.roles:
             replicas = []
             for k in range(role.num_replicas):
-                c = latest.get((role.name, k))
+                found = latest.get((role.name, k))
                 old = recorded[0].replica(role.name, k) if recorded else None
-                if c is not None:
-                    state, code = _container_state(c)
-                elif old is not None and old.state.is_terminal:
+                if found is not None:
+                    state, code = _container_state(found)
+                elif old is not None and is_terminal(old.state):
                     state, code = old.state, old.exit_code
                 else:
                     state, code = ReplicaState.UNKNOWN, None
@@ -169,7 +169,7 @@ class ForeignApps:
                         id=k,
                         state=state,
                         role=role.name,
-                        hostname=str((c or {}).get("Names", [""])[0]).lstrip("/"),
+                        hostname=str((found or {}).get("Names", [""])[0]).lstrip("/"),
                         exit_code=code,
                     )
                 )
@@ -192,7 +192,7 @@ class ForeignApps:
                     tuple(
                         ReplicaStatus(
                             id=x.id,
-                            state=x.state if x.state.is_terminal else ReplicaState.CANCELLED,
+                            state=x.state if is_terminal(x.state) else ReplicaState.CANCELLED,
                             role=x.role,
                             hostname=x.hostname,
                             exit_code=x.exit_code,
@@ -203,7 +203,10 @@ class ForeignApps:
                 for r in status.roles
             )
             status = AppStatus(
-                AppState.CANCELLED, status.num_restarts, "cancelled by another process", roles
+                AppState.CANCELLED,
+                num_restarts=status.num_restarts,
+                msg="cancelled by another process",
+                roles=roles,
             )
         owner = self._backend.owner
         await anyio.to_thread.run_sync(store.write_state, status, [], True, owner)
@@ -244,7 +247,7 @@ class ForeignApps:
                 continue
             status = await self.status(*found)
             name = str(found[1]["app"]["name"])
-            out.append(ListAppResponse(app_id, status.state, make_handle(*handle_parts(handle)), name))
+            out.append(ListAppResponse(app_id, status.state, str(handle), name))
         return out
 
     async def cancel(self, handle: AppHandle) -> bool:
@@ -322,6 +325,7 @@ class ForeignApps:
                     await wake[0].wait()
             finally:
                 tg.cancel_scope.cancel()
+        return None  # not reached: the loop only ends by returning
 
     async def finished(self, store: AppStore) -> bool:
         app = await anyio.to_thread.run_sync(store.read_app)
@@ -400,7 +404,3 @@ class ForeignApps:
     async def aclose(self) -> None:
         for scope in self._copies.values():
             scope.cancel()
-
-
-def handle_parts(handle: AppHandle) -> tuple[str, str, str]:
-    return handle.backend, handle.session, handle.app_id

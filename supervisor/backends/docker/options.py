@@ -31,7 +31,7 @@ DOCKER_CAPABILITIES = Capabilities(
 
 
 def default_host() -> str:
-    """The engine a caller would reach with the docker CLI: $DOCKER_HOST, else the standard socket."""
+    """The engine the docker CLI would reach: $DOCKER_HOST, else the standard socket."""
     host = os.environ.get("DOCKER_HOST")
     if host:
         return host

@@ -128,9 +128,8 @@ def _mounts(role: Role, replica_dir: Path) -> tuple[list[dict[str, Any]], list[d
     devices: list[dict[str, Any]] = []
     for m in role.mounts:
         if isinstance(m, BindMount):
-            mounts.append(
-                {"Type": "bind", "Source": m.src_path, "Target": m.dst_path, "ReadOnly": m.read_only}
-            )
+            bind = {"Type": "bind", "Source": m.src_path, "Target": m.dst_path}
+            mounts.append({**bind, "ReadOnly": m.read_only})
         elif isinstance(m, VolumeMount):
             mounts.append(
                 {"Type": "volume", "Source": m.src, "Target": m.dst_path, "ReadOnly": m.read_only}

@@ -27,7 +27,7 @@ from supervisor.backends.docker.engine import Engine
 from supervisor.backends.docker.request import ContainerSpec, DockerRequest
 from supervisor.backends.store import CANCEL_REQUEST, AppStore, write_json_atomic
 from supervisor.errors import BackendError
-from supervisor.events import Exited, ReplicaKey, Started, Submitted
+from supervisor.events import Exited, Lost, ReplicaKey, Started, Submitted
 from supervisor.logs import ReplicaLog
 from supervisor.status import AppStatus, Transition
 
@@ -188,10 +188,11 @@ class DockerRuntime(AppRuntime):
         sink = self._backend.log_sink
         log = self._logs[key]
         try:
-            with copy.scope:
-                async for stream, data in self.engine.log_frames(cid, follow=follow):
-                    copy.received[stream] += len(data)
-                    sink.write(log, stream, data, time.time())
+            async with self._backend.tracked():
+                with copy.scope:
+                    async for stream, data in self.engine.log_frames(cid, follow=follow):
+                        copy.received[stream] += len(data)
+                        sink.write(log, stream, data, time.time())
         except BackendError as e:
             self.emit(AppNotice(message=str(e)))
         finally:
@@ -228,6 +229,17 @@ class DockerRuntime(AppRuntime):
             self._backend.task_group.start_soon(self._on_exit, key, slot, cid, slot.attempt)
 
     async def _on_exit(self, key: ReplicaKey, slot: _Slot, cid: str, attempt: int) -> None:
+        async with self._backend.tracked():
+            try:
+                await self._report_exit(key, slot, cid, attempt)
+            except BackendError as e:
+                if slot.cid == cid:
+                    slot.running = False
+                slot.exited.set()
+                reason = f"cannot learn how its container ended: {e}"
+                self.emit(Lost(role=key[0], replica_id=key[1], attempt=attempt, reason=reason))
+
+    async def _report_exit(self, key: ReplicaKey, slot: _Slot, cid: str, attempt: int) -> None:
         info = await self.engine.inspect(cid)
         state: dict[str, Any] = (info or {}).get("State") or {}
         code = state.get("ExitCode")

@@ -199,11 +199,15 @@ class DockerRuntime(AppRuntime):
             copy.done.set()
 
     async def _drain_logs(self, key: ReplicaKey, cid: str, copy: _Copy) -> None:
-        """Wait for the follow stream to end; past the grace, fetch what it did not deliver."""
+        """Let the follow stream end, then fetch whatever it did not deliver.
+
+        The engine may end a follow stream before the last, unterminated line
+        reached it (dockerd), or never end it (Podman, past the grace): one
+        fetch without follow then completes the files, skipping the bytes of
+        each stream already received.
+        """
         with anyio.move_on_after(LOG_DRAIN_GRACE):
             await copy.done.wait()
-        if copy.done.is_set():
-            return
         copy.scope.cancel()
         await copy.done.wait()
         seen = dict(copy.received)

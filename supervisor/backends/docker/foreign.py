@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.lowlevel
 from asyncinotify import Inotify, Mask
 
 from supervisor.backends.base import LogTarget
-from supervisor.backends.docker.engine import EXIT_ACTIONS, Engine, event_action
+from supervisor.backends.docker.engine import EXIT_ACTIONS, Engine, event_action, event_container
 from supervisor.backends.docker.request import LABEL
-from supervisor.backends.docker.runtime import ATTEMPT_FILE
+from supervisor.backends.docker.runtime import ATTEMPT_FILE, exit_signal
 from supervisor.backends.store import AppStore, Owner, write_json_atomic
 from supervisor.errors import BackendError
 from supervisor.fsm.rules import derive_app_state
@@ -171,6 +172,7 @@ class ForeignApps:
                         role=role.name,
                         hostname=str((found or {}).get("Names", [""])[0]).lstrip("/"),
                         exit_code=code,
+                        signal=exit_signal(code),
                     )
                 )
             roles.append(RoleStatus(role.name, tuple(replicas)))
@@ -182,20 +184,29 @@ class ForeignApps:
         )
 
     async def finalize(
-        self, store: AppStore, app: dict[str, Any], status: AppStatus, *, cancelled: bool = False
+        self,
+        store: AppStore,
+        app: dict[str, Any],
+        status: AppStatus,
+        *,
+        cancelled: set[tuple[str, int]] | None = None,
     ) -> AppStatus:
         """Record the final state and remove the containers and network of an unfollowed app."""
-        if cancelled:
+        if cancelled is not None:
+            stopped = cancelled
             roles = tuple(
                 RoleStatus(
                     r.role,
                     tuple(
                         ReplicaStatus(
                             id=x.id,
-                            state=x.state if is_terminal(x.state) else ReplicaState.CANCELLED,
+                            state=ReplicaState.CANCELLED
+                            if (x.role, x.id) in stopped or not is_terminal(x.state)
+                            else x.state,
                             role=x.role,
                             hostname=x.hostname,
                             exit_code=x.exit_code,
+                            signal=x.signal,
                         )
                         for x in r.replicas
                     ),
@@ -208,6 +219,11 @@ class ForeignApps:
                 msg="cancelled by another process",
                 roles=roles,
             )
+        # The containers hold the only copy of what they wrote since nobody followed them.
+        definition = AppDef.from_json(app["app"])
+        for role in definition.roles:
+            for k in range(role.num_replicas):
+                await self._resume_copy(store, app, role.name, k, final=True)
         owner = self._backend.owner
         await anyio.to_thread.run_sync(store.write_state, status, [], True, owner)
         engine = self.engine_of(app)
@@ -263,7 +279,12 @@ class ForeignApps:
             return True
         engine = self.engine_of(app)
         grace = float(app["request"].get("stop_grace", 5.0))
-        running = [str(c["Id"]) for c in await self.containers(app) if c.get("State") == "running"]
+        live = [c for c in await self.containers(app) if c.get("State") == "running"]
+        running = [str(c["Id"]) for c in live]
+        stopped = set()
+        for c in live:
+            labels = c.get("Labels") or {}
+            stopped.add((str(labels.get(LABEL.ROLE)), int(labels.get(LABEL.REPLICA_ID, -1))))
         for cid in running:
             await engine.kill(cid, "SIGTERM")
         async with anyio.create_task_group() as tg:
@@ -276,7 +297,7 @@ class ForeignApps:
             for cid in running:
                 tg.start_soon(settle, cid)
         status = self._from_containers(app, await self.containers(app), None)
-        await self.finalize(store, app, status, cancelled=True)
+        await self.finalize(store, app, status, cancelled=stopped)
         return True
 
     async def wait(self, handle: AppHandle) -> AppStatus | None:
@@ -291,14 +312,19 @@ class ForeignApps:
             LABEL.APP_ID: str(app["request"]["app_id"]),
         }
         owner_pid = Owner.from_json(app["owner"]).pid
+        engine = self.engine_of(app)
         async with (
-            self.engine_of(app).events(labels, time.time() - 1.0) as events,
+            engine.events(labels, time.time() - 1.0) as events,
             anyio.create_task_group() as tg,
         ):
 
             async def on_events() -> None:
                 async for event in events:
-                    if event_action(event) in EXIT_ACTIONS or event_action(event) == "destroy":
+                    action = event_action(event)
+                    if action in EXIT_ACTIONS:
+                        # The engine announces the death before its listing says so.
+                        await engine.wait_exit(event_container(event), 10.0)
+                    if action in EXIT_ACTIONS or action == "destroy":
                         wake[0].set()
 
             async def on_files() -> None:
@@ -345,7 +371,7 @@ class ForeignApps:
         return self._backend.make_log_target(store, role, replica_id)
 
     async def _resume_copy(
-        self, store: AppStore, app: dict[str, Any], role: str, replica_id: int
+        self, store: AppStore, app: dict[str, Any], role: str, replica_id: int, final: bool = False
     ) -> None:
         """Nobody copies this replica's output any more: copy the rest of it from the engine.
 
@@ -367,25 +393,37 @@ class ForeignApps:
                     sizes[stream] = 0
             return mark, sizes
 
+        sink = self._backend.log_sink
+        if final:
+            # A copy that follows this replica may never see its stream end (Podman): stop
+            # it, and count what it wrote from the files once they hold all of it.
+            for cid_, scope_ in list(self._copies.items()):
+                if cid_.startswith(f"{directory}:"):
+                    scope_.cancel()
+            await anyio.lowlevel.checkpoint()
+            await sink.flush()
         marks = await anyio.to_thread.run_sync(read_marks)
         if marks is None:
             return
         mark, sizes = marks
         cid = str(mark.get("container") or "")
-        if not cid or cid in self._copies:
+        if not cid or (not final and f"{directory}:{cid}" in self._copies):
             return
         engine = self.engine_of(app)
         info = await engine.inspect(cid)
         if info is None:
             return
-        running = bool((info.get("State") or {}).get("Running"))
+        running = not final and bool((info.get("State") or {}).get("Running"))
         seen = {s: max(0, sizes[s] - int(mark.get(s, 0))) for s in ("stdout", "stderr")}
-        sink = self._backend.log_sink
         log = sink.open(directory)
-        scope = self._copies[cid] = anyio.CancelScope()
+        scope = self._copies[f"{directory}:{cid}"] = anyio.CancelScope()
 
         async def copy() -> None:
             got = {"stdout": 0, "stderr": 0}
+            async with self._backend.tracked():
+                await copy_with(got)
+
+        async def copy_with(got: dict[str, int]) -> None:
             with scope:
                 async for stream, data in engine.log_frames(cid, follow=running):
                     skip = max(0, min(len(data), seen[stream] - got[stream]))
@@ -400,6 +438,7 @@ class ForeignApps:
         else:
             await copy()
             await sink.flush()
+            self._copies.pop(f"{directory}:{cid}", None)
 
     async def aclose(self) -> None:
         for scope in self._copies.values():

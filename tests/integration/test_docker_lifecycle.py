@@ -163,3 +163,15 @@ async def test_submitting_ten_replicas_and_waiting(engine: EngineUnderTest) -> N
         assert status.state is AppState.SUCCEEDED, status
         for k in range(10):
             assert await stdout(sv, handle, "w", k) == [f"{k}\n"]
+
+
+async def test_a_missing_entrypoint_fails_the_replica_saying_why(engine: EngineUnderTest) -> None:
+    role = Role("w", image=IMAGE, entrypoint="/no/such/prog")
+    async with Supervisor(session=engine.session) as sv:
+        handle = await sv.submit(AppDef("noentry", [role]), "docker", engine.cfg)
+        status = await sv.wait(handle, timeout=60)
+        assert status.state is AppState.FAILED, status
+        replica = status.replica("w", 0)
+        assert replica is not None and replica.exit_code not in (None, 0)
+        lines = [line async for line in sv.log_iter(handle, "w", 0, streams="stderr")]
+        assert any("/no/such/prog" in line for line in lines), lines

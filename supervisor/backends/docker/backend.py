@@ -168,13 +168,11 @@ class DockerBackend(Backend):
                     async for event in ev:
                         since = float(event.get("timeNano", 0)) / 1e9 or since
                         self._dispatch(event)
-            except BackendError as e:
+            except (BackendError, OSError) as e:
                 if not ready.is_set():
                     ready.set()  # launch fails on its own with a clearer error
                 for runtime in list(self._runtimes):
                     runtime.emit_notice(f"lost the engine's event stream: {e}")
-                await anyio.sleep(1.0)
-            except OSError:
                 await anyio.sleep(1.0)
 
     def _dispatch(self, event: dict[str, Any]) -> None:
@@ -182,8 +180,9 @@ class DockerBackend(Backend):
         if action != "start" and action not in EXIT_ACTIONS:
             return
         cid = event_container(event)
+        attributes = (event.get("Actor") or {}).get("Attributes") or {}
         for runtime in list(self._runtimes):
-            runtime.on_event(cid, action)
+            runtime.on_event(cid, action, attributes)
 
     # ------------------------------------------------------ apps of other processes
     async def describe(self, handle: AppHandle) -> DescribeAppResponse | None:

@@ -12,11 +12,12 @@ instead of 409, and names the exit event ``died`` instead of ``die``.
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import Any, Literal, ParamSpec, TypeVar
 
 import aiodocker
 import aiohttp
@@ -30,6 +31,8 @@ StreamName = Literal["stdout", "stderr"]
 EXIT_ACTIONS = frozenset({"die", "died"})
 _FRAME = struct.Struct(">BxxxL")
 _STREAMS: dict[int, StreamName] = {1: "stdout", 2: "stderr"}
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 def _transient(e: aiodocker.DockerError) -> bool:
@@ -42,6 +45,20 @@ def _error(e: aiodocker.DockerError, what: str, *, submit: bool = False) -> Back
     err = cls(f"{what}: {e.message} (engine status {e.status})", transient=_transient(e))
     err.__cause__ = e
     return err
+
+
+def _translated(func: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+    """A dropped connection or a timeout becomes a transient BackendError, like engine errors."""
+
+    @functools.wraps(func)
+    async def call(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return await func(*args, **kwargs)
+        except (TimeoutError, aiohttp.ClientError) as e:
+            what = func.__name__.replace("_", " ")
+            raise BackendError(f"{what}: the engine did not answer ({e!r})", transient=True) from e
+
+    return call
 
 
 def _conflict(e: aiodocker.DockerError) -> bool:
@@ -83,6 +100,7 @@ class Engine:
             response.close()
 
     # ------------------------------------------------------------------ images
+    @_translated
     async def ensure_image(self, image: str) -> None:
         """Pull ``image`` only when the engine does not have it."""
         docker = self.client()
@@ -102,6 +120,7 @@ class Engine:
             ) from e
 
     # ---------------------------------------------------------------- networks
+    @_translated
     async def create_network(self, body: Mapping[str, Any]) -> str:
         try:
             network = await self.client().networks.create(dict(body))
@@ -109,6 +128,7 @@ class Engine:
             raise _error(e, f"cannot create network {body.get('Name')!r}", submit=True) from e
         return str(network.id)
 
+    @_translated
     async def remove_network(self, name: str) -> None:
         try:
             async with self._response(f"networks/{name}", method="DELETE"):
@@ -117,6 +137,7 @@ class Engine:
             if e.status != 404:
                 raise _error(e, f"cannot remove network {name!r}") from e
 
+    @_translated
     async def list_networks(self, labels: Mapping[str, str]) -> list[dict[str, Any]]:
         filters = json.dumps({"label": [f"{k}={v}" if v else k for k, v in labels.items()]})
         try:
@@ -128,6 +149,7 @@ class Engine:
         return found
 
     # -------------------------------------------------------------- containers
+    @_translated
     async def create(self, name: str, body: Mapping[str, Any]) -> str:
         try:
             container = await self.client().containers.create(dict(body), name=name)
@@ -139,12 +161,14 @@ class Engine:
             raise _error(e, f"cannot create container {name!r}", submit=True) from e
         return str(container.id)
 
+    @_translated
     async def start(self, cid: str) -> None:
         try:
             await self.client().containers.container(cid).start()
         except aiodocker.DockerError as e:
             raise _error(e, f"cannot start container {cid[:12]}", submit=True) from e
 
+    @_translated
     async def kill(self, cid: str, signal: str) -> None:
         """Signal a container; one that is gone or not running is not an error."""
         try:
@@ -154,6 +178,7 @@ class Engine:
                 return
             raise _error(e, f"cannot signal container {cid[:12]}") from e
 
+    @_translated
     async def inspect(self, cid: str) -> dict[str, Any] | None:
         try:
             info: dict[str, Any] = await self.client().containers.container(cid).show()
@@ -163,6 +188,7 @@ class Engine:
             raise _error(e, f"cannot inspect container {cid[:12]}") from e
         return info
 
+    @_translated
     async def remove(self, cid: str) -> None:
         try:
             await self.client().containers.container(cid).delete(force=True, v=False)
@@ -173,6 +199,7 @@ class Engine:
                 return
             raise _error(e, f"cannot remove container {cid[:12]}") from e
 
+    @_translated
     async def wait_exit(self, cid: str, timeout: float) -> bool:
         """Whether the container is (or within ``timeout`` becomes) not running."""
         try:
@@ -188,6 +215,7 @@ class Engine:
             raise _error(e, f"cannot wait for container {cid[:12]}") from e
         return False
 
+    @_translated
     async def list_containers(self, labels: Mapping[str, str]) -> list[dict[str, Any]]:
         filters = json.dumps({"label": [f"{k}={v}" if v else k for k, v in labels.items()]})
         try:
@@ -218,14 +246,19 @@ class Engine:
             response = await cm.__aenter__()
         except aiodocker.DockerError as e:
             raise _error(e, "cannot follow the engine's events") from e
+        except (TimeoutError, aiohttp.ClientError) as e:
+            raise BackendError(f"cannot follow the engine's events: {e!r}", transient=True) from e
 
         async def lines() -> AsyncIterator[dict[str, Any]]:
-            async for raw in response.content:
-                raw = raw.strip()
-                if raw:
-                    event = json.loads(raw)
-                    if isinstance(event, dict):
-                        yield event
+            try:
+                async for raw in response.content:
+                    raw = raw.strip()
+                    if raw:
+                        event = json.loads(raw)
+                        if isinstance(event, dict):
+                            yield event
+            except (TimeoutError, aiohttp.ClientError, ValueError) as e:
+                raise BackendError(f"the event stream broke: {e!r}", transient=True) from e
 
         try:
             yield lines()
@@ -256,6 +289,9 @@ class Engine:
             if e.status == 404:
                 return
             raise _error(e, f"cannot read the logs of container {cid[:12]}") from e
+        except (TimeoutError, aiohttp.ClientError) as e:
+            msg = f"the log stream of container {cid[:12]} broke: {e!r}"
+            raise BackendError(msg, transient=True) from e
 
 
 def event_container(event: Mapping[str, Any]) -> str:

@@ -244,19 +244,15 @@ class ForeignApps:
         )
 
     async def list(self) -> list[ListAppResponse]:
+        """The apps recorded in this state directory, as for every backend.
+
+        Apps of other state directories are not listed, but their handles still
+        work here: ``find`` falls back to the containers' labels.
+        """
         index = self._backend.index
         entries = await anyio.to_thread.run_sync(lambda: list(index.entries()))
-        handles = {(session, app_id) for session, app_id, _ in entries}
-        try:
-            labelled = await self._backend.engine.list_containers({LABEL.APP_ID: ""})
-        except BackendError:
-            labelled = []
-        for c in labelled:
-            labels = c.get("Labels") or {}
-            if LABEL.SESSION in labels and LABEL.APP_ID in labels:
-                handles.add((labels[LABEL.SESSION], labels[LABEL.APP_ID]))
         out = []
-        for session, app_id in sorted(handles):
+        for session, app_id, _ in entries:
             handle = AppHandle("docker", session, app_id)
             found = await self.find(handle)
             if found is None:

@@ -14,8 +14,9 @@ from __future__ import annotations
 import math
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
 __all__ = ["DockerRuntime", "exit_signal"]
 
 CREATE_FAILED_CODE = 127
+CREATE_CONCURRENCY = 8
+"""Engine requests in flight at once while launching an app."""
 LOG_DRAIN_GRACE = 2.0
 """Podman's follow stream sometimes never ends after the container exited: past this
 many seconds the rest is fetched without follow."""
@@ -110,15 +113,39 @@ class DockerRuntime(AppRuntime):
         req = self.request
         created: list[str] = []
         network_made = False
-        try:
-            for image in sorted({c.image for c in req.containers}):
-                await self.engine.ensure_image(image)
+        errors: list[BackendError] = []
+        limit = anyio.CapacityLimiter(CREATE_CONCURRENCY)
+
+        async def guarded(call: Callable[[], Awaitable[None]]) -> None:
+            try:
+                async with limit:
+                    await call()
+            except BackendError as e:
+                errors.append(e)
+
+        async def network() -> None:
+            nonlocal network_made
             await self.engine.create_network(req.network_body)
             network_made = True
-            for key, slot in self._slots.items():
-                slot.cid = await self.engine.create(slot.spec.name, slot.spec.config(0))
-                created.append(slot.cid)
-                self._by_cid[slot.cid] = key
+
+        async def create(key: ReplicaKey, slot: _Slot) -> None:
+            cid = await self.engine.create(slot.spec.name, slot.spec.config(0))
+            created.append(cid)
+            slot.cid = cid
+            self._by_cid[cid] = key
+
+        try:
+            # The engine answers several requests at once: one round trip, not N, of waiting.
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(guarded, network)
+                for image in sorted({c.image for c in req.containers}):
+                    tg.start_soon(guarded, partial(self.engine.ensure_image, image))
+            if not errors:
+                async with anyio.create_task_group() as tg:
+                    for key, slot in self._slots.items():
+                        tg.start_soon(guarded, partial(create, key, slot))
+            if errors:
+                raise errors[0]
         except BaseException:
             with anyio.CancelScope(shield=True):
                 for cid in created:

@@ -179,3 +179,45 @@ async def test_cli_processes_read_and_cancel_an_app_nobody_follows(
     body = json.loads(final.stdout)
     assert body["state"] == "CANCELLED", body
     assert body["roles"][0]["replicas"][0]["state"] == ReplicaState.CANCELLED.name
+
+
+SUBMITTER = """
+import sys, anyio
+from supervisor import AppDef, BindMount, Role, Supervisor
+
+async def main() -> None:
+    gate, host, session, code = sys.argv[1:5]
+    role = Role("w", image="localhost/sv-test:py", entrypoint="python3", args=["-c", code],
+                mounts=[BindMount(gate, "/gate", read_only=True)])
+    async with Supervisor(session=session) as sv:
+        handle = await sv.submit(AppDef("killed", [role]), "docker", {"host": host})
+        print(handle, flush=True)
+        await anyio.sleep_forever()
+
+anyio.run(main)
+"""
+
+
+async def test_an_owner_killed_with_sigkill_leaves_an_app_others_can_wait_for(
+    engine: EngineUnderTest, tmp_path: Path, state_dir: Path
+) -> None:
+    env = {
+        **os.environ,
+        "ASUPERVISOR_HOME": str(state_dir),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    argv = [sys.executable, "-c", SUBMITTER, str(tmp_path), engine.host, engine.session, GATED]
+    async with await anyio.open_process(argv, env=env) as owner:
+        assert owner.stdout is not None
+        handle = (await owner.stdout.receive()).decode().strip()
+        owner.kill()  # SIGKILL: no close, no release, no final state
+        await owner.wait()
+    async with Supervisor(session=engine.session) as other:
+        assert await first_line(other, handle) == "started 0\n"
+        described = await other.describe(handle)
+        assert described is not None and described.state is AppState.RUNNING, described
+        (tmp_path / "go").touch()
+        status = await other.wait(handle, timeout=60)
+        assert status.state is AppState.SUCCEEDED, status
+        lines = [line async for line in other.log_iter(handle, "w", 0)]
+        assert lines == ["started 0\n", "after the gate\n"]

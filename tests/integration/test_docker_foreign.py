@@ -221,3 +221,33 @@ async def test_an_owner_killed_with_sigkill_leaves_an_app_others_can_wait_for(
         assert status.state is AppState.SUCCEEDED, status
         lines = [line async for line in other.log_iter(handle, "w", 0)]
         assert lines == ["started 0\n", "after the gate\n"]
+
+
+async def test_a_cli_follower_sees_an_unfollowed_app_to_its_end(
+    engine: EngineUnderTest, tmp_path: Path, state_dir: Path
+) -> None:
+    async with Supervisor(session=engine.session) as owner:
+        handle = await owner.submit(gated_app(tmp_path), "docker", engine.cfg)
+        assert await first_line(owner, handle) == "started 0\n"
+    env = {
+        **os.environ,
+        "ASUPERVISOR_HOME": str(state_dir),
+        "DOCKER_HOST": engine.host,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    argv = [sys.executable, "-m", "supervisor.cli.main", "log", "-f", handle, "w/0"]
+    async with await anyio.open_process(argv, env=env) as follower:
+        assert follower.stdout is not None
+        first = await follower.stdout.receive()
+        assert first == b"started 0\n"
+        (tmp_path / "go").touch()
+        rest = b""
+        with anyio.fail_after(60):
+            async for chunk in follower.stdout:
+                rest += chunk
+            assert await follower.wait() == 0
+    assert rest == b"after the gate\n"
+    # The follower saw the end first, so it recorded it and removed the containers.
+    final = await anyio.to_thread.run_sync(cli, engine, state_dir, "status", handle, "--json")
+    assert json.loads(final.stdout)["state"] == "SUCCEEDED"
+    assert not labelled(engine.host, "containers", f"io.asupervisor.session={engine.session}")

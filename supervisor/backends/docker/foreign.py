@@ -9,6 +9,7 @@ the final state and removes them (logs and records stay).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -18,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import anyio.lowlevel
 from asyncinotify import Inotify, Mask
 
 from supervisor.backends.base import LogTarget
@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 __all__ = ["RELEASED", "ForeignApps"]
 
 RELEASED = "owner.released"
+FINALIZE_LOCK = ".finalize.lock"
+COPY_LOCK = ".copy.lock"
 _EXITED = re.compile(r"Exited \((-?\d+)\)")
 _UNFOLLOWED = "no process follows this app; state read from its containers"
 
@@ -63,6 +65,23 @@ def _container_state(c: dict[str, Any]) -> tuple[ReplicaState, int | None]:
     return ReplicaState.UNKNOWN, None
 
 
+def _lock(path: Path, wait: bool) -> int | None:
+    """Blocking: an fd holding an exclusive flock on ``path`` (None if busy and not ``wait``).
+
+    flock, because the kernel releases it when its holder dies, however it dies.
+    """
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 async def _process_exit(pid: int) -> None:
     try:
         pidfd = os.pidfd_open(pid)
@@ -77,7 +96,7 @@ async def _process_exit(pid: int) -> None:
 class ForeignApps:
     def __init__(self, backend: DockerBackend) -> None:
         self._backend = backend
-        self._copies: dict[str, anyio.CancelScope] = {}
+        self._copies: dict[str, tuple[anyio.CancelScope, anyio.Event]] = {}
 
     # ---------------------------------------------------------------- finding
     async def find(self, handle: AppHandle) -> _Found | None:
@@ -131,7 +150,12 @@ class ForeignApps:
             if recorded is None:
                 return AppStatus(AppState.SUBMITTED, msg="no state recorded yet")
             return recorded[0]
-        return self._from_containers(app, await self.containers(app), recorded)
+        containers = await self.containers(app)
+        derived = self._from_containers(app, containers, recorded)
+        if derived.is_terminal and containers:
+            # Everything ended and nobody follows the app: whoever sees it finishes it.
+            return await self.finalize(store, app, derived)
+        return derived
 
     @staticmethod
     def _from_containers(
@@ -191,7 +215,28 @@ class ForeignApps:
         *,
         cancelled: set[tuple[str, int]] | None = None,
     ) -> AppStatus:
-        """Record the final state and remove the containers and network of an unfollowed app."""
+        """Record the final state and remove the containers and network of an unfollowed app.
+
+        One process at a time (an exclusive lock on the app directory); one that
+        finds the final state already recorded returns that.
+        """
+        fd = await anyio.to_thread.run_sync(_lock, store.app_dir / FINALIZE_LOCK, True)
+        assert fd is not None  # a waiting lock is always taken
+        try:
+            recorded = await anyio.to_thread.run_sync(store.read_state)
+            if recorded is not None and recorded[0].is_terminal:
+                return recorded[0]
+            return await self._finalize(store, app, status, cancelled)
+        finally:
+            os.close(fd)
+
+    async def _finalize(
+        self,
+        store: AppStore,
+        app: dict[str, Any],
+        status: AppStatus,
+        cancelled: set[tuple[str, int]] | None,
+    ) -> AppStatus:
         if cancelled is not None:
             stopped = cancelled
             roles = tuple(
@@ -341,8 +386,6 @@ class ForeignApps:
                     wake[0] = anyio.Event()
                     status = await self.status(store, app)
                     if status.is_terminal or status.state is AppState.UNKNOWN:
-                        if status.msg == _UNFOLLOWED and status.is_terminal:
-                            status = await self.finalize(store, app, status)
                         return status
                     await wake[0].wait()
             finally:
@@ -393,10 +436,10 @@ class ForeignApps:
         if final:
             # A copy that follows this replica may never see its stream end (Podman): stop
             # it, and count what it wrote from the files once they hold all of it.
-            for cid_, scope_ in list(self._copies.items()):
-                if cid_.startswith(f"{directory}:"):
-                    scope_.cancel()
-            await anyio.lowlevel.checkpoint()
+            for name, (running_scope, running_done) in list(self._copies.items()):
+                if name.startswith(f"{directory}:"):
+                    running_scope.cancel()
+                    await running_done.wait()
             await sink.flush()
         marks = await anyio.to_thread.run_sync(read_marks)
         if marks is None:
@@ -410,14 +453,31 @@ class ForeignApps:
         if info is None:
             return
         running = not final and bool((info.get("State") or {}).get("Running"))
+        # One copier per replica across processes: another holding it copies these bytes.
+        held = await anyio.to_thread.run_sync(_lock, directory / COPY_LOCK, False)
+        if held is None:
+            return
+        if final:
+            # Sizes again, now that no other process can be writing to the files.
+            marks = await anyio.to_thread.run_sync(read_marks)
+            if marks is None:
+                os.close(held)
+                return
+            mark, sizes = marks
         seen = {s: max(0, sizes[s] - int(mark.get(s, 0))) for s in ("stdout", "stderr")}
         log = sink.open(directory)
-        scope = self._copies[f"{directory}:{cid}"] = anyio.CancelScope()
+        scope, done = anyio.CancelScope(), anyio.Event()
+        self._copies[f"{directory}:{cid}"] = (scope, done)
 
         async def copy() -> None:
             got = {"stdout": 0, "stderr": 0}
-            async with self._backend.tracked():
-                await copy_with(got)
+            try:
+                async with self._backend.tracked():
+                    await copy_with(got)
+            finally:
+                os.close(held)
+                self._copies.pop(f"{directory}:{cid}", None)
+                done.set()
 
         async def copy_with(got: dict[str, int]) -> None:
             with scope:
@@ -434,8 +494,7 @@ class ForeignApps:
         else:
             await copy()
             await sink.flush()
-            self._copies.pop(f"{directory}:{cid}", None)
 
     async def aclose(self) -> None:
-        for scope in self._copies.values():
+        for scope, _ in self._copies.values():
             scope.cancel()

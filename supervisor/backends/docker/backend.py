@@ -161,19 +161,25 @@ class DockerBackend(Backend):
                 await self._read_events(engine, ready, since)
 
     async def _read_events(self, engine: Engine, ready: anyio.Event, since: float) -> None:
+        troubled = False
         while True:
             try:
                 async with engine.events({LABEL.SESSION: self.context.session}, since) as ev:
                     ready.set()
+                    if troubled:  # back: what was missed meanwhile is replayed from `since`
+                        troubled = False
+                        for runtime in list(self._runtimes):
+                            runtime.emit_notice("")
                     async for event in ev:
                         since = float(event.get("timeNano", 0)) / 1e9 or since
                         self._dispatch(event)
             except (BackendError, OSError) as e:
                 if not ready.is_set():
                     ready.set()  # launch fails on its own with a clearer error
+                troubled = True
                 for runtime in list(self._runtimes):
                     runtime.emit_notice(f"lost the engine's event stream: {e}")
-                await anyio.sleep(1.0)
+                await anyio.sleep(1.0)  # a back-off before reconnecting, not a poll
 
     def _dispatch(self, event: dict[str, Any]) -> None:
         action = event_action(event)

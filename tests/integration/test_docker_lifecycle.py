@@ -176,3 +176,16 @@ async def test_a_missing_entrypoint_fails_the_replica_saying_why(engine: EngineU
         lines = [line async for line in sv.log_iter(handle, "w", 0, streams="stderr")]
         # dockerd's init names the program; Podman's (catatonit) only the error.
         assert any("No such file or directory" in line for line in lines), lines
+
+
+async def test_an_engine_that_does_not_answer_fails_the_submit_as_transient(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    """No engine needed: the socket does not exist, so a later retry may find one."""
+    role = Role("w", image=IMAGE, entrypoint="true")
+    host = f"unix://{tmp_path / 'no-engine.sock'}"
+    async with Supervisor(session="noengine") as sv:
+        with pytest.raises(SubmitError) as caught:
+            await sv.submit(AppDef("noengine", [role]), "docker", {"host": host})
+    assert caught.value.transient is True
+    assert "no-engine.sock" in str(caught.value)

@@ -9,8 +9,6 @@ the final state and removes them (logs and records stay).
 
 from __future__ import annotations
 
-import fcntl
-import json
 import os
 import re
 import time
@@ -24,7 +22,8 @@ from asyncinotify import Inotify, Mask
 from supervisor.backends.base import LogTarget
 from supervisor.backends.docker.engine import EXIT_ACTIONS, Engine, event_action, event_container
 from supervisor.backends.docker.request import LABEL
-from supervisor.backends.docker.runtime import ATTEMPT_FILE, exit_signal
+from supervisor.backends.docker.resume import LogResumer, lock
+from supervisor.backends.docker.runtime import exit_signal
 from supervisor.backends.store import AppStore, Owner, write_json_atomic
 from supervisor.errors import BackendError
 from supervisor.fsm.rules import derive_app_state
@@ -45,7 +44,6 @@ __all__ = ["RELEASED", "ForeignApps"]
 
 RELEASED = "owner.released"
 FINALIZE_LOCK = ".finalize.lock"
-COPY_LOCK = ".copy.lock"
 _EXITED = re.compile(r"Exited \((-?\d+)\)")
 _UNFOLLOWED = "no process follows this app; state read from its containers"
 
@@ -65,23 +63,6 @@ def _container_state(c: dict[str, Any]) -> tuple[ReplicaState, int | None]:
     return ReplicaState.UNKNOWN, None
 
 
-def _lock(path: Path, wait: bool) -> int | None:
-    """Blocking: an fd holding an exclusive flock on ``path`` (None if busy and not ``wait``).
-
-    flock, because the kernel releases it when its holder dies, however it dies.
-    """
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
 async def _process_exit(pid: int) -> None:
     try:
         pidfd = os.pidfd_open(pid)
@@ -96,7 +77,7 @@ async def _process_exit(pid: int) -> None:
 class ForeignApps:
     def __init__(self, backend: DockerBackend) -> None:
         self._backend = backend
-        self._copies: dict[str, tuple[anyio.CancelScope, anyio.Event]] = {}
+        self.logs = LogResumer(backend)
 
     # ---------------------------------------------------------------- finding
     async def find(self, handle: AppHandle) -> _Found | None:
@@ -220,7 +201,7 @@ class ForeignApps:
         One process at a time (an exclusive lock on the app directory); one that
         finds the final state already recorded returns that.
         """
-        fd = await anyio.to_thread.run_sync(_lock, store.app_dir / FINALIZE_LOCK, True)
+        fd = await anyio.to_thread.run_sync(lock, store.app_dir / FINALIZE_LOCK, True)
         assert fd is not None  # a waiting lock is always taken
         try:
             recorded = await anyio.to_thread.run_sync(store.read_state)
@@ -268,7 +249,7 @@ class ForeignApps:
         definition = AppDef.from_json(app["app"])
         for role in definition.roles:
             for k in range(role.num_replicas):
-                await self._resume_copy(store, app, role.name, k, final=True)
+                await self.logs.resume(store, app, role.name, k, final=True)
         owner = self._backend.owner
         await anyio.to_thread.run_sync(store.write_state, status, [], True, owner)
         engine = self.engine_of(app)
@@ -406,95 +387,8 @@ class ForeignApps:
             return None
         store, app = found
         if not await anyio.to_thread.run_sync(self.following, store, app):
-            await self._resume_copy(store, app, role, replica_id)
+            await self.logs.resume(store, app, role, replica_id)
         return self._backend.make_log_target(store, role, replica_id)
 
-    async def _resume_copy(
-        self, store: AppStore, app: dict[str, Any], role: str, replica_id: int, final: bool = False
-    ) -> None:
-        """Nobody copies this replica's output any more: copy the rest of it from the engine.
-
-        The attempt file says where the current container's output starts in the
-        files, so the bytes already there are skipped rather than written twice.
-        """
-        directory = store.app_dir / role / str(replica_id)
-
-        def read_marks() -> tuple[dict[str, Any], dict[str, int]] | None:
-            try:
-                mark = json.loads((directory / ATTEMPT_FILE).read_text())
-            except (OSError, ValueError):
-                return None
-            sizes = {}
-            for stream in ("stdout", "stderr"):
-                try:
-                    sizes[stream] = (directory / f"{stream}.log").stat().st_size
-                except OSError:
-                    sizes[stream] = 0
-            return mark, sizes
-
-        sink = self._backend.log_sink
-        if final:
-            # A copy that follows this replica may never see its stream end (Podman): stop
-            # it, and count what it wrote from the files once they hold all of it.
-            for name, (running_scope, running_done) in list(self._copies.items()):
-                if name.startswith(f"{directory}:"):
-                    running_scope.cancel()
-                    await running_done.wait()
-            await sink.flush()
-        marks = await anyio.to_thread.run_sync(read_marks)
-        if marks is None:
-            return
-        mark, sizes = marks
-        cid = str(mark.get("container") or "")
-        if not cid or (not final and f"{directory}:{cid}" in self._copies):
-            return
-        engine = self.engine_of(app)
-        info = await engine.inspect(cid)
-        if info is None:
-            return
-        running = not final and bool((info.get("State") or {}).get("Running"))
-        # One copier per replica across processes: another holding it copies these bytes.
-        held = await anyio.to_thread.run_sync(_lock, directory / COPY_LOCK, False)
-        if held is None:
-            return
-        if final:
-            # Sizes again, now that no other process can be writing to the files.
-            marks = await anyio.to_thread.run_sync(read_marks)
-            if marks is None:
-                os.close(held)
-                return
-            mark, sizes = marks
-        seen = {s: max(0, sizes[s] - int(mark.get(s, 0))) for s in ("stdout", "stderr")}
-        log = sink.open(directory)
-        scope, done = anyio.CancelScope(), anyio.Event()
-        self._copies[f"{directory}:{cid}"] = (scope, done)
-
-        async def copy() -> None:
-            got = {"stdout": 0, "stderr": 0}
-            try:
-                async with self._backend.tracked():
-                    await copy_with(got)
-            finally:
-                os.close(held)
-                self._copies.pop(f"{directory}:{cid}", None)
-                done.set()
-
-        async def copy_with(got: dict[str, int]) -> None:
-            with scope:
-                async for stream, data in engine.log_frames(cid, follow=running):
-                    skip = max(0, min(len(data), seen[stream] - got[stream]))
-                    got[stream] += len(data)
-                    if skip < len(data):
-                        sink.write(log, stream, data[skip:], time.time())
-                sink.end_stream(log, "stdout")
-                sink.end_stream(log, "stderr")
-
-        if running:
-            self._backend.task_group.start_soon(copy)
-        else:
-            await copy()
-            await sink.flush()
-
     async def aclose(self) -> None:
-        for scope, _ in self._copies.values():
-            scope.cancel()
+        await self.logs.aclose()

@@ -391,6 +391,10 @@ class DockerRuntime(AppRuntime):
                 return
             self._by_cid[slot.cid] = key
             await self._start_container(key, slot)
+            if slot.stopped and slot.running:
+                # A stop that came while this attempt was being created found nothing
+                # running and left it to us: the new container goes at once.
+                await self._terminate(slot)
 
     # ----------------------------------------------------------------- cancel
     async def _watch_cancel(self) -> None:

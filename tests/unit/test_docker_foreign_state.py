@@ -62,7 +62,7 @@ def test_signal_deaths_are_named_and_missing_containers_fall_back_to_records() -
     status = ForeignApps._from_containers(
         APP,
         [container(0, "exited", "Exited (137) 2s ago")],
-        (recorded, None),  # type: ignore[arg-type]
+        (recorded, Owner.current()),
     )
     r0, r1 = status.roles[0].replicas
     assert (r0.state, r0.exit_code, r0.signal) == (ReplicaState.FAILED, 137, "SIGKILL")

@@ -30,6 +30,7 @@ CPU_TARGET_PCT = 1.0
 LOG_TARGET_RATE = 1_000_000
 SLURM_JOB_INFO_PER_TICK = 1.0
 SLURM_END_TARGET_S = 1.0
+DOCKER_WAIT_TARGET_S = 0.050
 
 COLORS = {
     "asupervisor": "#1f77b4",
@@ -234,7 +235,69 @@ def targets_section(results: Json) -> list[str]:
             ]
         )
     rows += slurm_targets(cases.get("slurm", {}))
+    rows += docker_targets(cases.get("docker", {}))
     return table(["target", "measured (median)", "verdict"], rows)
+
+
+def docker_targets(case: Json) -> list[list[str]]:
+    rows: list[list[str]] = []
+    found = case.get("rows", [])
+    for row in found:
+        if row.get("impl") != "asupervisor":
+            continue
+        med = median_of(row)
+        rows.append(
+            [
+                f"docker: wait within 50 ms of the engine's `die`, N={row['n']}",
+                fmt_s(med),
+                verdict(med, DOCKER_WAIT_TARGET_S, lower_is_better=True, fmt=fmt_s),
+            ]
+        )
+        if row["n"] < 10:
+            continue  # the submit target is about 10 replicas (one network per app costs more at 1)
+        torchx = find(found, impl="torchx", n=row["n"])
+        ours = median_of({"stats": row.get("submit")})
+        theirs = median_of({"stats": (torchx or {}).get("submit")})
+        r = ours / theirs if ours and theirs else None
+        rows.append(
+            [
+                f"docker: submit no slower than TorchX `local_docker`, N={row['n']}",
+                f"{fmt_s(ours)} = {fmt_ratio(r)} TorchX",
+                verdict(r, 1.0, lower_is_better=True, fmt=fmt_ratio),
+            ]
+        )
+    return rows
+
+
+def docker_section(case: Json) -> list[str]:
+    rows = case.get("rows", [])
+    impls = ["asupervisor", "torchx", "docker-py"]
+    body = []
+    for n in sorted({r["n"] for r in rows}):
+        line = [f"{n:,}"]
+        for key in ("submit", "stats", "stamp_latency"):
+            for impl in impls:
+                row = find(rows, impl=impl, n=n)
+                line.append(fmt_s(median_of({"stats": (row or {}).get(key)})))
+        body.append(line)
+    header = [
+        "N",
+        *(f"submit: {i}" for i in impls),
+        *(f"`die` -> wait: {i}" for i in impls),
+        *(f"exit stamp -> wait: {i}" for i in impls),
+    ]
+    return [
+        "N containers of `localhost/sv-test:py` on dockerd (scripts/docker-engines), each"
+        " sleeping to a common deadline, stamping the wall clock into a bind mount and"
+        " exiting. *submit*: the launch call; *`die` -> wait*: from the engine's `die`"
+        " event of the last container (read from the event stream by another thread) to"
+        " the wait returning; *exit stamp -> wait*: from the last stamp, which adds the"
+        " interpreter's shutdown and the engine's teardown. TorchX is `local_docker`"
+        " with `wait_interval=1`; the baseline is docker-py's `containers.run` loop and"
+        " a blocking `container.wait()` per container.",
+        "",
+        *table(header, body),
+    ]
 
 
 def slurm_targets(case: Json) -> list[list[str]]:
@@ -661,6 +724,7 @@ def render_markdown(results: Json, source: str) -> str:
         ("supervise", "### 4. Memory", memory_section),
         ("logs", "### 5. Logs", logs_section),
         ("slurm", "### 6. Slurm", slurm_section),
+        ("docker", "### 7. Docker", docker_section),
     ]
     for key, title, render in sections:
         case = cases.get(key)

@@ -1,6 +1,6 @@
 """Run the benchmark cases and write their results as JSON.
 
-    bench/.venv/bin/python -m bench.run [--quick] [--cases wait,submit,supervise,logs,slurm]
+    bench/.venv/bin/python -m bench.run [--quick] [--cases wait,submit,supervise,logs,slurm,docker]
 
 Normally started by ``bash scripts/bench``, which also builds ``bench/.venv``
 and renders the report. Writes ``bench/results/<date>.json`` and
@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import case_logs, case_slurm, case_submit, case_supervise, case_wait
+from bench import case_docker, case_logs, case_slurm, case_submit, case_supervise, case_wait
 from bench.util import REPO, Json, log, machine_info, write_json
 
 RESULTS = REPO / "bench" / "results"
@@ -43,6 +43,7 @@ CASES: dict[str, Callable[[dict[str, Any]], Json]] = {
     "supervise": case_supervise.run_case,
     "logs": case_logs.run_case,
     "slurm": case_slurm.run_case,
+    "docker": case_docker.run_case,
 }
 
 FULL: dict[str, dict[str, Any]] = {
@@ -90,6 +91,10 @@ FULL: dict[str, dict[str, Any]] = {
     # Needs the cluster of scripts/slurm-cluster, as root. About 8 minutes: two 60 s
     # windows per N, one idle window, five jobs of `sleep 3`.
     "slurm": {"ns": [1, 10, 50], "window_s": 60.0, "idle_s": 20.0, "delay_reps": 5},
+    # Needs dockerd of scripts/docker-engines (as root). About 3 minutes.
+    "docker": {
+        "runs": [(impl, n, 5) for impl in ("asupervisor", "torchx", "docker-py") for n in (1, 10)],
+    },
 }
 
 QUICK: dict[str, dict[str, Any]] = {
@@ -130,6 +135,9 @@ QUICK: dict[str, dict[str, Any]] = {
         "tail_reps": 1,
     },
     "slurm": {"ns": [1, 10], "window_s": 10.0, "idle_s": 5.0, "delay_reps": 2},
+    "docker": {
+        "runs": [(impl, n, 2) for impl in ("asupervisor", "torchx", "docker-py") for n in (1, 10)],
+    },
 }
 
 

@@ -50,6 +50,7 @@ ENTRY_POINT_GROUP = "asupervisor.backends"
 BUILTIN_BACKENDS: Mapping[str, str] = {
     "local": "supervisor.backends.local:LocalBackend",
     "slurm": "supervisor.backends.slurm:SlurmBackend",
+    "docker": "supervisor.backends.docker:DockerBackend",
 }
 
 

@@ -1,0 +1,234 @@
+"""The ``docker`` backend: each replica a container on a Docker-API engine.
+
+Containers outlive the Supervisor that launched them (``durable``, as Slurm
+jobs do): closing a Supervisor stops following its apps, it does not stop
+them. Any process can then describe, list, wait for, read the logs of and
+cancel them, from the app's records (found through the index, or through the
+``io.asupervisor.app_dir`` label of its containers) and the containers
+themselves:
+
+* while the launching process follows the app, its recorded state is the
+  truth (its state machine decides retries and gang failure), and a cancel
+  is a ``cancel.request`` file it watches;
+* once nobody follows it, the state is derived from the containers, a cancel
+  stops them directly (SIGTERM, grace, SIGKILL), and whoever sees the last
+  one end records the final state and removes containers and network.
+
+What this process follows is heard from one engine event stream per backend.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from supervisor.backends.base import (
+    Backend,
+    BackendContext,
+    DryrunContext,
+    EventSink,
+    LogTarget,
+    Request,
+)
+from supervisor.backends.docker.engine import (
+    EXIT_ACTIONS,
+    Engine,
+    event_action,
+    event_container,
+)
+from supervisor.backends.docker.foreign import ForeignApps
+from supervisor.backends.docker.options import DOCKER_CAPABILITIES, default_host, docker_run_opts
+from supervisor.backends.docker.request import LABEL, DockerRequest, render
+from supervisor.backends.docker.runtime import DockerRuntime
+from supervisor.backends.store import AppStore, Index, Owner
+from supervisor.errors import BackendError, SubmitError
+from supervisor.logs import LogSink
+from supervisor.runopts import ResolvedCfg, RunOpts
+from supervisor.specs import AppDef, AppHandle, make_handle
+from supervisor.status import AppStatus, DescribeAppResponse, ListAppResponse
+from supervisor.validate import Capabilities
+
+__all__ = ["DockerBackend"]
+
+
+class DockerBackend(Backend):
+    name = "docker"
+    durable = True
+
+    def __init__(self, context: BackendContext, *, host: str | None = None) -> None:
+        super().__init__(context)
+        self.task_group = context.task_group
+        self.host = host or default_host()
+        self.engines: dict[str, Engine] = {}
+        self.engine = self.engine_for(self.host)
+        self.log_sink = LogSink()
+        self.index = Index(context.state_dir, "docker")
+        self.owner = Owner.current()
+        self._runtimes: set[DockerRuntime] = set()
+        self._events_ready: dict[str, anyio.Event] = {}
+        self._events_scope = anyio.CancelScope()
+        self._busy = 0
+        self._idle = anyio.Event()
+        self.foreign = ForeignApps(self)
+
+    def engine_for(self, host: str) -> Engine:
+        engine = self.engines.get(host)
+        if engine is None:
+            engine = self.engines[host] = Engine(host)
+        return engine
+
+    @classmethod
+    def run_opts(cls) -> RunOpts:
+        return docker_run_opts()
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return DOCKER_CAPABILITIES
+
+    def dryrun(self, app: AppDef, cfg: ResolvedCfg, ctx: DryrunContext) -> DockerRequest:
+        return render(
+            app,
+            cfg,
+            ctx,
+            host=cfg.get_str("host") or self.host,
+            default_log_dir=self.context.state_dir / "logs",
+        )
+
+    async def launch(self, request: Request, sink: EventSink) -> DockerRuntime:
+        if not isinstance(request, DockerRequest):
+            raise TypeError(f"the docker backend cannot run a {type(request).__name__}")
+        engine = self.engine_for(request.host)
+        await self._ensure_events(engine)
+        store = AppStore(Path(request.app_dir))
+        record: dict[str, Any] = {
+            "handle": make_handle("docker", request.session, request.app_id),
+            "app": request.app.to_json(),
+            "request": request.to_json(),
+            "owner": self.owner.to_json(),
+        }
+        try:
+            dirs = [Path(c.log_dir) for c in request.containers]
+            await anyio.to_thread.run_sync(store.create, dirs, record)
+            await anyio.to_thread.run_sync(
+                self.index.add, request.session, request.app_id, store.app_dir
+            )
+        except OSError as e:
+            raise SubmitError(f"cannot create {store.app_dir}: {e}", transient=False) from e
+        runtime = DockerRuntime(self, request, sink)
+        runtime.engine = engine
+        self._runtimes.add(runtime)
+        try:
+            await runtime.start()
+        except BaseException:
+            self._runtimes.discard(runtime)
+            raise
+        return runtime
+
+    @asynccontextmanager
+    async def tracked(self) -> AsyncIterator[None]:
+        """Background work that talks to an engine: ``aclose`` waits for it before closing."""
+        if self._busy == 0:
+            self._idle = anyio.Event()
+        self._busy += 1
+        try:
+            yield
+        finally:
+            self._busy -= 1
+            if self._busy == 0:
+                self._idle.set()
+
+    def forget(self, runtime: DockerRuntime) -> None:
+        self._runtimes.discard(runtime)
+
+    # ------------------------------------------------------------------ events
+    async def _ensure_events(self, engine: Engine) -> None:
+        ready = self._events_ready.get(engine.host)
+        if ready is None:
+            ready = self._events_ready[engine.host] = anyio.Event()
+            self.task_group.start_soon(self._follow_events, engine, ready)
+        await ready.wait()
+
+    async def _follow_events(self, engine: Engine, ready: anyio.Event) -> None:
+        """One stream for every container of this session; reopened if the engine drops it."""
+        since = time.time() - 1.0
+        async with self.tracked():
+            with self._events_scope:
+                await self._read_events(engine, ready, since)
+
+    async def _read_events(self, engine: Engine, ready: anyio.Event, since: float) -> None:
+        troubled = False
+        while True:
+            try:
+                async with engine.events({LABEL.SESSION: self.context.session}, since) as ev:
+                    ready.set()
+                    if troubled:  # back: what was missed meanwhile is replayed from `since`
+                        troubled = False
+                        for runtime in list(self._runtimes):
+                            runtime.emit_notice("")
+                    async for event in ev:
+                        since = float(event.get("timeNano", 0)) / 1e9 or since
+                        self._dispatch(event)
+            except (BackendError, OSError) as e:
+                if not ready.is_set():
+                    ready.set()  # launch fails on its own with a clearer error
+                troubled = True
+                for runtime in list(self._runtimes):
+                    runtime.emit_notice(f"lost the engine's event stream: {e}")
+                await anyio.sleep(1.0)  # a back-off before reconnecting, not a poll
+
+    def _dispatch(self, event: dict[str, Any]) -> None:
+        action = event_action(event)
+        if action != "start" and action not in EXIT_ACTIONS:
+            return
+        cid = event_container(event)
+        attributes = (event.get("Actor") or {}).get("Attributes") or {}
+        for runtime in list(self._runtimes):
+            runtime.on_event(cid, action, attributes)
+
+    # ------------------------------------------------------ apps of other processes
+    async def describe(self, handle: AppHandle) -> DescribeAppResponse | None:
+        return await self.foreign.describe(handle)
+
+    async def list(self) -> list[ListAppResponse]:
+        return await self.foreign.list()
+
+    async def cancel(self, handle: AppHandle) -> bool:
+        return await self.foreign.cancel(handle)
+
+    async def wait_foreign(self, handle: AppHandle) -> AppStatus | None:
+        return await self.foreign.wait(handle)
+
+    def make_log_target(self, store: AppStore, role: str, replica_id: int) -> LogTarget:
+        async def finished() -> bool:
+            return await self.foreign.finished(store)
+
+        return LogTarget(
+            directory=store.app_dir / role / str(replica_id),
+            is_finished=finished,
+            watch_dirs=(store.app_dir,),
+        )
+
+    async def log_target(self, handle: AppHandle, role: str, replica_id: int) -> LogTarget | None:
+        return await self.foreign.log_target(handle, role, replica_id)
+
+    async def aclose(self) -> None:
+        """Stop following: the containers run on, and another process can pick them up."""
+        for runtime in list(self._runtimes):
+            if runtime.final:
+                await runtime.cleanup()  # it ended just now: finish its cleanup first
+            else:
+                runtime.release()
+                await anyio.to_thread.run_sync(self.foreign.mark_released, runtime.store)
+        self._events_scope.cancel()
+        await self.foreign.aclose()
+        with anyio.CancelScope(shield=True):
+            if self._busy:
+                await self._idle.wait()
+        for engine in self.engines.values():
+            await engine.aclose()
+        await self.log_sink.aclose()

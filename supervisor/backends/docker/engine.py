@@ -1,0 +1,303 @@
+"""The few Engine API calls the backend makes, over aiodocker, with errors translated.
+
+Two calls are streamed by hand through aiodocker's request layer rather than
+its helpers: the event stream (read as JSON lines, so one connection serves
+every container of a Supervisor) and the log stream (whose 8-byte frame
+headers say which of stdout/stderr each chunk came from, which aiodocker's
+``log()`` throws away).
+
+Engine differences tolerated here: Podman answers a name conflict with 500
+instead of 409, and names the exit event ``died`` instead of ``die``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import struct
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from typing import Any, Literal, ParamSpec, TypeVar
+
+import aiodocker
+import aiohttp
+import anyio
+
+from supervisor.errors import BackendError, SubmitError
+
+__all__ = ["EXIT_ACTIONS", "Engine", "StreamName"]
+
+StreamName = Literal["stdout", "stderr"]
+EXIT_ACTIONS = frozenset({"die", "died"})
+_FRAME = struct.Struct(">BxxxL")
+_STREAMS: dict[int, StreamName] = {1: "stdout", 2: "stderr"}
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def _transient(e: aiodocker.DockerError) -> bool:
+    """Connection trouble and server errors may pass; a refused request will not."""
+    return e.status >= 500 and "no such image" not in e.message.lower()
+
+
+def _error(e: aiodocker.DockerError, what: str, *, submit: bool = False) -> BackendError:
+    cls = SubmitError if submit else BackendError
+    err = cls(f"{what}: {e.message} (engine status {e.status})", transient=_transient(e))
+    err.__cause__ = e
+    return err
+
+
+def _translated(func: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+    """A dropped connection or a timeout becomes a transient BackendError, like engine errors."""
+
+    @functools.wraps(func)
+    async def call(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return await func(*args, **kwargs)
+        except (TimeoutError, aiohttp.ClientError) as e:
+            what = func.__name__.replace("_", " ")
+            raise BackendError(f"{what}: the engine did not answer ({e!r})", transient=True) from e
+
+    return call
+
+
+def _conflict(e: aiodocker.DockerError) -> bool:
+    return e.status == 409 or "already in use" in e.message or "already exists" in e.message
+
+
+class Engine:
+    """One engine address; the client is made on first use, inside the event loop."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self._docker: aiodocker.Docker | None = None
+        self._closed = False
+
+    def client(self) -> aiodocker.Docker:
+        if self._closed:
+            raise BackendError(f"the connection to {self.host} is closed", transient=False)
+        if self._docker is None:
+            self._docker = aiodocker.Docker(url=self.host, timeout=aiohttp.ClientTimeout(total=120))
+        return self._docker
+
+    async def aclose(self) -> None:
+        self._closed = True
+        if self._docker is not None:
+            docker, self._docker = self._docker, None
+            await docker.close()
+
+    @asynccontextmanager
+    async def _response(
+        self, path: str, method: str = "GET", params: Mapping[str, str] | None = None
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """A raw response, closed on the way out (aiodocker's ``_query`` leaves that to us)."""
+        response = await self.client()._do_query(
+            path, method, params=dict(params or {}), timeout=aiohttp.ClientTimeout()
+        )
+        try:
+            yield response
+        finally:
+            response.close()
+
+    # ------------------------------------------------------------------ images
+    @_translated
+    async def ensure_image(self, image: str) -> None:
+        """Pull ``image`` only when the engine does not have it."""
+        docker = self.client()
+        try:
+            await docker.images.inspect(image)
+            return
+        except aiodocker.DockerError as e:
+            if e.status != 404:
+                raise _error(e, f"cannot look up image {image!r}", submit=True) from e
+        try:
+            await docker.images.pull(image)
+        except aiodocker.DockerError as e:
+            raise SubmitError(
+                f"image {image!r} is not on the engine at {self.host} and pulling it failed: "
+                f"{e.message}",
+                transient=False,
+            ) from e
+
+    # ---------------------------------------------------------------- networks
+    @_translated
+    async def create_network(self, body: Mapping[str, Any]) -> str:
+        try:
+            network = await self.client().networks.create(dict(body))
+        except aiodocker.DockerError as e:
+            raise _error(e, f"cannot create network {body.get('Name')!r}", submit=True) from e
+        return str(network.id)
+
+    @_translated
+    async def remove_network(self, name: str) -> None:
+        try:
+            async with self._response(f"networks/{name}", method="DELETE"):
+                pass
+        except aiodocker.DockerError as e:
+            if e.status != 404:
+                raise _error(e, f"cannot remove network {name!r}") from e
+
+    @_translated
+    async def list_networks(self, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        filters = json.dumps({"label": [f"{k}={v}" if v else k for k, v in labels.items()]})
+        try:
+            found: list[dict[str, Any]] = await self.client()._query_json(
+                "networks", params={"filters": filters}
+            )
+        except aiodocker.DockerError as e:
+            raise _error(e, "cannot list networks") from e
+        return found
+
+    # -------------------------------------------------------------- containers
+    @_translated
+    async def create(self, name: str, body: Mapping[str, Any]) -> str:
+        try:
+            container = await self.client().containers.create(dict(body), name=name)
+        except aiodocker.DockerError as e:
+            if _conflict(e):
+                raise SubmitError(
+                    f"a container named {name!r} already exists on {self.host}", transient=False
+                ) from e
+            raise _error(e, f"cannot create container {name!r}", submit=True) from e
+        return str(container.id)
+
+    @_translated
+    async def start(self, cid: str) -> None:
+        try:
+            await self.client().containers.container(cid).start()
+        except aiodocker.DockerError as e:
+            raise _error(e, f"cannot start container {cid[:12]}", submit=True) from e
+
+    @_translated
+    async def kill(self, cid: str, signal: str) -> None:
+        """Signal a container; one that is gone or not running is not an error."""
+        try:
+            await self.client().containers.container(cid).kill(signal=signal)
+        except aiodocker.DockerError as e:
+            if e.status in (404, 409) or "not running" in e.message or "state" in e.message:
+                return
+            raise _error(e, f"cannot signal container {cid[:12]}") from e
+
+    @_translated
+    async def inspect(self, cid: str) -> dict[str, Any] | None:
+        try:
+            info: dict[str, Any] = await self.client().containers.container(cid).show()
+        except aiodocker.DockerError as e:
+            if e.status == 404:
+                return None
+            raise _error(e, f"cannot inspect container {cid[:12]}") from e
+        return info
+
+    @_translated
+    async def remove(self, cid: str) -> None:
+        try:
+            await self.client().containers.container(cid).delete(force=True, v=False)
+        except aiodocker.DockerError as e:
+            if e.status == 404 or "no such container" in e.message.lower():
+                return
+            if "removal" in e.message and "in progress" in e.message:
+                return
+            raise _error(e, f"cannot remove container {cid[:12]}") from e
+
+    @_translated
+    async def wait_exit(self, cid: str, timeout: float) -> bool:
+        """Whether the container is (or within ``timeout`` becomes) not running."""
+        try:
+            with anyio.move_on_after(timeout):
+                async with self._response(
+                    f"containers/{cid}/wait", "POST", {"condition": "not-running"}
+                ) as response:
+                    await response.read()
+                    return True
+        except aiodocker.DockerError as e:
+            if e.status == 404:
+                return True
+            raise _error(e, f"cannot wait for container {cid[:12]}") from e
+        return False
+
+    @_translated
+    async def list_containers(self, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        filters = json.dumps({"label": [f"{k}={v}" if v else k for k, v in labels.items()]})
+        try:
+            found: list[dict[str, Any]] = await self.client()._query_json(
+                "containers/json", params={"all": "1", "filters": filters}
+            )
+        except aiodocker.DockerError as e:
+            raise _error(e, "cannot list containers") from e
+        return found
+
+    # ----------------------------------------------------------------- streams
+    @asynccontextmanager
+    async def events(
+        self, labels: Mapping[str, str], since: float
+    ) -> AsyncIterator[AsyncIterator[dict[str, Any]]]:
+        """Container events of containers with ``labels``, from ``since`` on, as they happen.
+
+        ``since`` slightly in the past closes the gap between opening the stream
+        and the engine subscribing it: replayed events are harmless to callers.
+        """
+        selectors = [f"{k}={v}" if v else k for k, v in labels.items()]
+        params = {
+            "filters": json.dumps({"type": ["container"], "label": selectors}),
+            "since": f"{since:.9f}",
+        }
+        try:
+            cm = self._response("events", params=params)
+            response = await cm.__aenter__()
+        except aiodocker.DockerError as e:
+            raise _error(e, "cannot follow the engine's events") from e
+        except (TimeoutError, aiohttp.ClientError) as e:
+            raise BackendError(f"cannot follow the engine's events: {e!r}", transient=True) from e
+
+        async def lines() -> AsyncIterator[dict[str, Any]]:
+            try:
+                async for raw in response.content:
+                    raw = raw.strip()
+                    if raw:
+                        event = json.loads(raw)
+                        if isinstance(event, dict):
+                            yield event
+            except (TimeoutError, aiohttp.ClientError, ValueError) as e:
+                raise BackendError(f"the event stream broke: {e!r}", transient=True) from e
+
+        try:
+            yield lines()
+        finally:
+            await cm.__aexit__(None, None, None)
+
+    async def log_frames(
+        self, cid: str, *, follow: bool
+    ) -> AsyncIterator[tuple[StreamName, bytes]]:
+        """(stream, bytes) as the engine sends them; ends when the engine closes the stream."""
+        params = {"stdout": "1", "stderr": "1", "follow": "1" if follow else "0"}
+        try:
+            async with self._response(f"containers/{cid}/logs", params=params) as response:
+                content = response.content
+                while True:
+                    try:
+                        header = await content.readexactly(_FRAME.size)
+                    except aiohttp.client_exceptions.ClientPayloadError:
+                        return
+                    except EOFError:  # asyncio.IncompleteReadError: the stream ended
+                        return
+                    kind, size = _FRAME.unpack(header)
+                    data = await content.readexactly(size)
+                    stream = _STREAMS.get(kind)
+                    if stream is not None:
+                        yield stream, data
+        except aiodocker.DockerError as e:
+            if e.status == 404:
+                return
+            raise _error(e, f"cannot read the logs of container {cid[:12]}") from e
+        except (TimeoutError, aiohttp.ClientError) as e:
+            msg = f"the log stream of container {cid[:12]} broke: {e!r}"
+            raise BackendError(msg, transient=True) from e
+
+
+def event_container(event: Mapping[str, Any]) -> str:
+    actor = event.get("Actor") or {}
+    return str(actor.get("ID") or event.get("id") or "")
+
+
+def event_action(event: Mapping[str, Any]) -> str:
+    return str(event.get("Action") or event.get("status") or "")

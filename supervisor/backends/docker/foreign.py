@@ -1,0 +1,394 @@
+"""Docker apps this process does not follow: found by records and labels, judged by containers.
+
+An app is *followed* while the process that launched it lives and has not
+released it (``owner.released``, written when its Supervisor closes). A
+followed app's recorded state is the truth; an unfollowed one's state is
+what its containers say, and the first process to see them all ended records
+the final state and removes them (logs and records stay).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from asyncinotify import Inotify, Mask
+
+from supervisor.backends.base import LogTarget
+from supervisor.backends.docker.engine import EXIT_ACTIONS, Engine, event_action, event_container
+from supervisor.backends.docker.request import LABEL
+from supervisor.backends.docker.resume import LogResumer, lock
+from supervisor.backends.docker.runtime import exit_signal
+from supervisor.backends.store import AppStore, Owner, write_json_atomic
+from supervisor.errors import BackendError
+from supervisor.fsm.rules import derive_app_state
+from supervisor.fsm.states import AppState, ReplicaState, is_terminal
+from supervisor.specs import AppDef, AppHandle
+from supervisor.status import (
+    AppStatus,
+    DescribeAppResponse,
+    ListAppResponse,
+    ReplicaStatus,
+    RoleStatus,
+)
+
+if TYPE_CHECKING:
+    from supervisor.backends.docker.backend import DockerBackend
+
+__all__ = ["RELEASED", "ForeignApps"]
+
+RELEASED = "owner.released"
+FINALIZE_LOCK = ".finalize.lock"
+_EXITED = re.compile(r"Exited \((-?\d+)\)")
+_UNFOLLOWED = "no process follows this app; state read from its containers"
+
+_Found = tuple[AppStore, dict[str, Any]]
+
+
+def _container_state(c: dict[str, Any]) -> tuple[ReplicaState, int | None]:
+    state = str(c.get("State") or "").lower()
+    if state in ("created", "configured", "initialized"):
+        return ReplicaState.PENDING, None
+    if state in ("running", "paused", "restarting", "stopping"):
+        return ReplicaState.RUNNING, None
+    match = _EXITED.search(str(c.get("Status") or ""))
+    code = int(match.group(1)) if match else c.get("ExitCode")
+    if isinstance(code, int):
+        return (ReplicaState.SUCCEEDED if code == 0 else ReplicaState.FAILED), code
+    return ReplicaState.UNKNOWN, None
+
+
+async def _process_exit(pid: int) -> None:
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        await anyio.wait_readable(pidfd)
+    finally:
+        os.close(pidfd)
+
+
+class ForeignApps:
+    def __init__(self, backend: DockerBackend) -> None:
+        self._backend = backend
+        self.logs = LogResumer(backend)
+
+    # ---------------------------------------------------------------- finding
+    async def find(self, handle: AppHandle) -> _Found | None:
+        index = self._backend.index
+        app_dir = await anyio.to_thread.run_sync(index.lookup, handle.session, handle.app_id)
+        if app_dir is None:
+            # Launched with another state dir: the containers' labels say where its records are.
+            labels = {LABEL.SESSION: handle.session, LABEL.APP_ID: handle.app_id}
+            try:
+                found = await self._backend.engine.list_containers(labels)
+            except BackendError:
+                found = []
+            dirs = {(c.get("Labels") or {}).get(LABEL.APP_DIR) for c in found} - {None}
+            if not dirs:
+                return None
+            app_dir = Path(str(dirs.pop()))
+        store = AppStore(app_dir)
+        app = await anyio.to_thread.run_sync(store.read_app)
+        return None if app is None else (store, app)
+
+    def engine_of(self, app: dict[str, Any]) -> Engine:
+        host = str(app.get("request", {}).get("host") or self._backend.host)
+        return self._backend.engine_for(host)
+
+    @staticmethod
+    def following(store: AppStore, app: dict[str, Any]) -> bool:
+        """Blocking: the launching process lives and still follows the app."""
+        if (store.app_dir / RELEASED).exists():
+            return False
+        return Owner.from_json(app["owner"]).alive()
+
+    @staticmethod
+    def mark_released(store: AppStore) -> None:
+        state = store.read_state()
+        if state is None or not state[0].is_terminal:
+            write_json_atomic(store.app_dir / RELEASED, {"by": Owner.current().to_json()})
+
+    # ------------------------------------------------------------------ state
+    async def containers(self, app: dict[str, Any]) -> list[dict[str, Any]]:
+        labels = {
+            LABEL.SESSION: str(app["request"]["session"]),
+            LABEL.APP_ID: str(app["request"]["app_id"]),
+        }
+        return await self.engine_of(app).list_containers(labels)
+
+    async def status(self, store: AppStore, app: dict[str, Any]) -> AppStatus:
+        recorded = await anyio.to_thread.run_sync(store.read_state)
+        if recorded is not None and recorded[0].is_terminal:
+            return recorded[0]
+        if await anyio.to_thread.run_sync(self.following, store, app):
+            if recorded is None:
+                return AppStatus(AppState.SUBMITTED, msg="no state recorded yet")
+            return recorded[0]
+        containers = await self.containers(app)
+        derived = self._from_containers(app, containers, recorded)
+        if derived.is_terminal and containers:
+            # Everything ended and nobody follows the app: whoever sees it finishes it.
+            return await self.finalize(store, app, derived)
+        return derived
+
+    @staticmethod
+    def _from_containers(
+        app: dict[str, Any],
+        containers: Sequence[dict[str, Any]],
+        recorded: tuple[AppStatus, Owner] | None,
+    ) -> AppStatus:
+        latest: dict[tuple[str, int], dict[str, Any]] = {}
+        for c in containers:
+            labels = c.get("Labels") or {}
+            try:
+                key = (str(labels[LABEL.ROLE]), int(labels[LABEL.REPLICA_ID]))
+                attempt = int(labels.get(LABEL.ATTEMPT, 0))
+            except (KeyError, ValueError):
+                continue
+            held = latest.get(key)
+            if held is None or attempt >= int((held.get("Labels") or {}).get(LABEL.ATTEMPT, 0)):
+                latest[key] = c
+        definition = AppDef.from_json(app["app"])
+        states: list[ReplicaState] = []
+        roles = []
+        for role in definition.roles:
+            replicas = []
+            for k in range(role.num_replicas):
+                found = latest.get((role.name, k))
+                old = recorded[0].replica(role.name, k) if recorded else None
+                if found is not None:
+                    state, code = _container_state(found)
+                elif old is not None and is_terminal(old.state):
+                    state, code = old.state, old.exit_code
+                else:
+                    state, code = ReplicaState.UNKNOWN, None
+                states.append(state)
+                replicas.append(
+                    ReplicaStatus(
+                        id=k,
+                        state=state,
+                        role=role.name,
+                        hostname=str((found or {}).get("Names", [""])[0]).lstrip("/"),
+                        exit_code=code,
+                        signal=exit_signal(code),
+                    )
+                )
+            roles.append(RoleStatus(role.name, tuple(replicas)))
+        return AppStatus(
+            state=derive_app_state(states, cancel_requested=False),
+            num_restarts=recorded[0].num_restarts if recorded else 0,
+            msg=_UNFOLLOWED if containers else "the app's containers are gone",
+            roles=tuple(roles),
+        )
+
+    async def finalize(
+        self,
+        store: AppStore,
+        app: dict[str, Any],
+        status: AppStatus,
+        *,
+        cancelled: set[tuple[str, int]] | None = None,
+    ) -> AppStatus:
+        """Record the final state and remove the containers and network of an unfollowed app.
+
+        One process at a time (an exclusive lock on the app directory); one that
+        finds the final state already recorded returns that.
+        """
+        fd = await anyio.to_thread.run_sync(lock, store.app_dir / FINALIZE_LOCK, True)
+        assert fd is not None  # a waiting lock is always taken
+        try:
+            recorded = await anyio.to_thread.run_sync(store.read_state)
+            if recorded is not None and recorded[0].is_terminal:
+                return recorded[0]
+            return await self._finalize(store, app, status, cancelled)
+        finally:
+            os.close(fd)
+
+    async def _finalize(
+        self,
+        store: AppStore,
+        app: dict[str, Any],
+        status: AppStatus,
+        cancelled: set[tuple[str, int]] | None,
+    ) -> AppStatus:
+        if cancelled is not None:
+            stopped = cancelled
+            roles = tuple(
+                RoleStatus(
+                    r.role,
+                    tuple(
+                        ReplicaStatus(
+                            id=x.id,
+                            state=ReplicaState.CANCELLED
+                            if (x.role, x.id) in stopped or not is_terminal(x.state)
+                            else x.state,
+                            role=x.role,
+                            hostname=x.hostname,
+                            exit_code=x.exit_code,
+                            signal=x.signal,
+                        )
+                        for x in r.replicas
+                    ),
+                )
+                for r in status.roles
+            )
+            status = AppStatus(
+                AppState.CANCELLED,
+                num_restarts=status.num_restarts,
+                msg="cancelled by another process",
+                roles=roles,
+            )
+        # The containers hold the only copy of what they wrote since nobody followed them.
+        definition = AppDef.from_json(app["app"])
+        for role in definition.roles:
+            for k in range(role.num_replicas):
+                await self.logs.resume(store, app, role.name, k, final=True)
+        owner = self._backend.owner
+        await anyio.to_thread.run_sync(store.write_state, status, [], True, owner)
+        engine = self.engine_of(app)
+        for c in await self.containers(app):
+            await engine.remove(str(c["Id"]))
+        await engine.remove_network(str(app["request"]["network"]))
+        return status
+
+    # ------------------------------------------------------------------ verbs
+    async def describe(self, handle: AppHandle) -> DescribeAppResponse | None:
+        found = await self.find(handle)
+        if found is None:
+            return None
+        store, app = found
+        status = await self.status(store, app)
+        return DescribeAppResponse.from_status(
+            handle.app_id, status, AppDef.from_json(app["app"]).roles
+        )
+
+    async def list(self) -> list[ListAppResponse]:
+        """The apps recorded in this state directory, as for every backend.
+
+        Apps of other state directories are not listed, but their handles still
+        work here: ``find`` falls back to the containers' labels.
+        """
+        index = self._backend.index
+        entries = await anyio.to_thread.run_sync(lambda: list(index.entries()))
+        out = []
+        for session, app_id, _ in entries:
+            handle = AppHandle("docker", session, app_id)
+            found = await self.find(handle)
+            if found is None:
+                continue
+            status = await self.status(*found)
+            name = str(found[1]["app"]["name"])
+            out.append(ListAppResponse(app_id, status.state, str(handle), name))
+        return out
+
+    async def cancel(self, handle: AppHandle) -> bool:
+        found = await self.find(handle)
+        if found is None:
+            return False
+        store, app = found
+        status = await self.status(store, app)
+        if status.is_terminal:
+            return True
+        if await anyio.to_thread.run_sync(self.following, store, app):
+            await anyio.to_thread.run_sync(store.request_cancel)
+            return True
+        engine = self.engine_of(app)
+        grace = float(app["request"].get("stop_grace", 5.0))
+        live = [c for c in await self.containers(app) if c.get("State") == "running"]
+        running = [str(c["Id"]) for c in live]
+        stopped = set()
+        for c in live:
+            labels = c.get("Labels") or {}
+            stopped.add((str(labels.get(LABEL.ROLE)), int(labels.get(LABEL.REPLICA_ID, -1))))
+        for cid in running:
+            await engine.kill(cid, "SIGTERM")
+        async with anyio.create_task_group() as tg:
+
+            async def settle(cid: str) -> None:
+                if not await engine.wait_exit(cid, grace):
+                    await engine.kill(cid, "SIGKILL")
+                    await engine.wait_exit(cid, 30.0)
+
+            for cid in running:
+                tg.start_soon(settle, cid)
+        status = self._from_containers(app, await self.containers(app), None)
+        await self.finalize(store, app, status, cancelled=stopped)
+        return True
+
+    async def wait(self, handle: AppHandle) -> AppStatus | None:
+        """Woken by the owner's records (inotify), the owner's death, or a container's exit."""
+        found = await self.find(handle)
+        if found is None:
+            return None
+        store, app = found
+        wake: list[anyio.Event] = [anyio.Event()]
+        labels = {
+            LABEL.SESSION: str(app["request"]["session"]),
+            LABEL.APP_ID: str(app["request"]["app_id"]),
+        }
+        owner_pid = Owner.from_json(app["owner"]).pid
+        engine = self.engine_of(app)
+        async with (
+            engine.events(labels, time.time() - 1.0) as events,
+            anyio.create_task_group() as tg,
+        ):
+
+            async def on_events() -> None:
+                async for event in events:
+                    action = event_action(event)
+                    if action in EXIT_ACTIONS:
+                        # The engine announces the death before its listing says so.
+                        await engine.wait_exit(event_container(event), 10.0)
+                    if action in EXIT_ACTIONS or action == "destroy":
+                        wake[0].set()
+
+            async def on_files() -> None:
+                with Inotify() as inotify:
+                    inotify.add_watch(store.app_dir, Mask.MOVED_TO | Mask.CLOSE_WRITE | Mask.CREATE)
+                    async for _ in inotify:
+                        wake[0].set()
+
+            async def on_owner() -> None:
+                await _process_exit(owner_pid)
+                wake[0].set()
+
+            tg.start_soon(on_events)
+            tg.start_soon(on_files)
+            tg.start_soon(on_owner)
+            try:
+                while True:
+                    wake[0] = anyio.Event()
+                    status = await self.status(store, app)
+                    if status.is_terminal or status.state is AppState.UNKNOWN:
+                        return status
+                    await wake[0].wait()
+            finally:
+                tg.cancel_scope.cancel()
+        return None  # not reached: the loop only ends by returning
+
+    async def finished(self, store: AppStore) -> bool:
+        app = await anyio.to_thread.run_sync(store.read_app)
+        if app is None:
+            return True
+        status = await self.status(store, app)
+        return status.is_terminal or status.state is AppState.UNKNOWN
+
+    # ------------------------------------------------------------------- logs
+    async def log_target(self, handle: AppHandle, role: str, replica_id: int) -> LogTarget | None:
+        found = await self.find(handle)
+        if found is None:
+            return None
+        store, app = found
+        if not await anyio.to_thread.run_sync(self.following, store, app):
+            await self.logs.resume(store, app, role, replica_id)
+        return self._backend.make_log_target(store, role, replica_id)
+
+    async def aclose(self) -> None:
+        await self.logs.aclose()

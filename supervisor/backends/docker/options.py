@@ -1,0 +1,75 @@
+"""Run options and capabilities of the ``docker`` backend."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from supervisor.runopts import OptType, RunOpt, RunOpts
+from supervisor.specs import RetryPolicy
+from supervisor.validate import Capabilities
+
+__all__ = [
+    "DEFAULT_STOP_GRACE",
+    "DOCKER_CAPABILITIES",
+    "default_host",
+    "docker_run_opts",
+]
+
+DEFAULT_STOP_GRACE = 5.0
+_STANDARD_SOCKETS = (Path("/var/run/docker.sock"), Path("/run/podman/podman.sock"))
+
+DOCKER_CAPABILITIES = Capabilities(
+    backend="docker",
+    # Each replica is its own container: one replica, one role or the whole app can be redone.
+    retry_policies=frozenset(RetryPolicy),
+    mounts=True,
+    max_replicas_per_role=None,
+    # A container needs an image; an empty one cannot mean "the host" here.
+    requires_image=True,
+)
+
+
+def default_host() -> str:
+    """The engine the docker CLI would reach: $DOCKER_HOST, else the standard socket."""
+    host = os.environ.get("DOCKER_HOST")
+    if host:
+        return host
+    for sock in _STANDARD_SOCKETS:
+        if sock.is_socket():
+            return f"unix://{sock}"
+    return f"unix://{_STANDARD_SOCKETS[0]}"
+
+
+def docker_run_opts() -> RunOpts:
+    return RunOpts(
+        [
+            RunOpt(
+                name="host",
+                type=OptType.STR,
+                default=None,
+                help="engine address, unix:///path.sock or tcp://host:port "
+                "(default: $DOCKER_HOST, else the standard docker socket)",
+            ),
+            RunOpt(
+                name="log_dir",
+                type=OptType.STR,
+                default=None,
+                help="directory for logs and state; apps go to {log_dir}/{session}/{app_id} "
+                "(default: <state dir>/logs)",
+            ),
+            RunOpt(
+                name="stop_grace",
+                type=OptType.FLOAT,
+                default=DEFAULT_STOP_GRACE,
+                help="seconds between SIGTERM and SIGKILL when stopping a replica",
+            ),
+            RunOpt(
+                name="internal_network",
+                type=OptType.BOOL,
+                default=True,
+                help="put the app's containers on an internal network (no traffic leaves the "
+                "machine); false lets them reach outside",
+            ),
+        ]
+    )

@@ -1,0 +1,146 @@
+"""Copying the output of containers that nobody follows any more into their log files.
+
+The launching process copies a replica's output while it follows the app.
+After it released the app (or died), a process that reads the logs, or
+finishes the app, copies the rest from the engine: the attempt file
+(``.docker-attempt.json``, written before each container starts) says where
+that container's output begins in the files, so bytes already there are
+skipped rather than written twice, and a per-replica flock keeps a second
+process from copying the same bytes at the same time.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from supervisor.backends.docker.runtime import ATTEMPT_FILE
+from supervisor.backends.store import AppStore
+
+if TYPE_CHECKING:
+    from supervisor.backends.docker.backend import DockerBackend
+
+__all__ = ["COPY_LOCK", "LogResumer", "lock"]
+
+COPY_LOCK = ".copy.lock"
+
+
+def lock(path: Path, wait: bool) -> int | None:
+    """Blocking: an fd holding an exclusive flock on ``path`` (None if busy and not ``wait``).
+
+    flock, because the kernel releases it when its holder dies, however it dies.
+    """
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+class LogResumer:
+    def __init__(self, backend: DockerBackend) -> None:
+        self._backend = backend
+        self._copies: dict[str, tuple[anyio.CancelScope, anyio.Event]] = {}
+
+    async def resume(
+        self, store: AppStore, app: dict[str, Any], role: str, replica_id: int, final: bool = False
+    ) -> None:
+        """Nobody copies this replica's output any more: copy the rest of it from the engine.
+
+        The attempt file says where the current container's output starts in the
+        files, so the bytes already there are skipped rather than written twice.
+        """
+        directory = store.app_dir / role / str(replica_id)
+
+        def read_marks() -> tuple[dict[str, Any], dict[str, int]] | None:
+            try:
+                mark = json.loads((directory / ATTEMPT_FILE).read_text())
+            except (OSError, ValueError):
+                return None
+            sizes = {}
+            for stream in ("stdout", "stderr"):
+                try:
+                    sizes[stream] = (directory / f"{stream}.log").stat().st_size
+                except OSError:
+                    sizes[stream] = 0
+            return mark, sizes
+
+        sink = self._backend.log_sink
+        if final:
+            # A copy that follows this replica may never see its stream end (Podman): stop
+            # it, and count what it wrote from the files once they hold all of it.
+            for name, (running_scope, running_done) in list(self._copies.items()):
+                if name.startswith(f"{directory}:"):
+                    running_scope.cancel()
+                    await running_done.wait()
+            await sink.flush()
+        marks = await anyio.to_thread.run_sync(read_marks)
+        if marks is None:
+            return
+        mark, sizes = marks
+        cid = str(mark.get("container") or "")
+        if not cid or (not final and f"{directory}:{cid}" in self._copies):
+            return
+        engine = self._backend.engine_for(
+            str(app.get("request", {}).get("host") or self._backend.host)
+        )
+        info = await engine.inspect(cid)
+        if info is None:
+            return
+        running = not final and bool((info.get("State") or {}).get("Running"))
+        # One copier per replica across processes: another holding it copies these bytes.
+        held = await anyio.to_thread.run_sync(lock, directory / COPY_LOCK, False)
+        if held is None:
+            return
+        if final:
+            # Sizes again, now that no other process can be writing to the files.
+            marks = await anyio.to_thread.run_sync(read_marks)
+            if marks is None:
+                os.close(held)
+                return
+            mark, sizes = marks
+        seen = {s: max(0, sizes[s] - int(mark.get(s, 0))) for s in ("stdout", "stderr")}
+        log = sink.open(directory)
+        scope, done = anyio.CancelScope(), anyio.Event()
+        self._copies[f"{directory}:{cid}"] = (scope, done)
+
+        async def copy() -> None:
+            got = {"stdout": 0, "stderr": 0}
+            try:
+                async with self._backend.tracked():
+                    await copy_with(got)
+            finally:
+                os.close(held)
+                self._copies.pop(f"{directory}:{cid}", None)
+                done.set()
+
+        async def copy_with(got: dict[str, int]) -> None:
+            with scope:
+                async for stream, data in engine.log_frames(cid, follow=running):
+                    skip = max(0, min(len(data), seen[stream] - got[stream]))
+                    got[stream] += len(data)
+                    if skip < len(data):
+                        sink.write(log, stream, data[skip:], time.time())
+                sink.end_stream(log, "stdout")
+                sink.end_stream(log, "stderr")
+
+        if running:
+            self._backend.task_group.start_soon(copy)
+        else:
+            await copy()
+            await sink.flush()
+
+    async def aclose(self) -> None:
+        for scope, _ in self._copies.values():
+            scope.cancel()

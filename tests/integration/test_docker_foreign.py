@@ -1,0 +1,253 @@
+"""Docker apps seen from processes that did not launch them (containers outlive Supervisors).
+
+A second Supervisor, and separate ``asupervisor`` CLI processes, describe,
+list, wait for, read the logs of and cancel apps: while the launching
+Supervisor follows them (its records are the truth, a cancel goes through
+it) and after it closed (the containers are the truth). Both engines; any
+container or network left behind fails the test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from supervisor import AppDef, AppState, ReplicaState, Role, Supervisor
+
+from .docker_engines import (
+    ENGINES,
+    IMAGE,
+    EngineUnderTest,
+    engine_under_test,
+    ensure_engines,
+    labelled,
+)
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.docker]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def facts() -> dict[str, Any]:
+    return ensure_engines()
+
+
+@pytest.fixture(params=ENGINES)
+def engine(
+    request: pytest.FixtureRequest, facts: dict[str, Any], state_dir: Path
+) -> Iterator[EngineUnderTest]:
+    yield from engine_under_test(request, facts)
+
+
+# Prints, then waits for /gate/go (a bind-mounted host directory) before printing again.
+GATED = """
+import os, sys, time
+print("started", os.environ["ASUPERVISOR_REPLICA_ID"], flush=True)
+while not os.path.exists("/gate/go"):
+    time.sleep(0.05)
+print("after the gate", flush=True)
+sys.exit(int(os.environ.get("EXIT_CODE", "0")))
+"""
+
+
+def gated_app(gate: Path, *, replicas: int = 1, exit_code: int = 0) -> AppDef:
+    from supervisor import BindMount
+
+    role = Role(
+        "w",
+        image=IMAGE,
+        entrypoint="python3",
+        args=["-c", GATED],
+        env={"EXIT_CODE": str(exit_code)},
+        num_replicas=replicas,
+        mounts=[BindMount(str(gate), "/gate", read_only=True)],
+    )
+    return AppDef("gated", [role])
+
+
+async def first_line(sv: Supervisor, handle: str, role: str = "w", k: int = 0) -> str:
+    async for line in sv.log_iter(handle, role, k, should_tail=True):
+        return line
+    raise AssertionError("no output")
+
+
+def running_containers(engine: EngineUnderTest) -> list[dict[str, Any]]:
+    found = labelled(engine.host, "containers", f"io.asupervisor.session={engine.session}")
+    return [c for c in found if c["State"] == "running"]
+
+
+async def test_a_second_supervisor_follows_and_cancels_through_the_owner(
+    engine: EngineUnderTest, tmp_path: Path
+) -> None:
+    async with (
+        Supervisor(session=engine.session) as owner,
+        Supervisor(session=engine.session) as other,
+    ):
+        handle = await owner.submit(gated_app(tmp_path, replicas=2), "docker", engine.cfg)
+        assert await first_line(owner, handle) == "started 0\n"
+        described = await other.describe(handle)
+        assert described is not None and described.state is AppState.RUNNING
+        listed = {a.app_handle: a.state for a in await other.list("docker")}
+        assert listed[handle] is AppState.RUNNING
+        assert await first_line(other, handle, "w", 1) == "started 1\n"
+
+        async with anyio.create_task_group() as tg:
+            seen: dict[str, Any] = {}
+
+            async def wait_foreign() -> None:
+                seen["status"] = await other.wait(handle, timeout=60)
+
+            tg.start_soon(wait_foreign)
+            await other.cancel(handle)  # a cancel.request the owner acts on
+            status = await owner.wait(handle, timeout=60)
+        assert status.state is AppState.CANCELLED, status
+        assert seen["status"].state is AppState.CANCELLED
+        assert not running_containers(engine)
+
+
+async def test_containers_outlive_their_supervisor_and_another_one_finishes_them(
+    engine: EngineUnderTest, tmp_path: Path
+) -> None:
+    async with Supervisor(session=engine.session) as owner:
+        handle = await owner.submit(gated_app(tmp_path, exit_code=4), "docker", engine.cfg)
+        assert await first_line(owner, handle) == "started 0\n"
+    # The owner closed: the container still runs.
+    assert len(running_containers(engine)) == 1
+    async with Supervisor(session=engine.session) as other:
+        described = await other.describe(handle)
+        assert described is not None and described.state is AppState.RUNNING, described
+        assert "no process follows" in described.msg
+        (tmp_path / "go").touch()
+        status = await other.wait(handle, timeout=60)
+        assert status.state is AppState.FAILED, status
+        replica = status.replica("w", 0)
+        assert replica is not None and replica.exit_code == 4
+        lines = [line async for line in other.log_iter(handle, "w", 0)]
+        assert lines == ["started 0\n", "after the gate\n"]
+        again = await other.describe(handle)
+        assert again is not None and again.state is AppState.FAILED
+
+
+def cli(engine: EngineUnderTest, state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "ASUPERVISOR_HOME": str(state_dir),
+        "DOCKER_HOST": engine.host,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "supervisor.cli.main", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+async def test_cli_processes_read_and_cancel_an_app_nobody_follows(
+    engine: EngineUnderTest, tmp_path: Path, state_dir: Path
+) -> None:
+    async with Supervisor(session=engine.session) as owner:
+        handle = await owner.submit(gated_app(tmp_path), "docker", engine.cfg)
+        assert await first_line(owner, handle) == "started 0\n"
+
+    status = await anyio.to_thread.run_sync(cli, engine, state_dir, "status", handle, "--json")
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["state"] == "RUNNING"
+    listed = await anyio.to_thread.run_sync(
+        cli, engine, state_dir, "list", "--backend", "docker", "--json"
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert handle in {a["handle"] for a in json.loads(listed.stdout)}
+    log = await anyio.to_thread.run_sync(cli, engine, state_dir, "log", handle, "w/0")
+    assert log.returncode == 0 and log.stdout == "started 0\n", log
+
+    cancelled = await anyio.to_thread.run_sync(cli, engine, state_dir, "cancel", handle)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert not running_containers(engine)
+    final = await anyio.to_thread.run_sync(cli, engine, state_dir, "status", handle, "--json")
+    body = json.loads(final.stdout)
+    assert body["state"] == "CANCELLED", body
+    assert body["roles"][0]["replicas"][0]["state"] == ReplicaState.CANCELLED.name
+
+
+SUBMITTER = """
+import sys, anyio
+from supervisor import AppDef, BindMount, Role, Supervisor
+
+async def main() -> None:
+    gate, host, session, code = sys.argv[1:5]
+    role = Role("w", image="localhost/sv-test:py", entrypoint="python3", args=["-c", code],
+                mounts=[BindMount(gate, "/gate", read_only=True)])
+    async with Supervisor(session=session) as sv:
+        handle = await sv.submit(AppDef("killed", [role]), "docker", {"host": host})
+        print(handle, flush=True)
+        await anyio.sleep_forever()
+
+anyio.run(main)
+"""
+
+
+async def test_an_owner_killed_with_sigkill_leaves_an_app_others_can_wait_for(
+    engine: EngineUnderTest, tmp_path: Path, state_dir: Path
+) -> None:
+    env = {
+        **os.environ,
+        "ASUPERVISOR_HOME": str(state_dir),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    argv = [sys.executable, "-c", SUBMITTER, str(tmp_path), engine.host, engine.session, GATED]
+    async with await anyio.open_process(argv, env=env) as owner:
+        assert owner.stdout is not None
+        handle = (await owner.stdout.receive()).decode().strip()
+        owner.kill()  # SIGKILL: no close, no release, no final state
+        await owner.wait()
+    async with Supervisor(session=engine.session) as other:
+        assert await first_line(other, handle) == "started 0\n"
+        described = await other.describe(handle)
+        assert described is not None and described.state is AppState.RUNNING, described
+        (tmp_path / "go").touch()
+        status = await other.wait(handle, timeout=60)
+        assert status.state is AppState.SUCCEEDED, status
+        lines = [line async for line in other.log_iter(handle, "w", 0)]
+        assert lines == ["started 0\n", "after the gate\n"]
+
+
+async def test_a_cli_follower_sees_an_unfollowed_app_to_its_end(
+    engine: EngineUnderTest, tmp_path: Path, state_dir: Path
+) -> None:
+    async with Supervisor(session=engine.session) as owner:
+        handle = await owner.submit(gated_app(tmp_path), "docker", engine.cfg)
+        assert await first_line(owner, handle) == "started 0\n"
+    env = {
+        **os.environ,
+        "ASUPERVISOR_HOME": str(state_dir),
+        "DOCKER_HOST": engine.host,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    argv = [sys.executable, "-m", "supervisor.cli.main", "log", "-f", handle, "w/0"]
+    async with await anyio.open_process(argv, env=env) as follower:
+        assert follower.stdout is not None
+        first = await follower.stdout.receive()
+        assert first == b"started 0\n"
+        (tmp_path / "go").touch()
+        rest = b""
+        with anyio.fail_after(60):
+            async for chunk in follower.stdout:
+                rest += chunk
+            assert await follower.wait() == 0
+    assert rest == b"after the gate\n"
+    # The follower saw the end first, so it recorded it and removed the containers.
+    final = await anyio.to_thread.run_sync(cli, engine, state_dir, "status", handle, "--json")
+    assert json.loads(final.stdout)["state"] == "SUCCEEDED"
+    assert not labelled(engine.host, "containers", f"io.asupervisor.session={engine.session}")

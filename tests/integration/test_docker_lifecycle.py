@@ -1,0 +1,191 @@
+"""The docker backend on real engines (dockerd and Podman): exits, gang failure, retries, cancel.
+
+Every test runs on both engines (scripts/docker-engines starts them) and fails
+if it leaves a container or network behind.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from supervisor import (
+    AppDef,
+    AppState,
+    ReplicaState,
+    RetryPolicy,
+    Role,
+    SubmitError,
+    Supervisor,
+)
+
+from .docker_engines import ENGINES, IMAGE, EngineUnderTest, engine_under_test, ensure_engines
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.docker]
+
+
+@pytest.fixture(scope="module")
+def facts() -> dict[str, Any]:
+    return ensure_engines()
+
+
+@pytest.fixture(params=ENGINES)
+def engine(
+    request: pytest.FixtureRequest, facts: dict[str, Any], state_dir: Path
+) -> Iterator[EngineUnderTest]:
+    yield from engine_under_test(request, facts)
+
+
+def py(name: str, code: str, **kw: Any) -> Role:
+    return Role(name=name, image=IMAGE, entrypoint="python3", args=["-c", code], **kw)
+
+
+async def stdout(sv: Supervisor, handle: str, role: str, k: int = 0) -> list[str]:
+    return [line async for line in sv.log_iter(handle, role, k, streams="stdout")]
+
+
+async def test_success_and_failure_exit_codes_with_error_json(engine: EngineUnderTest) -> None:
+    fail = (
+        "import json, os, sys;"
+        "open(os.environ['TORCHELASTIC_ERROR_FILE'], 'w').write("
+        "json.dumps({'message': {'message': 'boom in replica'}}));"
+        "print('bye'); sys.exit(3)"
+    )
+    async with Supervisor(session=engine.session) as sv:
+        ok = await sv.submit(AppDef("ok", [py("w", "print('hello')")]), "docker", engine.cfg)
+        bad = await sv.submit(AppDef("bad", [py("w", fail)]), "docker", engine.cfg)
+        assert ok.startswith(f"docker://{engine.session}/ok-")
+        status = await sv.wait(ok, timeout=60)
+        assert status.state is AppState.SUCCEEDED, status
+        replica = status.replica("w", 0)
+        assert replica is not None and replica.exit_code == 0
+        assert replica.hostname.endswith("-w-0")
+        assert await stdout(sv, ok, "w") == ["hello\n"]
+        failed = await sv.wait(bad, timeout=60)
+        assert failed.state is AppState.FAILED, failed
+        replica = failed.replica("w", 0)
+        assert replica is not None and replica.exit_code == 3
+        assert "boom in replica" in replica.structured_error_msg
+        assert await stdout(sv, bad, "w") == ["bye\n"]
+
+
+async def test_gang_failure_stops_the_other_replicas(engine: EngineUnderTest) -> None:
+    app = AppDef(
+        "gang",
+        [
+            py("fails", "import time, sys; time.sleep(0.5); sys.exit(7)"),
+            py("sleeps", "import time; time.sleep(60)", num_replicas=2),
+        ],
+    )
+    async with Supervisor(session=engine.session) as sv:
+        handle = await sv.submit(app, "docker", engine.cfg)
+        start = time.monotonic()
+        status = await sv.wait(handle, timeout=60)
+        assert time.monotonic() - start < 30  # not the sleepers' 60 s
+        assert status.state is AppState.FAILED, status
+        assert status.replica("fails", 0).exit_code == 7  # type: ignore[union-attr]
+        for k in (0, 1):
+            sleeper = status.replica("sleeps", k)
+            assert sleeper is not None and sleeper.state is ReplicaState.CANCELLED, status
+
+
+FLAKY = (
+    "import os, sys;"
+    "a = int(os.environ['ASUPERVISOR_ATTEMPT']);"
+    "print('attempt', a, os.environ['ASUPERVISOR_REPLICA_ID']);"
+    "sys.exit(0 if a >= 2 or os.environ['ASUPERVISOR_REPLICA_ID'] != '0' else 5)"
+)
+
+
+@pytest.mark.parametrize("policy", list(RetryPolicy))
+async def test_retries_follow_the_policy(engine: EngineUnderTest, policy: RetryPolicy) -> None:
+    role = py("w", FLAKY, num_replicas=2, max_retries=2, retry_policy=policy)
+    async with Supervisor(session=engine.session) as sv:
+        handle = await sv.submit(AppDef("retry", [role]), "docker", engine.cfg)
+        status = await sv.wait(handle, timeout=90)
+        assert status.state is AppState.SUCCEEDED, status
+        assert status.num_restarts == 2, status
+        lines = await stdout(sv, handle, "w", 0)
+        assert lines == ["attempt 0 0\n", "attempt 1 0\n", "attempt 2 0\n"]
+        other = await stdout(sv, handle, "w", 1)
+        # Replica 1 succeeds at once; only REPLICA leaves it alone while 0 retries.
+        assert other[0] == "attempt 0 1\n"
+        if policy is RetryPolicy.REPLICA:
+            assert other == ["attempt 0 1\n"]
+
+
+async def test_cancel_sends_sigterm_then_sigkill_after_the_grace(engine: EngineUnderTest) -> None:
+    polite = (
+        "import signal, sys, time;"
+        "signal.signal(signal.SIGTERM, lambda *a: (print('got SIGTERM', flush=True), sys.exit(0)));"
+        "print('ready', flush=True); time.sleep(60)"
+    )
+    stubborn = (
+        "import signal, time;"
+        "signal.signal(signal.SIGTERM, lambda *a: print('ignoring SIGTERM', flush=True));"
+        "print('ready', flush=True); time.sleep(60)"
+    )
+    app = AppDef("cancel", [py("polite", polite), py("stubborn", stubborn)])
+    async with Supervisor(session=engine.session) as sv:
+        handle = await sv.submit(app, "docker", {**engine.cfg, "stop_grace": 1.0})
+        for role in ("polite", "stubborn"):
+            async for line in sv.log_iter(handle, role, 0, should_tail=True):
+                assert line == "ready\n"
+                break
+        await sv.cancel(handle)
+        status = await sv.wait(handle, timeout=60)
+        assert status.state is AppState.CANCELLED, status
+        assert await stdout(sv, handle, "polite") == ["ready\n", "got SIGTERM\n"]
+        assert await stdout(sv, handle, "stubborn") == ["ready\n", "ignoring SIGTERM\n"]
+        stubborn_status = status.replica("stubborn", 0)
+        assert stubborn_status is not None and stubborn_status.exit_code == 137
+
+
+async def test_a_missing_image_fails_the_submit_clearly(engine: EngineUnderTest) -> None:
+    role = Role("w", image="localhost/no-such-image:never", entrypoint="true")
+    async with Supervisor(session=engine.session) as sv:
+        with pytest.raises(SubmitError) as caught:
+            await sv.submit(AppDef("noimage", [role]), "docker", engine.cfg)
+    assert "localhost/no-such-image:never" in str(caught.value)
+    assert "not on the engine" in str(caught.value)
+    assert caught.value.transient is False
+
+
+async def test_submitting_ten_replicas_and_waiting(engine: EngineUnderTest) -> None:
+    role = py("w", "import os; print(os.environ['ASUPERVISOR_REPLICA_ID'])", num_replicas=10)
+    async with Supervisor(session=engine.session) as sv:
+        handle = await sv.submit(AppDef("ten", [role]), "docker", engine.cfg)
+        status = await sv.wait(handle, timeout=120)
+        assert status.state is AppState.SUCCEEDED, status
+        for k in range(10):
+            assert await stdout(sv, handle, "w", k) == [f"{k}\n"]
+
+
+async def test_a_missing_entrypoint_fails_the_replica_saying_why(engine: EngineUnderTest) -> None:
+    role = Role("w", image=IMAGE, entrypoint="/no/such/prog")
+    async with Supervisor(session=engine.session) as sv:
+        handle = await sv.submit(AppDef("noentry", [role]), "docker", engine.cfg)
+        status = await sv.wait(handle, timeout=60)
+        assert status.state is AppState.FAILED, status
+        replica = status.replica("w", 0)
+        assert replica is not None and replica.exit_code not in (None, 0)
+        lines = [line async for line in sv.log_iter(handle, "w", 0, streams="stderr")]
+        # dockerd's init names the program; Podman's (catatonit) only the error.
+        assert any("No such file or directory" in line for line in lines), lines
+
+
+async def test_an_engine_that_does_not_answer_fails_the_submit_as_transient(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    """No engine needed: the socket does not exist, so a later retry may find one."""
+    role = Role("w", image=IMAGE, entrypoint="true")
+    host = f"unix://{tmp_path / 'no-engine.sock'}"
+    async with Supervisor(session="noengine") as sv:
+        with pytest.raises(SubmitError) as caught:
+            await sv.submit(AppDef("noengine", [role]), "docker", {"host": host})
+    assert caught.value.transient is True
+    assert "no-engine.sock" in str(caught.value)

@@ -88,9 +88,11 @@ KNOWN_BUGS: dict[tuple[str, tuple[str, ...], str | None], str] = {
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         callspec = getattr(item, "callspec", None)
-        if callspec is None or "target" not in callspec.params:
+        # This hook sees every collected item, not only this folder's.
+        target = callspec.params.get("target") if callspec is not None else None
+        if not isinstance(target, Target):
             continue
-        target_id = callspec.params["target"].id
+        target_id = target.id
         policy = callspec.params.get("policy")
         for (case, targets, param), reason in KNOWN_BUGS.items():
             name = getattr(item, "originalname", item.name)

@@ -134,6 +134,10 @@ class Role:
         object.__setattr__(self, "metadata", _frozen_map(self.metadata))
         object.__setattr__(self, "mounts", _frozen_seq(self.mounts))
 
+    def with_env(self, env: Mapping[str, str]) -> Role:
+        """A copy with ``env`` merged over this role's (TorchX code does ``role.env.update``)."""
+        return dataclasses.replace(self, env={**self.env, **env})
+
 
 @dataclass(frozen=True)
 class AppDef:
@@ -146,6 +150,27 @@ class AppDef:
     def __post_init__(self) -> None:
         object.__setattr__(self, "roles", _frozen_seq(self.roles))
         object.__setattr__(self, "metadata", _frozen_map(self.metadata))
+
+    def replace_role(self, name: str, **changes: Any) -> AppDef:
+        """A copy whose role ``name`` has ``changes`` (any Role field) applied.
+
+        The frozen counterpart of TorchX's ``app.roles[i].num_replicas = 4``;
+        ValueError when no role has that name.
+        """
+        if name not in {r.name for r in self.roles}:
+            known = ", ".join(repr(r.name) for r in self.roles) or "none"
+            raise ValueError(f"no role named {name!r} (roles: {known})")
+        roles = [dataclasses.replace(r, **changes) if r.name == name else r for r in self.roles]
+        return dataclasses.replace(self, roles=roles)
+
+    def with_env(self, env: Mapping[str, str], *, roles: Sequence[str] | None = None) -> AppDef:
+        """A copy with ``env`` merged into every role's environment (or only ``roles``')."""
+        unknown = sorted(set(roles or ()) - {r.name for r in self.roles})
+        if unknown:
+            raise ValueError(f"no role named {', '.join(map(repr, unknown))}")
+        chosen = {r.name for r in self.roles} if roles is None else set(roles)
+        updated = [r.with_env(env) if r.name in chosen else r for r in self.roles]
+        return dataclasses.replace(self, roles=updated)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict, kept on disk beside each app so other processes can read it."""

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from supervisor.errorfile import ErrorReport, parse_error_file
 from supervisor.fsm.states import AppState, ReplicaState
 from supervisor.specs import AppDef, Role
 from supervisor.status import AppStatus, DescribeAppResponse, ListAppResponse, Transition
@@ -100,7 +101,7 @@ def print_status(out: Console, handle: str, status: AppStatus) -> None:
     if status.msg:
         out.print(Text(f"msg: {status.msg}"))
     if status.structured_error_msg:
-        out.print(Text(f"error: {status.structured_error_msg}"))
+        _print_error(out, parse_error_file(status.structured_error_msg))
     replicas = [r for rs in status.roles for r in rs.replicas]
     if not replicas:
         return
@@ -121,9 +122,20 @@ def print_status(out: Console, handle: str, status: AppStatus) -> None:
             str(r.restarts),
         ]
         if with_msg:
-            row.append(Text(r.structured_error_msg or r.msg))
+            error = parse_error_file(r.structured_error_msg).headline
+            row.append(Text(error or r.msg))
         table.add_row(*row)
     out.print(table)
+
+
+def _print_error(out: Console, error: ErrorReport) -> None:
+    """The root cause's structured error: headline, code and time, then its traceback."""
+    facts = [f"code {error.error_code}" if error.error_code else "", error.when]
+    suffix = ", ".join(f for f in facts if f)
+    out.print(Text(f"error: {error.headline}" + (f" ({suffix})" if suffix else "")))
+    if error.traceback:
+        for line in error.traceback.splitlines():
+            out.print(Text(f"  {line}", style="dim"))
 
 
 def print_describe(out: Console, handle: str, resp: DescribeAppResponse) -> None:

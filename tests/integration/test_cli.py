@@ -141,6 +141,29 @@ def test_a_failing_command_exits_1_with_its_status_as_json(env: dict[str, str]) 
     assert "RUNNING -> FAILED" in done.stderr
 
 
+ERROR_FILE_WRITER = """
+import json, os, sys
+json.dump({"message": {"message": "RuntimeError: rank 0 diverged", "errorCode": 7,
+    "extraInfo": {"py_callstack": "Traceback (most recent call last):\\n  File train.py\\n",
+                  "timestamp": "1700000000"}}}, open(os.environ["TORCHELASTIC_ERROR_FILE"], "w"))
+sys.exit(1)
+"""
+
+
+def test_status_shows_a_structured_error_formatted_not_as_raw_json(env: dict[str, str]) -> None:
+    done = cli(env, "run", "--wait", "--", sys.executable, "-c", ERROR_FILE_WRITER)
+    assert done.returncode == 1, done.stderr
+    handle = done.stdout.splitlines()[0]
+    shown = cli(env, "status", handle)
+    assert shown.returncode == 0, shown.stderr
+    out = shown.stdout
+    assert "error: RuntimeError: rank 0 diverged (code 7, 2023-11-14T22:13:20+00:00)" in out
+    assert "  Traceback (most recent call last):" in out
+    assert '{"message"' not in out  # the table cell has the headline, not the JSON
+    raw = cli_json(env, "status", handle)["structured_error_msg"]
+    assert json.loads(raw)["message"]["errorCode"] == 7  # JSON output keeps it whole
+
+
 def test_a_missing_program_fails(env: dict[str, str], tmp_path: Path) -> None:
     done = cli(env, "run", "--wait", "--", str(tmp_path / "no-such-program"))
     assert done.returncode == 1

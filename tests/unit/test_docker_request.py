@@ -130,3 +130,19 @@ def test_capabilities_require_an_image_and_accept_mounts() -> None:
 )
 def test_exit_codes_past_128_name_their_signal(code: int, name: str | None) -> None:
     assert exit_signal(code) == name
+
+
+def test_a_roles_error_file_is_kept_and_read_back_where_the_host_can_see_it() -> None:
+    inside = _render(_app(env={"TORCHELASTIC_ERROR_FILE": "/asupervisor/replica/err/x.json"}))
+    env = dict(e.split("=", 1) for e in inside.containers[0].config(0)["Env"])
+    assert env["TORCHELASTIC_ERROR_FILE"] == "/asupervisor/replica/err/x.json"
+    assert inside.containers[0].error_file == "/logs/s1/app-1234/trainer/0/err/x.json"
+    assert inside.containers[1].error_file == "/logs/s1/app-1234/ps/0/error.json"
+    outside = _render(_app(env={"TORCHELASTIC_ERROR_FILE": "/tmp/x.json"}))
+    # Not under the mounted replica dir: never confused with the default file.
+    assert not outside.containers[0].error_file.endswith("/error.json")
+
+
+def test_a_relative_log_dir_is_made_absolute_from_the_dry_runs_directory() -> None:
+    req = _render(_app(), log_dir="rel/logs")
+    assert req.app_dir == "/work/rel/logs/s1/app-1234"

@@ -73,6 +73,21 @@ class ContainerSpec:
         body["Labels"] = {**body["Labels"], LABEL.ATTEMPT: str(attempt)}
         return body
 
+    @property
+    def error_file(self) -> str:
+        """Where, on this host, the replica's structured error is read back.
+
+        The role may name its own TORCHELASTIC_ERROR_FILE (kept, as TorchX
+        does); only a file under the replica's mounted directory can be read
+        from outside the container, so any other choice reads as no file.
+        """
+        env = dict(item.partition("=")[::2] for item in self.body.get("Env", ()))
+        chosen = env.get("TORCHELASTIC_ERROR_FILE", "")
+        inside = chosen.removeprefix(CONTAINER_REPLICA_DIR + "/")
+        if chosen and inside == chosen:
+            inside = ".asupervisor-unreadable-error-file"  # outside the mount
+        return str(Path(self.log_dir) / (inside or "error.json"))
+
     def to_json(self) -> dict[str, Any]:
         return {
             "role": self.role,
@@ -195,7 +210,8 @@ def render(
     app: AppDef, cfg: ResolvedCfg, ctx: DryrunContext, *, host: str, default_log_dir: Path
 ) -> DockerRequest:
     _check_resources(app, ctx)
-    log_root = Path(cfg.get_str("log_dir") or default_log_dir)
+    # Absolute (relative to the dry run's directory): other processes read it.
+    log_root = Path(ctx.cwd, cfg.get_str("log_dir") or default_log_dir)
     app_dir = log_root / ctx.session / ctx.app_id
     network = f"asupervisor-{ctx.app_id}"
     base_labels = {
@@ -215,6 +231,9 @@ def render(
             replica_dir = app_dir / role.name / str(k)
             env = {
                 "PYTHONUNBUFFERED": "1",
+                # Defaults only: a role's own error file and log dir are kept (as TorchX does).
+                "TORCHELASTIC_ERROR_FILE": f"{CONTAINER_REPLICA_DIR}/error.json",
+                "PET_LOG_DIR": CONTAINER_REPLICA_DIR,
                 **resolved.env,
                 "ASUPERVISOR_APP_ID": ctx.app_id,
                 "ASUPERVISOR_SESSION": ctx.session,
@@ -223,8 +242,6 @@ def render(
                 "ASUPERVISOR_NUM_REPLICAS": str(role.num_replicas),
                 "ASUPERVISOR_RANK0_HOST": rank0,
                 RANK0_ENV: rank0,
-                "TORCHELASTIC_ERROR_FILE": f"{CONTAINER_REPLICA_DIR}/error.json",
-                "PET_LOG_DIR": CONTAINER_REPLICA_DIR,
             }
             body = {
                 "Image": role.image,

@@ -189,7 +189,7 @@ class DockerRuntime(AppRuntime):
                 sizes[stream] = (directory / f"{stream}.log").stat().st_size
             except OSError:
                 sizes[stream] = 0
-        (directory / "error.json").unlink(missing_ok=True)
+        Path(slot.spec.error_file).unlink(missing_ok=True)
         write_json_atomic(
             directory / ATTEMPT_FILE, {"container": slot.cid, "attempt": slot.attempt, **sizes}
         )
@@ -320,7 +320,7 @@ class DockerRuntime(AppRuntime):
         error = ""
         if code != 0:
             error = await anyio.to_thread.run_sync(
-                self.store.read_error_file, Path(slot.spec.log_dir)
+                self.store.read_error_file, Path(slot.spec.error_file)
             )
         if slot.cid == cid:
             slot.running = False

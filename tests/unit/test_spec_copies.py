@@ -1,0 +1,49 @@
+"""Frozen specs: TorchX code mutates roles in place; ours gets changed copies instead."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor import AppDef, Role
+
+
+def _app() -> AppDef:
+    return AppDef(
+        name="job",
+        roles=[
+            Role(name="trainer", entrypoint="python", env={"A": "1"}, num_replicas=2),
+            Role(name="ps", entrypoint="python"),
+        ],
+    )
+
+
+def test_role_env_cannot_be_updated_in_place() -> None:
+    role = _app().roles[0]
+    with pytest.raises(AttributeError):
+        role.env.update({"B": "2"})  # type: ignore[attr-defined]
+
+
+def test_with_env_merges_into_a_copy_and_leaves_the_original() -> None:
+    app = _app()
+    changed = app.with_env({"A": "9", "B": "2"}, roles=["trainer"])
+    assert dict(changed.roles[0].env) == {"A": "9", "B": "2"}
+    assert dict(changed.roles[1].env) == {}
+    assert dict(app.roles[0].env) == {"A": "1"}
+    everywhere = app.with_env({"B": "2"})
+    assert [dict(r.env)["B"] for r in everywhere.roles] == ["2", "2"]
+    assert dict(app.roles[1].with_env({"C": "3"}).env) == {"C": "3"}
+
+
+def test_replace_role_changes_only_the_named_role() -> None:
+    app = _app()
+    changed = app.replace_role("trainer", num_replicas=4, max_retries=1)
+    assert (changed.roles[0].num_replicas, changed.roles[0].max_retries) == (4, 1)
+    assert changed.roles[1] == app.roles[1]
+    assert app.roles[0].num_replicas == 2
+
+
+def test_an_unknown_role_name_is_an_error_naming_it() -> None:
+    with pytest.raises(ValueError, match="'nope'"):
+        _app().replace_role("nope", num_replicas=1)
+    with pytest.raises(ValueError, match="'nope'"):
+        _app().with_env({"A": "2"}, roles=["nope"])

@@ -4,7 +4,7 @@ A service that submits, crashes before it stored the handle, and submits
 again must not start a second run. ``submit(..., idempotency_key=k)`` keeps a
 durable record, one file per key::
 
-    {state_dir}/idempotency/{backend}/{session}/{sha256(k)}.json  -> {"key", "handle"}
+    {state_dir}/idempotency/{backend}/{session}/{sha256(k)}.json  -> {"key", "handle", "submitted"}
 
 Each key has a lock file beside its record, held with ``flock`` from the
 moment the record is read until the app is launched and recorded. ``flock``
@@ -12,8 +12,10 @@ is released by the kernel when its holder dies, so a crash never leaves a
 key stuck, and a second process (or task) submitting under the same key
 waits for the first and then finds its handle.
 
-The record is written before the launch. A retry that finds a record whose
-app exists returns that handle; one whose app never came to exist (the
+The record is written before the launch, with a fingerprint of what was
+submitted (backend, app, run options): a key reused for a different submit is
+refused rather than answered with an unrelated app's handle. A retry that
+finds a record whose app exists returns that handle; one whose app never came to exist (the
 launch failed, or the process died before launching) launches afresh under
 a new app id and replaces the record.
 """
@@ -22,9 +24,10 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,8 +35,10 @@ from pathlib import Path
 import anyio
 
 from supervisor.backends.store import _read_json, write_json_atomic
+from supervisor.errors import Problem, SpecError
+from supervisor.specs import AppDef
 
-__all__ = ["IdempotencyKeys", "submit_once"]
+__all__ = ["IdempotencyKeys", "fingerprint", "submit_once"]
 
 
 @dataclass
@@ -67,6 +72,16 @@ class _Pending:
                 self.fd = None
 
 
+def fingerprint(backend: str, app: AppDef, cfg: Mapping[str, object] | None) -> str:
+    """What a submit asked for, as a digest: equal for equal submits, in any process."""
+    text = json.dumps(
+        {"backend": backend, "app": app.to_json(), "cfg": dict(cfg or {})},
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 class IdempotencyKeys:
     """The key records of one backend and session."""
 
@@ -93,9 +108,14 @@ class IdempotencyKeys:
             raise RuntimeError("idempotency lock abandoned")
         try:
             record = await anyio.to_thread.run_sync(_read_json, base.with_suffix(".json"))
-            handle = record.get("handle") if isinstance(record, dict) else None
-            known = handle if isinstance(handle, str) else None
-            yield _Entry(key, base.with_suffix(".json"), known)
+            record = record if isinstance(record, dict) else {}
+            handle, submitted = record.get("handle"), record.get("submitted")
+            yield _Entry(
+                key,
+                base.with_suffix(".json"),
+                handle if isinstance(handle, str) else None,
+                submitted if isinstance(submitted, str) else "",
+            )
         finally:
             pending.abandon()  # closes the descriptor: releases the lock
 
@@ -105,10 +125,11 @@ class _Entry:
     key: str
     path: Path
     handle: str | None
+    submitted: str  # the fingerprint of what the recorded handle was submitted for
 
-    async def record(self, handle: str) -> None:
+    async def record(self, handle: str, submitted: str) -> None:
         """Durably map the key to ``handle`` (replaced atomically: never half a record)."""
-        data = {"key": self.key, "handle": handle}
+        data = {"key": self.key, "handle": handle, "submitted": submitted}
         await anyio.to_thread.run_sync(lambda: write_json_atomic(self.path, data, durable=True))
         self.handle = handle
 
@@ -121,6 +142,7 @@ async def submit_once(
     keys: IdempotencyKeys,
     key: str,
     *,
+    submitted: str,
     exists: Callable[[str], Awaitable[bool]],
     prepare: Callable[[], str],
     launch: Callable[[], Awaitable[str]],
@@ -130,12 +152,21 @@ async def submit_once(
     ``prepare`` does the dry run and returns the handle the launch will have;
     ``launch`` schedules that dry run. A launch that fails leaves no record
     behind unless its app came to exist anyway, so a retry can try again.
+    ``submitted`` fingerprints the submit (``fingerprint``): the same key with
+    a different one is a SpecError naming ``idempotency_key``.
     """
     async with keys.locked(key) as entry:
         if entry.handle is not None and await exists(entry.handle):
+            if entry.submitted and entry.submitted != submitted:
+                problem = Problem(
+                    "idempotency_key",
+                    f"was already used for a different submit ({entry.handle}); "
+                    "a changed app or run options needs a new key",
+                )
+                raise SpecError([problem], context="invalid submit")
             return entry.handle
         handle = prepare()
-        await entry.record(handle)
+        await entry.record(handle, submitted)
         try:
             return await launch()
         except BaseException:

@@ -43,7 +43,7 @@ from supervisor.errors import (
     UnsupportedAsyncLibraryError,
     WaitTimeout,
 )
-from supervisor.idempotency import IdempotencyKeys, submit_once
+from supervisor.idempotency import IdempotencyKeys, fingerprint, submit_once
 from supervisor.logs import Stream, WatchHub, iter_log_lines, parse_streams
 from supervisor.runopts import ResolvedCfg, RunOpts
 from supervisor.specs import AppDef, AppHandle, make_app_id, make_handle, parse_handle
@@ -331,6 +331,7 @@ class Supervisor:
         return await submit_once(
             IdempotencyKeys(self.state_dir, backend, self.session),
             idempotency_key,
+            submitted=fingerprint(backend, app, cfg),
             exists=self.exists,
             prepare=prepare,
             launch=lambda: self.schedule(pending[-1]),

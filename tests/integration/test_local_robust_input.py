@@ -139,6 +139,20 @@ async def test_a_failed_submit_leaves_the_key_free(state_dir: Path, tmp_path: Pa
 
 
 @pytest.mark.anyio
+async def test_a_key_reused_for_a_different_submit_is_refused(state_dir: Path) -> None:
+    first = app(py_role("a", "pass"))
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(first, "local", idempotency_key="k")
+        with pytest.raises(SpecError, match="different submit") as err:
+            await sv.submit(app(py_role("a", "pass", num_replicas=2)), "local", idempotency_key="k")
+        assert err.value.fields == ("idempotency_key",)
+        with pytest.raises(SpecError, match="different submit"):
+            await sv.submit(first, "local", {"stop_grace": 3}, idempotency_key="k")
+        assert await sv.submit(first, "local", idempotency_key="k") == handle
+        assert (await sv.wait(handle, timeout=30)).state is AppState.SUCCEEDED
+
+
+@pytest.mark.anyio
 async def test_scheduling_one_dry_run_twice_is_refused(state_dir: Path) -> None:
     async with Supervisor(session="svc") as sv:
         info = sv.dryrun(app(py_role("a", "pass")), "local")

@@ -68,21 +68,7 @@ async def sv(target: Target, state_dir: Path) -> AsyncIterator[Supervisor]:
 # Bugs the suite found in a backend and left for its owners to fix: (case, target ids,
 # parameter) -> what is wrong. Strict: the case starts failing CI once the bug is fixed,
 # so the entry is removed then.
-_SLURM = ("slurm-cli", "slurm-rest")
-KNOWN_BUGS: dict[tuple[str, tuple[str, ...], str | None], str] = {
-    ("test_a_failing_replica_fails_the_app_with_its_exit_code", _SLURM, None): (
-        "slurm: in a het job where w/1 exits 5 and w/0 exits 0, w/0 is reported FAILED with "
-        "exit code 5 and w/1 CANCELLED (the job's exit code is pinned on the wrong replica)"
-    ),
-    ("test_each_retry_policy_restarts_what_it_names_or_is_rejected", _SLURM, "APPLICATION"): (
-        "slurm: one requeue of a 3-replica het job counts num_restarts=3 (one per replica, "
-        "AppFSM._on_requeued adds each replica's gain to the app) instead of 1"
-    ),
-    ("test_a_replica_failing_past_its_retries_fails_the_app", _SLURM, None): (
-        "slurm: a replica that always fails with max_retries=1 runs 3 attempts "
-        "(logs show attempt 0, 1 and 2): the job is requeued once more than max_retries"
-    ),
-}
+KNOWN_BUGS: dict[tuple[str, tuple[str, ...], str | None], str] = {}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -112,8 +112,12 @@ class SlurmRuntime(AppRuntime):
             self.emit(event)
 
     async def _deliver(self) -> None:
-        """Failures of a view, with the error file each replica wrote (as locally)."""
-        async with self._mailbox:
+        """Failures of a view, with the error file each replica wrote (as locally).
+
+        Runs until the runtime closes its sending end or the backend's task group
+        ends (a durable app left running at close): both ends are closed then.
+        """
+        async with self._mail, self._mailbox:
             async for mail in self._mailbox:
                 failed = [m for m in mail if isinstance(m, Exited) and _failed(m)]
                 errors = await anyio.to_thread.run_sync(self._read_errors, failed)
@@ -136,7 +140,11 @@ class SlurmRuntime(AppRuntime):
         self._backend.poller.poke()
 
     async def restart(self, attempts: Sequence[tuple[ReplicaKey, int]], reason: str) -> None:
-        await self._backend.transport.requeue(self.job_id)
+        # The batch script requeues a failed run itself while SLURM_RESTART_COUNT is
+        # below the job's max_retries (so retries go on with nobody following): asking
+        # again here would requeue, and so cut short, the next run.
+        if any(attempt > self.request.max_retries for _, attempt in attempts):
+            await self._backend.transport.requeue(self.job_id)
         self._backend.poller.poke()
 
     async def record(

@@ -219,17 +219,23 @@ class AppFSM:
         if event.attempt <= model.attempt and model.attempt > 0:
             self._drop("duplicate")
             return []
-        if await self._advance(model, ReplicaState.PENDING, ("requeue",), event, event.reason):
+        # Already PENDING: the run that was requeued ended between two looks, never seen
+        # to start. No transition, but the attempt still moves on.
+        waiting = model.state is ReplicaState.PENDING
+        if waiting or await self._advance(
+            model, ReplicaState.PENDING, ("requeue",), event, event.reason
+        ):
             new_attempt = max(event.attempt, model.attempt + 1)
+            counted = max(self._requeued_to, model.attempt)  # restarts already counted
             gained = new_attempt - model.attempt
             model.attempt = new_attempt
             model.restarts += gained
             model.msg = event.reason
             # One requeue moves every replica of the job to the next attempt: it is one
             # restart of the app, however many replicas report it.
-            if new_attempt > self._requeued_to:
-                self.num_restarts += new_attempt - self._requeued_to
-                self._requeued_to = new_attempt
+            if new_attempt > counted:
+                self.num_restarts += new_attempt - counted
+            self._requeued_to = max(self._requeued_to, new_attempt)
         return []
 
     async def _on_exited(self, model: ReplicaModel, event: Exited) -> list[Action]:
@@ -240,7 +246,9 @@ class AppFSM:
         outcome = exit_outcome(
             event.exit_code,
             stopping=model.stop_reason is not None,
-            retries_left=self.role_restarts[role.name] < role.max_retries,
+            # A whole-job requeue seen without its failure (the scheduler requeued a run
+            # that failed between two looks) used a retry as well, as Slurm counts it.
+            retries_left=max(self.role_restarts[role.name], self._requeued_to) < role.max_retries,
         )
         model.exit_code = event.exit_code
         model.signal = event.signal
@@ -324,8 +332,20 @@ class AppFSM:
         self._counts[model.state.name] += 1
         self._record(at, source, model.state.name, trigger, model, msg)
 
+    def never_started_while_cancelling(self, derived: AppState) -> bool:
+        """The one exception to the derivation rule: a cancel ending replicas that
+        only waited does not start the app (no false ... -> RUNNING step)."""
+        return (
+            self.cancel_requested
+            and derived is AppState.RUNNING
+            and not self._counts["RUNNING"]
+            and self.app.state in (AppState.SUBMITTED, AppState.PENDING)
+        )
+
     async def _update_app(self, at: float) -> None:
         target = derive_from_counts(self._counts, self.cancel_requested)
+        if self.never_started_while_cancelling(target):
+            return  # replicas cancelled while they waited: the app never ran
         step = plan(APP_TRANSITIONS, self.app.state.name, target.name, _APP_FINALS)
         if isinstance(step, Drop):
             return

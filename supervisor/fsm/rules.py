@@ -61,11 +61,8 @@ def derive_from_counts(counts: Mapping[str, int], cancel_requested: bool) -> App
         return AppState.SUCCEEDED
     if "UNKNOWN" in names:
         return AppState.UNKNOWN
-    if "RUNNING" in names:
-        return AppState.RUNNING
-    if names & TERMINAL and not (cancel_requested and names & TERMINAL == {"CANCELLED"}):
-        # A finished replica means the app has started, whatever the rest wait for;
-        # replicas cancelled while they waited do not (the app never ran).
+    if "RUNNING" in names or names & TERMINAL:
+        # A finished replica means the app has started, whatever the rest wait for.
         return AppState.RUNNING
     for name in ("PENDING", "SUBMITTED"):
         if name in names:

@@ -7,11 +7,14 @@ through the same ``ReplicaFiles`` the local backend's writer thread uses, so
 ``log_iter`` reads Slurm replicas exactly like local ones (streams, combined,
 since/until). This is a program of its own, not the library: it may block and
 it handles the signals the job's launcher sends, passing them on to the
-command, whose exit status (or death by signal) it then reproduces.
+command, whose exit status (or death by signal) it then reproduces, and
+records in ``exit.json``: Slurm reports a heterogeneous job's exit code on
+every component, so only this record says which replica failed, and when.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import selectors
 import signal
@@ -78,7 +81,24 @@ def run(log_dir: Path, argv: list[str]) -> int:
     child.stderr.close()
     code = child.wait()
     files.close_files()
+    _record_exit(log_dir, code)
     return code
+
+
+EXIT_FILE = "exit.json"
+"""The pump's record of how its command ended: the launcher sees only a whole job's end."""
+
+
+def _record_exit(log_dir: Path, code: int) -> None:
+    """Written atomically (a reader never sees half of it), for this attempt."""
+    record = {
+        "attempt": int(os.environ.get("ASUPERVISOR_ATTEMPT") or 0),
+        "returncode": code,
+        "ended": time.time(),
+    }
+    temp = log_dir / f".{EXIT_FILE}.{os.getpid()}"
+    temp.write_text(json.dumps(record))
+    os.replace(temp, log_dir / EXIT_FILE)
 
 
 def main(args: list[str]) -> None:

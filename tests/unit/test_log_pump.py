@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -45,6 +47,9 @@ def test_output_lands_in_the_local_layout_and_the_exit_code_is_kept(
         b"tail",
     ]
     assert (logs / "timestamps.bin").stat().st_size > 0
+    record = json.loads((logs / "exit.json").read_text())
+    assert (record["attempt"], record["returncode"]) == (0, 3)  # whose failure, and when
+    assert abs(record["ended"] - time.time()) < 60
 
 
 def test_signals_are_forwarded_and_a_death_by_signal_is_reproduced(
@@ -70,6 +75,7 @@ def test_signals_are_forwarded_and_a_death_by_signal_is_reproduced(
         runner, tmp_path / "b", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
     )
     assert killed.wait(timeout=30) == -signal.SIGKILL
+    assert json.loads((tmp_path / "b" / "exit.json").read_text())["returncode"] == -signal.SIGKILL
 
 
 def test_a_missing_command_is_reported_in_stderr(runner: Path, tmp_path: Path) -> None:

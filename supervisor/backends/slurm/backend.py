@@ -44,11 +44,12 @@ from supervisor.backends.slurm.ship import ship_pump
 from supervisor.backends.slurm.states import Meaning, meaning_of
 from supervisor.backends.slurm.translate import Mail, ViewTranslator, signal_name
 from supervisor.backends.slurm.transport import AccountingDisabled, CliTransport, SlurmTransport
-from supervisor.backends.store import AppStore, Index, Owner
+from supervisor.backends.store import AppStore, Index, Owner, _read_json
 from supervisor.errors import Problem, SpecError, SubmitError
 from supervisor.events import Exited, ReplicaKey, Submitted
 from supervisor.fsm.rules import derive_app_state
 from supervisor.fsm.states import AppState, ReplicaState
+from supervisor.logs.pump import EXIT_FILE
 from supervisor.runopts import ResolvedCfg, RunOpts
 from supervisor.specs import AppDef, AppHandle, make_handle
 from supervisor.status import (
@@ -89,6 +90,9 @@ class SlurmRuntime(AppRuntime):
             [(r.role, r.replica_id) for r in request.replicas],
             [[(r.role, r.replica_id) for r in g.replicas] for g in request.groups],
         )
+        self._exit_files = {
+            (r.role, r.replica_id): Path(r.log_dir) / EXIT_FILE for r in request.replicas
+        }
         self._error_files = {
             (r.role, r.replica_id): Path(r.error_file(request.workdir)) for r in request.replicas
         }
@@ -119,14 +123,38 @@ class SlurmRuntime(AppRuntime):
         """
         async with self._mail, self._mailbox:
             async for mail in self._mailbox:
-                failed = [m for m in mail if isinstance(m, Exited) and _failed(m)]
+                exits = [m for m in mail if isinstance(m, Exited)]
+                ended = await anyio.to_thread.run_sync(self._read_exits, exits)
+                in_order = sorted(zip(ended, exits, strict=True), key=lambda pair: pair[0][0])
+                exits = [m if code is None else _with_code(m, code) for (_, code), m in in_order]
+                failed = [m for m in exits if _failed(m)]
                 errors = await anyio.to_thread.run_sync(self._read_errors, failed)
                 found = dict(zip([id(m) for m in failed], errors, strict=True))
-                for m in mail:
+                # Exits last, the first to end first: the FSM takes the first failure
+                # it hears of for the root cause and stops the rest of the gang.
+                for m in [*(m for m in mail if not isinstance(m, Exited)), *exits]:
                     error = found.get(id(m), "")
                     if isinstance(m, Exited) and error:
                         m = dataclasses.replace(m, structured_error_msg=error)
                     self.emit(m)
+
+    def _read_exits(self, exits: list[Exited]) -> list[tuple[float, int | None]]:
+        """(when it ended, its exit code) per replica, from its pump's record of this attempt.
+
+        A replica killed with its pump (the gang stopped after another's failure)
+        has no record: it sorts last and keeps what Slurm said.
+        """
+        out: list[tuple[float, int | None]] = []
+        for m in exits:
+            record = _read_json(self._exit_files[m.key]) if m.key in self._exit_files else None
+            if not isinstance(record, dict) or record.get("attempt") != m.attempt:
+                out.append((float("inf"), None))
+                continue
+            try:
+                out.append((float(record["ended"]), int(record["returncode"])))
+            except (KeyError, TypeError, ValueError):
+                out.append((float("inf"), None))
+        return out
 
     def _read_errors(self, exits: list[Exited]) -> list[str]:
         files = [self._error_files.get(m.key) for m in exits]
@@ -357,6 +385,12 @@ class SlurmBackend(Backend):
     async def aclose(self) -> None:
         await self.poller.aclose()
         await self.transport.aclose()
+
+
+def _with_code(event: Exited, returncode: int) -> Exited:
+    """The replica's own exit status (negative: the signal that killed it)."""
+    name = signal_name(-returncode) if returncode < 0 else None
+    return dataclasses.replace(event, exit_code=returncode, signal=name)
 
 
 def _failed(mail: Mail) -> bool:

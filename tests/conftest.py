@@ -4,6 +4,9 @@ place that keeps every Slurm test off the cluster under ``ASUPERVISOR_SLURM_CLUS
 from __future__ import annotations
 
 import logging
+import shutil
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -42,3 +45,29 @@ def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def _library_debug_log(caplog: pytest.LogCaptureFixture) -> None:
     """Keep the library's debug trace: pytest shows it only for a failed test."""
     caplog.set_level(logging.DEBUG, logger="supervisor")
+
+
+def _queued_slurm_jobs() -> set[str]:
+    """Job ids in the controller now (a het job by its leader's id); empty when it cannot say."""
+    try:
+        done = subprocess.run(
+            ["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return set()
+    return {line.split("+")[0] for line in done.stdout.split()} if done.returncode == 0 else set()
+
+
+@pytest.fixture(autouse=True)
+def _no_slurm_job_outlives_its_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A Slurm test that fails mid-way leaves its (durable) job queued or running, and the
+    3-node cluster is then full for every test after it: such jobs are cancelled, saying so."""
+    if not is_slurm_test(request.node) or skip_reason() is not None or not shutil.which("squeue"):
+        yield
+        return
+    before = _queued_slurm_jobs()
+    yield
+    left = sorted(_queued_slurm_jobs() - before)
+    if left:
+        print(f"cancelling Slurm jobs the test left behind: {', '.join(left)}")
+        subprocess.run(["scancel", *left], capture_output=True, timeout=60, check=False)

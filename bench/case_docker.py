@@ -311,13 +311,7 @@ def run_case(plan: dict[str, Any]) -> Json:
     engine_host()  # fail early, saying why
     rows = run_rows("case_docker", plan, _fill)
     add_ratios(rows, BASELINE)
-    for row in rows:
-        base = next(
-            (r for r in rows if r.get("impl") == BASELINE and r.get("n") == row.get("n")), None
-        )
-        mine = (row.get("submit") or {}).get("median")
-        theirs = ((base or {}).get("submit") or {}).get("median")
-        row["submit_ratio_to_baseline"] = mine / theirs if mine and theirs else None
+    add_ratios(rows, BASELINE, stat="submit")
     return {
         "title": "docker: submit N containers, and last exit -> wait() returns",
         "unit": "s",

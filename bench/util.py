@@ -76,22 +76,24 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     return numerator / denominator
 
 
-def median_of(row: Json | None) -> float | None:
-    """The median of a result row's ``stats``, or None when the row failed or is missing."""
+def median_of(row: Json | None, stat: str = "stats") -> float | None:
+    """The median of a result row's ``stat`` summary, or None when the row failed or is missing."""
     if row is None:
         return None
-    stats = row.get("stats")
+    stats = row.get(stat)
     if not isinstance(stats, dict):
         return None
     value = stats.get("median")
     return float(value) if isinstance(value, int | float) else None
 
 
-def add_ratios(rows: list[Json], baseline: str, key: str = "n") -> None:
-    """Give every row ``ratio_to_baseline``: its median over the baseline's at the same ``key``."""
-    base = {row.get(key): median_of(row) for row in rows if row.get("impl") == baseline}
+def add_ratios(rows: list[Json], baseline: str, key: str = "n", stat: str = "stats") -> None:
+    """Give every row ``ratio_to_baseline`` (``{stat}_ratio_to_baseline`` for another summary
+    than ``stats``): its median over the baseline's at the same ``key``."""
+    out = "ratio_to_baseline" if stat == "stats" else f"{stat}_ratio_to_baseline"
+    base = {row.get(key): median_of(row, stat) for row in rows if row.get("impl") == baseline}
     for row in rows:
-        row["ratio_to_baseline"] = ratio(median_of(row), base.get(row.get(key)))
+        row[out] = ratio(median_of(row, stat), base.get(row.get(key)))
 
 
 # -------------------------------------------------------------------- machine facts

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from supervisor import RetryPolicy, Role, Supervisor
+from supervisor.specs import Mount
 
 __all__ = ["Target"]
 
@@ -66,7 +67,12 @@ class Target:
             num_replicas=num_replicas,
             max_retries=max_retries,
             retry_policy=retry_policy,
+            mounts=self.mounts(exchange),
         )
+
+    def mounts(self, exchange: Path) -> list[Mount]:
+        """What a replica needs mounted to see ``exchange`` (none: it shares the host files)."""
+        return []
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.id}>"

@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from supervisor import BindMount, RetryPolicy, Role
+from supervisor import BindMount
 from supervisor.backends.docker import DockerBackend
+from supervisor.specs import Mount
 
 from ..integration.docker_engines import IMAGE, ensure_engines
 from .target import Target
@@ -55,27 +56,9 @@ class DockerTarget(Target):
     def cfg(self, workdir: Path) -> dict[str, object]:
         return {**super().cfg(workdir), "host": self.host, "stop_grace": 2.0}
 
-    def role(
-        self,
-        name: str,
-        script: str,
-        *,
-        exchange: Path,
-        num_replicas: int = 1,
-        max_retries: int = 0,
-        retry_policy: RetryPolicy = RetryPolicy.APPLICATION,
-    ) -> Role:
-        return Role(
-            name=name,
-            image=self.image,
-            entrypoint="sh",
-            args=["-c", script],
-            env={"CONF_DIR": str(exchange)},
-            num_replicas=num_replicas,
-            max_retries=max_retries,
-            retry_policy=retry_policy,
-            mounts=[BindMount(str(exchange), str(exchange))],
-        )
+    def mounts(self, exchange: Path) -> list[Mount]:
+        """The exchange directory at the same path inside: ``$CONF_DIR`` means the same there."""
+        return [BindMount(str(exchange), str(exchange))]
 
 
 TARGETS: list[Target] = [DockerTarget("docker"), DockerTarget("podman")]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,27 +25,12 @@ from supervisor import (
 )
 
 from .docker_engines import (
-    ENGINES,
     IMAGE,
     EngineUnderTest,
     api,
-    engine_under_test,
-    ensure_engines,
 )
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.docker]
-
-
-@pytest.fixture(scope="module")
-def facts() -> dict[str, Any]:
-    return ensure_engines()
-
-
-@pytest.fixture(params=ENGINES)
-def engine(
-    request: pytest.FixtureRequest, facts: dict[str, Any], state_dir: Path
-) -> Iterator[EngineUnderTest]:
-    yield from engine_under_test(request, facts)
 
 
 def py(name: str, code: str, *args: str, **kw: Any) -> Role:

@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,29 +22,14 @@ import pytest
 from supervisor import AppDef, AppState, ReplicaState, Role, Supervisor
 
 from .docker_engines import (
-    ENGINES,
     IMAGE,
     EngineUnderTest,
-    engine_under_test,
-    ensure_engines,
     labelled,
 )
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.docker]
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def facts() -> dict[str, Any]:
-    return ensure_engines()
-
-
-@pytest.fixture(params=ENGINES)
-def engine(
-    request: pytest.FixtureRequest, facts: dict[str, Any], state_dir: Path
-) -> Iterator[EngineUnderTest]:
-    yield from engine_under_test(request, facts)
 
 
 # Prints, then waits for /gate/go (a bind-mounted host directory) before printing again.

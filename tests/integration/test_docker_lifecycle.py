@@ -7,7 +7,6 @@ if it leaves a container or network behind.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,21 +22,9 @@ from supervisor import (
     Supervisor,
 )
 
-from .docker_engines import ENGINES, IMAGE, EngineUnderTest, engine_under_test, ensure_engines
+from .docker_engines import IMAGE, EngineUnderTest
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.docker]
-
-
-@pytest.fixture(scope="module")
-def facts() -> dict[str, Any]:
-    return ensure_engines()
-
-
-@pytest.fixture(params=ENGINES)
-def engine(
-    request: pytest.FixtureRequest, facts: dict[str, Any], state_dir: Path
-) -> Iterator[EngineUnderTest]:
-    yield from engine_under_test(request, facts)
 
 
 def py(name: str, code: str, **kw: Any) -> Role:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from supervisor.backends.docker.runtime import ATTEMPT_FILE
+from supervisor.backends.docker.runtime import ATTEMPT_FILE, log_sizes
 from supervisor.backends.store import AppStore
 
 if TYPE_CHECKING:
@@ -68,13 +68,7 @@ class LogResumer:
                 mark = json.loads((directory / ATTEMPT_FILE).read_text())
             except (OSError, ValueError):
                 return None
-            sizes = {}
-            for stream in ("stdout", "stderr"):
-                try:
-                    sizes[stream] = (directory / f"{stream}.log").stat().st_size
-                except OSError:
-                    sizes[stream] = 0
-            return mark, sizes
+            return mark, log_sizes(directory)
 
         sink = self._backend.log_sink
         if final:

@@ -44,6 +44,17 @@ ATTEMPT_FILE = ".docker-attempt.json"
 OOM_CODE = 137
 
 
+def log_sizes(directory: Path) -> dict[str, int]:
+    """Bytes already copied per stream: where a later copy of the same container starts."""
+    sizes = {}
+    for stream in ("stdout", "stderr"):
+        try:
+            sizes[stream] = (directory / f"{stream}.log").stat().st_size
+        except OSError:
+            sizes[stream] = 0
+    return sizes
+
+
 def _int(value: object) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int | str):
         return None
@@ -180,15 +191,10 @@ class DockerRuntime(AppRuntime):
     def _mark_attempt(self, slot: _Slot) -> None:
         """Where this attempt's output starts in the files: lets another process resume copying."""
         directory = Path(slot.spec.log_dir)
-        sizes = {}
-        for stream in ("stdout", "stderr"):
-            try:
-                sizes[stream] = (directory / f"{stream}.log").stat().st_size
-            except OSError:
-                sizes[stream] = 0
         Path(slot.spec.error_file).unlink(missing_ok=True)
         write_json_atomic(
-            directory / ATTEMPT_FILE, {"container": slot.cid, "attempt": slot.attempt, **sizes}
+            directory / ATTEMPT_FILE,
+            {"container": slot.cid, "attempt": slot.attempt, **log_sizes(directory)},
         )
 
     def _send_started(self, key: ReplicaKey, slot: _Slot) -> None:

@@ -20,8 +20,8 @@ such as imports, the engine connection and TorchX's ``torchx`` network stay
 out of the figures):
 
 * ``asupervisor``: ``await sv.submit(app, "docker")`` (network, N containers
-  created and started) and ``await sv.wait(handle)``, with its cleanup
-  (containers and network removed) inside the wait, as an app ends;
+  created and started) and ``await sv.wait(handle)``; the cleanup (containers
+  and network removed) follows the wait, while the next repetition starts;
 * ``torchx``: ``runner.run(app, "local_docker")`` and
   ``runner.wait(handle, wait_interval=1)`` (what ``torchx run`` uses);
 * ``docker-py`` (baseline): a loop of ``client.containers.run(detach=True)``

@@ -95,6 +95,13 @@ class DryRunInfo:
         return str(self.request)
 
 
+def _is_set(event: anyio.Event) -> Callable[[], Awaitable[bool]]:
+    async def is_set() -> bool:
+        return event.is_set()
+
+    return is_set
+
+
 async def _set_when_ended(
     ended: Callable[[], Awaitable[None]], finished: anyio.Event, stop: anyio.Event
 ) -> None:
@@ -422,6 +429,21 @@ class Supervisor:
         stream = parse_streams(streams)
         target, finished = await self._log_target(handle, role_name, k)
         stop_watching = anyio.Event()
+        is_finished = target.is_finished
+        copied = target.copied
+        if copied is not None and not should_tail:
+            await copied()
+        elif copied is not None and finished is not None:
+            # The app ended (``finished``) before its last output reached the files:
+            # the follow ends once both are true.
+            app_done, finished = finished, anyio.Event()
+            is_finished = _is_set(finished)
+
+            async def ended() -> None:
+                await app_done.wait()
+                await copied()
+
+            self._task_group().start_soon(_set_when_ended, ended, finished, stop_watching)
         if finished is None and target.ended is not None and should_tail:
             # The backend has an event for "no more output" (another process's app
             # whose owner died): it ends the follow at once.
@@ -435,7 +457,7 @@ class Supervisor:
                 since=since,
                 until=until,
                 should_tail=should_tail,
-                is_finished=target.is_finished,
+                is_finished=is_finished,
                 extra_watch_dirs=target.watch_dirs,
                 finished_event=finished,
                 watch_hub=self._watch_hub,
@@ -453,12 +475,11 @@ class Supervisor:
             if actor.status().replica(role, k) is None:
                 raise UnknownAppError(f"{handle} has no replica {role}/{k}")
             done = actor.done
-
-            async def finished() -> bool:
-                return done.is_set()
-
             base = actor.runtime.log_target(role, k)
-            return LogTarget(base.directory, finished, base.watch_dirs), done
+            return (
+                LogTarget(base.directory, _is_set(done), base.watch_dirs, copied=base.copied),
+                done,
+            )
         backend = self.backend(parsed.backend)
         described = await backend.describe(parsed)
         if described is None:

@@ -124,12 +124,18 @@ class LogTarget:
     can come however ``is_finished`` would answer later (the process that
     followed the app died): followers then stop at once instead of at their
     next re-check.
+
+    ``copied``, where the backend reports an exit before the files hold all of
+    the output (docker: the engine's last fetch is slow), returns once the
+    output of every attempt that ended so far is in the files. A read to the
+    end waits for it, so ``wait`` then ``log_iter`` never misses a last line.
     """
 
     directory: Path
     is_finished: Callable[[], Awaitable[bool]]
     watch_dirs: Sequence[Path] = field(default_factory=tuple)
     ended: Callable[[], Awaitable[None]] | None = None
+    copied: Callable[[], Awaitable[None]] | None = None
 
 
 class AppRuntime(abc.ABC):

@@ -56,8 +56,13 @@ async def test_a_failing_replica_stops_the_gang_and_nothing_keeps_running(
     target: Target, sv: Supervisor, cfg: dict[str, object], exchange: Path
 ) -> None:
     # The others announce themselves, then would leave a mark if they lived 8 s more.
+    # Only time lived counts: a stop may kill the `sleep` a moment before its shell,
+    # which then still runs the next command.
     # Three replicas in all: the local cluster has three nodes, one per Slurm het group.
-    others = f'touch "$CONF_DIR/up-"{ME}; sleep 8; touch "$CONF_DIR/survived-"{ME}; exit 0'
+    others = (
+        f'touch "$CONF_DIR/up-"{ME}; up=$(date +%s); sleep 8; '
+        f'[ $(( $(date +%s) - up )) -ge 7 ] && touch "$CONF_DIR/survived-"{ME}; exit 0'
+    )
     bad = WAIT_FOR + "wait_for up-slow-0; wait_for up-peer-0; exit 7"
     roles = [
         target.role("bad", bad, exchange=exchange),

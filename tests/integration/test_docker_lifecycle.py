@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from supervisor import (
@@ -176,3 +177,50 @@ async def test_an_engine_that_does_not_answer_fails_the_submit_as_transient(
             await sv.submit(AppDef("noengine", [role]), "docker", {"host": host})
     assert caught.value.transient is True
     assert "no-engine.sock" in str(caught.value)
+
+
+BURST = (
+    "import sys\n"
+    "for i in range(20000): print(f'line {i}')\n"
+    "sys.stdout.write('last, without newline'); sys.stdout.flush()\n"
+    "sys.exit(int(sys.argv[1]))\n"
+)
+
+
+async def test_every_line_written_just_before_the_exit_is_read_right_after_wait(
+    engine: EngineUnderTest,
+) -> None:
+    """The exit is reported before the engine's last fetch completes the files: every
+    read right after ``wait`` (here, followed, and from another Supervisor) waits for it.
+    Also across a retry: the first container's output is copied before it is removed."""
+    expected = [f"line {i}\n" for i in range(20000)] + ["last, without newline"]
+    role = Role(
+        "w",
+        image=IMAGE,
+        entrypoint="sh",
+        # Fails on its first attempt, succeeds on the retry: same output each time.
+        args=["-c", 'python3 -c "$0" "$(( ASUPERVISOR_ATTEMPT == 0 ? 5 : 0 ))"', BURST],
+        max_retries=1,
+    )
+    async with (
+        Supervisor(session=engine.session) as sv,
+        Supervisor(session=engine.session) as other,
+    ):
+        handle = await sv.submit(AppDef("burst", [role]), "docker", engine.cfg)
+        status = await sv.wait(handle, timeout=120)
+        assert status.state is AppState.SUCCEEDED, status
+        async with anyio.create_task_group() as tg:
+            reads: dict[str, list[str]] = {}
+
+            async def read(name: str, reader: Supervisor, tail: bool) -> None:
+                lines = reader.log_iter(handle, "w", 0, streams="stdout", should_tail=tail)
+                reads[name] = [line async for line in lines]
+
+            tg.start_soon(read, "here", sv, False)
+            tg.start_soon(read, "followed", sv, True)
+            tg.start_soon(read, "other", other, False)
+        # Two attempts, one after the other; the first one's last line was ended
+        # when its stream ended, so the second does not run on from it.
+        both = [*expected[:-1], "last, without newline\n", *expected]
+        for name, got in reads.items():
+            assert got == both, (name, len(got), got[-3:])

@@ -9,6 +9,7 @@ the final state and removes them (logs and records stay).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import time
@@ -23,7 +24,7 @@ from supervisor.backends.base import LogTarget
 from supervisor.backends.docker.engine import EXIT_ACTIONS, Engine, event_action, event_container
 from supervisor.backends.docker.request import LABEL
 from supervisor.backends.docker.resume import LogResumer, lock
-from supervisor.backends.docker.runtime import exit_signal
+from supervisor.backends.docker.runtime import OUTPUT_COPIED, exit_signal
 from supervisor.backends.store import AppStore, Owner, write_json_atomic
 from supervisor.errors import BackendError
 from supervisor.fsm.rules import derive_app_state
@@ -366,7 +367,8 @@ class ForeignApps:
                 while True:
                     wake[0] = anyio.Event()
                     status = await self.status(store, app)
-                    if status.is_terminal or status.state is AppState.UNKNOWN:
+                    ended = status.is_terminal or status.state is AppState.UNKNOWN
+                    if ended and await anyio.to_thread.run_sync(self.output_settled, store, app):
                         return status
                     await wake[0].wait()
             finally:
@@ -378,7 +380,18 @@ class ForeignApps:
         if app is None:
             return True
         status = await self.status(store, app)
-        return status.is_terminal or status.state is AppState.UNKNOWN
+        ended = status.is_terminal or status.state is AppState.UNKNOWN
+        return ended and await anyio.to_thread.run_sync(self.output_settled, store, app)
+
+    @classmethod
+    def output_settled(cls, store: AppStore, app: dict[str, Any]) -> bool:
+        """Blocking: no more output will reach the app's files unless someone copies it.
+
+        The owner reports an exit before the container's last output is in the
+        files, and marks the end of that copy once the app ended; an owner that
+        no longer follows leaves the copy to ``resume``.
+        """
+        return (store.app_dir / OUTPUT_COPIED).exists() or not cls.following(store, app)
 
     # ------------------------------------------------------------------- logs
     async def log_target(self, handle: AppHandle, role: str, replica_id: int) -> LogTarget | None:
@@ -388,7 +401,14 @@ class ForeignApps:
         store, app = found
         if not await anyio.to_thread.run_sync(self.following, store, app):
             await self.logs.resume(store, app, role, replica_id)
-        return self._backend.make_log_target(store, role, replica_id)
+
+        async def copied() -> None:
+            status = await self.status(store, app)
+            if status.is_terminal or status.state is AppState.UNKNOWN:
+                await self.wait(handle)
+
+        target = self._backend.make_log_target(store, role, replica_id)
+        return dataclasses.replace(target, copied=copied)
 
     async def aclose(self) -> None:
         await self.logs.aclose()

@@ -3,14 +3,19 @@
 Each replica attempt is one container, created under the replica's fixed name
 (so peers resolve it by that name through every restart). What happens to
 the containers comes from the backend's one event stream (``start``,
-``die``/``died``); the exit code comes from inspecting the container once it
-died. A container's output is copied into the replica's log files while it
-runs; its exit is reported only once those files hold everything it wrote,
-so ``wait`` then ``log_iter`` never misses a last line.
+``die``/``died``); the exit code comes from the event, or from inspecting
+the container where the event lacks it. A container's output is copied into
+the replica's log files while it runs. Its exit is reported at once:
+completing the files takes another ~50 ms on dockerd (it answers the last
+fetch only after tearing the container down), so that copy ends on its own
+and readers wait for it (``output_copied``, and the ``output-copied`` file
+for other processes). ``wait`` then ``log_iter`` never misses a last line,
+and ``wait`` is not held up by the files.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import signal
 import time
@@ -41,6 +46,8 @@ CREATE_FAILED_CODE = 127
 CREATE_CONCURRENCY = 8
 """Engine requests in flight at once while launching an app."""
 ATTEMPT_FILE = ".docker-attempt.json"
+OUTPUT_COPIED = "output-copied"
+"""In the app dir once the ended app's output is all in its files: other processes wait for it."""
 OOM_CODE = 137
 
 
@@ -108,6 +115,8 @@ class DockerRuntime(AppRuntime):
             (c.role, c.replica_id): _Slot(c) for c in request.containers
         }
         self._by_cid: dict[str, ReplicaKey] = {}
+        self._copies_ending: dict[str, anyio.Event] = {}
+        """Per container that died: set once its output is all in the files."""
         self._logs: dict[ReplicaKey, ReplicaLog] = {}
         self._cancel_watch = anyio.CancelScope()
         self._closed = False
@@ -178,14 +187,17 @@ class DockerRuntime(AppRuntime):
         await anyio.to_thread.run_sync(self._mark_attempt, slot)
         slot.running = True
         slot.exited = anyio.Event()
+        # Made before the start: a container may die before ``start`` returns, and
+        # the end of its copy must then find this attempt's copy, not the last one's.
+        copy = slot.copy = _Copy()
         try:
             await self.engine.start(cid)
         except BackendError as e:
             slot.running = False
+            copy.done.set()
             self._report_failed_start(key, slot, str(e))
             return
         self._send_started(key, slot)
-        copy = slot.copy = _Copy()
         self._backend.task_group.start_soon(self._copy_logs, key, cid, copy, True)
 
     def _mark_attempt(self, slot: _Slot) -> None:
@@ -238,7 +250,41 @@ class DockerRuntime(AppRuntime):
         finally:
             copy.done.set()
 
-    async def _drain_logs(self, key: ReplicaKey, cid: str, copy: _Copy) -> None:
+    async def _end_copy(
+        self, key: ReplicaKey, cid: str, copy: _Copy | None, ending: anyio.Event
+    ) -> None:
+        """Complete the files of a container that died, close its streams, then say so.
+
+        A failure here cannot change how the replica ended (already reported):
+        it is told in the replica's stderr log, where the missing output
+        would have been, and as the app's notice while the app is followed.
+        """
+        sink, log = self._backend.log_sink, self._logs[key]
+        try:
+            async with self._backend.tracked():
+                try:
+                    if copy is not None:
+                        await self._drain_logs(cid, copy, log)
+                except BackendError as e:
+                    message = f"asupervisor: the rest of this container's output is lost: {e}"
+                    sink.write(log, "stderr", f"{message}\n".encode(), time.time())
+                    self.emit_notice(f"{key[0]}/{key[1]}: {message}")
+                sink.end_stream(log, "stdout")
+                sink.end_stream(log, "stderr")
+                try:
+                    await sink.flush()
+                except BackendError as e:
+                    self.emit_notice(str(e))
+        finally:
+            ending.set()
+
+    async def output_copied(self, role: str, replica_id: int) -> None:
+        """Return once the files hold the output of every container of this replica that died."""
+        for cid, ending in list(self._copies_ending.items()):
+            if self._by_cid.get(cid) == (role, replica_id):
+                await ending.wait()
+
+    async def _drain_logs(self, cid: str, copy: _Copy, log: ReplicaLog) -> None:
         """Stop following at once, then fetch whatever the follow stream did not deliver.
 
         By the ``die`` event the engine holds all of the container's output
@@ -247,14 +293,13 @@ class DockerRuntime(AppRuntime):
         dockerd, never on Podman) and may leave out the last, unterminated
         line (dockerd 20.10). So the follow stops here and one fetch without
         follow completes the files, skipping the bytes of each stream already
-        received: the exit is reported a round trip after ``die``, not after
-        the teardown.
+        received.
         """
         copy.scope.cancel()
         await copy.done.wait()
         seen = dict(copy.received)
         got = {"stdout": 0, "stderr": 0}
-        sink, log = self._backend.log_sink, self._logs[key]
+        sink = self._backend.log_sink
         async for stream, data in self.engine.log_frames(cid, follow=False):
             skip = max(0, min(len(data), seen[stream] - got[stream]))
             got[stream] += len(data)
@@ -272,6 +317,9 @@ class DockerRuntime(AppRuntime):
             self._send_started(key, slot)
         elif action in ("die", "died") and cid not in slot.handled:
             slot.handled.add(cid)
+            ending = self._copies_ending[cid] = anyio.Event()
+            copy = slot.copy if slot.cid == cid else None
+            self._backend.task_group.start_soon(self._end_copy, key, cid, copy, ending)
             self._backend.task_group.start_soon(
                 self._on_exit, key, slot, cid, slot.attempt, dict(attributes)
             )
@@ -310,16 +358,6 @@ class DockerRuntime(AppRuntime):
             msg = f"{key[0]}/{key[1]}: killed for exceeding its memory limit"
         elif state.get("Error"):
             msg = f"{key[0]}/{key[1]}: {state['Error']}"
-        copy = slot.copy
-        if copy is not None:
-            await self._drain_logs(key, cid, copy)
-        log = self._logs[key]
-        self._backend.log_sink.end_stream(log, "stdout")
-        self._backend.log_sink.end_stream(log, "stderr")
-        try:
-            await self._backend.log_sink.flush()
-        except BackendError as e:
-            self.emit(AppNotice(message=str(e)))
         error = ""
         if code != 0:
             error = await anyio.to_thread.run_sync(
@@ -384,6 +422,7 @@ class DockerRuntime(AppRuntime):
                 return
             old = slot.cid
             if old is not None:
+                await self._ended_copy(old)
                 await self.engine.remove(old)
             slot.started_sent = False
             try:
@@ -421,7 +460,8 @@ class DockerRuntime(AppRuntime):
             self.final = True
 
     def log_target(self, role: str, replica_id: int) -> LogTarget:
-        return self._backend.make_log_target(self.store, role, replica_id)
+        target = self._backend.make_log_target(self.store, role, replica_id)
+        return dataclasses.replace(target, copied=partial(self.output_copied, role, replica_id))
 
     def emit_notice(self, message: str) -> None:
         if not self._closed:
@@ -452,8 +492,28 @@ class DockerRuntime(AppRuntime):
                     if slot.running:
                         await slot.exited.wait()
                 for cid in list(self._by_cid):
+                    await self._ended_copy(cid)
+                marked: OSError | None = None
+                try:
+                    await anyio.to_thread.run_sync(
+                        write_json_atomic, self.store.app_dir / OUTPUT_COPIED, {}
+                    )
+                except OSError as e:
+                    marked = e
+                for cid in list(self._by_cid):
                     await self.engine.remove(cid)
                 await self.engine.remove_network(self.request.network)
+                if marked is not None:
+                    # Other processes then wait for this one to exit before reading to the end.
+                    raise BackendError(
+                        f"cannot mark the app's output complete: {marked}", transient=False
+                    )
+
+    async def _ended_copy(self, cid: str) -> None:
+        """Before a container goes: its output must be copied (the engine drops it with it)."""
+        ending = self._copies_ending.get(cid)
+        if ending is not None:
+            await ending.wait()
 
     @property
     def container_ids(self) -> list[str]:

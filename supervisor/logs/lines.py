@@ -84,30 +84,44 @@ class LineSplitter:
             # No line can be too long: the fast path, one search for the last newline.
             block = self.feed_block(data)
             return [block] if block else []
+        # Whole lines are found a window at a time (the last newline within
+        # max_line + 1 bytes ends a stretch of lines that are all short enough)
+        # and joined once per run: per line work here made reading a big log
+        # quadratic, as every chunk with a partial line before it comes this way.
         runs: list[bytes] = []
+        whole: list[bytes] = []
         pending = self._pending
         pos, size = 0, len(data)
         while pos < size:
             room = limit - len(pending)
-            # A newline within room + 1 bytes ends the line before it grows too long.
-            newline = data.find(b"\n", pos, pos + room + 1)
-            if newline >= 0:
-                pending += data[pos : newline + 1]
-                pos = newline + 1
-                if runs and runs[-1].endswith(b"\n"):
-                    runs[-1] += pending
-                else:
-                    runs.append(bytes(pending))
-                pending.clear()
-            elif size - pos <= room:
+            if pending:
+                newline = data.find(b"\n", pos, pos + room + 1)
+                if newline >= 0:
+                    pending += data[pos : newline + 1]
+                    pos = newline + 1
+                    whole.append(bytes(pending))
+                    pending.clear()
+                    continue
+            else:
+                newline = data.rfind(b"\n", pos, pos + room + 1)
+                if newline >= 0:
+                    whole.append(data[pos : newline + 1])
+                    pos = newline + 1
+                    continue
+            if size - pos <= room:
                 pending += data[pos:]
                 pos = size
             else:
                 pending += data[pos : pos + room]
                 pos += room
                 cut = _utf8_cut(pending)
+                if whole:
+                    runs.append(b"".join(whole))
+                    whole.clear()
                 runs.append(bytes(pending[:cut]))
                 del pending[:cut]
+        if whole:
+            runs.append(b"".join(whole))
         return runs
 
     def feed(self, data: bytes) -> list[bytes]:

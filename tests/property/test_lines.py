@@ -104,7 +104,10 @@ def test_runs_bound_the_line_and_lose_nothing(case: tuple[bytes, list[bytes]], l
     splitter = LineSplitter(limit)
     runs: list[bytes] = []
     for chunk in chunks:
-        runs.extend(splitter.feed_runs(chunk))
+        fed = splitter.feed_runs(chunk)
+        # Whole lines in a row come as one run (one decode), never line by line.
+        assert not any(a.endswith(b"\n") and b.endswith(b"\n") for a, b in pairwise(fed))
+        runs.extend(fed)
         assert splitter.pending_size <= limit
     rest = splitter.flush()
     assert b"".join(runs) + (rest or b"") == data

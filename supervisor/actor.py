@@ -107,6 +107,10 @@ class AppActor:
     def status(self) -> AppStatus:
         return self.fsm.snapshot()
 
+    def has_replica(self, role: str, replica_id: int) -> bool:
+        """Without a snapshot: N followers starting while N replicas start stay O(N), not O(N²)."""
+        return (role, replica_id) in self.fsm.replicas
+
     async def transitions(self) -> AsyncIterator[Transition]:
         seen = 0
         while True:

@@ -472,7 +472,7 @@ class Supervisor:
         parsed: AppHandle = parse_handle(handle)
         actor = self._actors.get(handle)
         if actor is not None and actor.runtime is not None:
-            if actor.status().replica(role, k) is None:
+            if not actor.has_replica(role, k):
                 raise UnknownAppError(f"{handle} has no replica {role}/{k}")
             done = actor.done
             base = actor.runtime.log_target(role, k)

@@ -67,7 +67,8 @@ def main() -> None:
     print(
         f"rank {rank}/{world} local_rank {os.environ.get('LOCAL_RANK')} "
         f"host {os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')} "
-        f"loss {loss.item():.4f} in_sync {same} node {os.environ.get('SLURMD_NODENAME', '-')}",
+        f"loss {loss.item():.4f} in_sync {same} restart {attempt} "
+        f"node {os.environ.get('SLURMD_NODENAME', '-')}",
         flush=True,
     )
     # Everyone done talking before anyone tears down (gloo aborts a rank whose peer left first).

@@ -7,7 +7,9 @@
   with NPROC tasks each instead of one node per rank.
 * ``mode="torchrun"``: one replica per node running ``torchrun`` with a c10d
   rendezvous, as TorchX does; torchrun restarts its workers in place
-  (``--max_restarts``) before the supervisor sees a failure.
+  (``--max_restarts``) before the supervisor sees a failure. torchrun runs
+  with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (see :data:`TORCHRUN_ENV`):
+  without it an in-place restart fails or hangs.
 
 Either way every rank sees what torchrun sets: RANK, LOCAL_RANK, GROUP_RANK,
 ROLE_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_WORLD_SIZE, ROLE_WORLD_SIZE,
@@ -32,6 +34,7 @@ __all__ = [
     "MASTER_PORT",
     "NAMED_RESOURCES",
     "PROCS_PER_NODE",
+    "TORCHRUN_ENV",
     "ddp",
     "parse_j",
     "role_name",
@@ -39,6 +42,34 @@ __all__ = [
 
 MASTER_PORT = 29500
 """torchrun's default rendezvous port; ddp only uses it when asked to (``--rdzv_port``)."""
+
+TORCHRUN_ENV: Mapping[str, str] = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+"""What torchrun mode sets for torchrun itself (``env`` can override it).
+
+Since pytorch/pytorch#128096 (2024) torchrun's agent hosts the store
+its workers bootstrap their process group from (it gives them
+MASTER_ADDR:MASTER_PORT of that store and TORCHELASTIC_USE_AGENT_STORE=True),
+and it builds that store once: in
+``DynamicRendezvousHandler.next_rendezvous``
+(torch/distributed/elastic/rendezvous/dynamic_rendezvous.py) the server is
+created only while ``_bootstrap_store_info is None``, so every later round of
+the rendezvous hands the workers the same store, keys and all. Workers key
+their process group's addresses by group and rank only (gloo writes
+``default_pg/0//cpu//0/<rank>``; nothing says which round), so after an
+in-place restart the new workers find the dead round's addresses there. A rank
+that reads its peer's key before the peer has rewritten it gets a dead port:
+either it connects to it and the round fails ("Connection refused", the
+restart is spent), or, as gloo's TCP pair picks which side listens by
+comparing the two addresses, both ranks choose to listen and wait for each
+other until gloo's 30-minute timeout. Which one happens is a race, so the
+restart worked in some runs and failed or hung in others.
+
+``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` is torch's switch back to the
+earlier way (pytorch/pytorch#135712): each round the rendezvous publishes a
+fresh free port under its round's prefix and rank 0's worker hosts a new,
+empty store there, so no round can read another's keys. It only concerns
+torchrun's agent; ranks still get MASTER_ADDR and MASTER_PORT from it.
+"""
 
 NAMED_RESOURCES: Mapping[str, Resource] = {
     "cpu.small": Resource(cpu=1, gpu=0, memMB=1024),
@@ -211,7 +242,7 @@ def ddp(
                 name=role,
                 entrypoint="sh",
                 args=["-c", f"{prelude} exec {' '.join(torchrun)}"],
-                env=base_env,
+                env={**TORCHRUN_ENV, **base_env},
                 num_replicas=nnodes,
                 max_retries=max_retries,
                 resource=node,

@@ -146,6 +146,15 @@ def test_ddp_torchrun_mode_is_one_replica_per_node() -> None:
     assert "--standalone" in only_role(ddp("t.py", j="1x2", mode="torchrun")).args[1]
 
 
+def test_ddp_torchrun_mode_gives_each_rendezvous_round_its_own_store() -> None:
+    """torchrun's shared store would hand a restarted round the dead round's addresses."""
+    torchrun = only_role(ddp("t.py", j="2x1", mode="torchrun"))
+    assert torchrun.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    mine = ddp("t.py", j="2x1", mode="torchrun", env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"})
+    assert only_role(mine).env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "0"
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in only_role(ddp("t.py", j="2x1")).env
+
+
 def test_ddp_shell_line_runs_the_script_with_every_variable(tmp_path: Path) -> None:
     """Run the rendered `sh -c` line for rank 3 of a 2x2 job, as a replica would."""
     script = tmp_path / "report.py"

@@ -90,6 +90,14 @@ class AppStatus:
     def is_terminal(self) -> bool:
         return self.state.name in TERMINAL
 
+    @property
+    def is_settled(self) -> bool:
+        """Nothing more will be learned: it ended, or its backend lost track (UNKNOWN).
+
+        What a waiter stops at; a log follower stops there too.
+        """
+        return self.is_terminal or self.state.name == "UNKNOWN"
+
     def replica(self, role: str, replica_id: int) -> ReplicaStatus | None:
         for rs in self.roles:
             if rs.role == role:

@@ -220,7 +220,7 @@ class Backend(abc.ABC):
             if found is None:
                 return None
             status = found.to_status()
-            if status.is_terminal or status.state.name == "UNKNOWN":
+            if status.is_settled:
                 return status
             await anyio.sleep(interval)
             interval = min(interval * 2, 1.0)

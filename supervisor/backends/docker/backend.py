@@ -20,7 +20,7 @@ What this process follows is heard from one engine event stream per backend.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -203,7 +203,16 @@ class DockerBackend(Backend):
     async def wait_foreign(self, handle: AppHandle) -> AppStatus | None:
         return await self.foreign.wait(handle)
 
-    def make_log_target(self, store: AppStore, role: str, replica_id: int) -> LogTarget:
+    def make_log_target(
+        self,
+        store: AppStore,
+        role: str,
+        replica_id: int,
+        *,
+        copied: Callable[[], Awaitable[None]] | None = None,
+    ) -> LogTarget:
+        """``copied``: how a reader in this process learns the last output is in the files."""
+
         async def finished() -> bool:
             return await self.foreign.finished(store)
 
@@ -211,6 +220,7 @@ class DockerBackend(Backend):
             directory=store.app_dir / role / str(replica_id),
             is_finished=finished,
             watch_dirs=(store.app_dir,),
+            copied=copied,
         )
 
     async def log_target(self, handle: AppHandle, role: str, replica_id: int) -> LogTarget | None:

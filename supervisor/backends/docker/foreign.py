@@ -9,7 +9,6 @@ the final state and removes them (logs and records stay).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import time
@@ -367,7 +366,7 @@ class ForeignApps:
                 while True:
                     wake[0] = anyio.Event()
                     status = await self.status(store, app)
-                    ended = status.is_terminal or status.state is AppState.UNKNOWN
+                    ended = status.is_settled
                     if ended and await anyio.to_thread.run_sync(self.output_settled, store, app):
                         return status
                     await wake[0].wait()
@@ -380,7 +379,7 @@ class ForeignApps:
         if app is None:
             return True
         status = await self.status(store, app)
-        ended = status.is_terminal or status.state is AppState.UNKNOWN
+        ended = status.is_settled
         return ended and await anyio.to_thread.run_sync(self.output_settled, store, app)
 
     @classmethod
@@ -404,11 +403,10 @@ class ForeignApps:
 
         async def copied() -> None:
             status = await self.status(store, app)
-            if status.is_terminal or status.state is AppState.UNKNOWN:
+            if status.is_settled:
                 await self.wait(handle)
 
-        target = self._backend.make_log_target(store, role, replica_id)
-        return dataclasses.replace(target, copied=copied)
+        return self._backend.make_log_target(store, role, replica_id, copied=copied)
 
     async def aclose(self) -> None:
         await self.logs.aclose()

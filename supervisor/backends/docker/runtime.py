@@ -15,7 +15,6 @@ and ``wait`` is not held up by the files.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import signal
 import time
@@ -280,9 +279,8 @@ class DockerRuntime(AppRuntime):
 
     async def output_copied(self, role: str, replica_id: int) -> None:
         """Return once the files hold the output of every container of this replica that died."""
-        for cid, ending in list(self._copies_ending.items()):
-            if self._by_cid.get(cid) == (role, replica_id):
-                await ending.wait()
+        for cid in [c for c in self._copies_ending if self._by_cid.get(c) == (role, replica_id)]:
+            await self._ended_copy(cid)
 
     async def _drain_logs(self, cid: str, copy: _Copy, log: ReplicaLog) -> None:
         """Stop following at once, then fetch whatever the follow stream did not deliver.
@@ -460,8 +458,8 @@ class DockerRuntime(AppRuntime):
             self.final = True
 
     def log_target(self, role: str, replica_id: int) -> LogTarget:
-        target = self._backend.make_log_target(self.store, role, replica_id)
-        return dataclasses.replace(target, copied=partial(self.output_copied, role, replica_id))
+        copied = partial(self.output_copied, role, replica_id)
+        return self._backend.make_log_target(self.store, role, replica_id, copied=copied)
 
     def emit_notice(self, message: str) -> None:
         if not self._closed:

@@ -496,7 +496,7 @@ class LocalBackend(Backend):
         if found is None:
             return False
         status, _ = found
-        if status.is_terminal or status.state is AppState.UNKNOWN:
+        if status.is_settled:
             return True  # nothing left to stop
         await anyio.to_thread.run_sync(store.request_cancel)
         return True
@@ -513,7 +513,7 @@ class LocalBackend(Backend):
                 if found is None:
                     return None
                 status, app = found
-                if status.is_terminal or status.state is AppState.UNKNOWN:
+                if status.is_settled:
                     return status
                 owner_pid = Owner.from_json(app["owner"]).pid  # type: ignore[arg-type]
                 await _first_of(inotify.get, partial(_process_exit, owner_pid))
@@ -521,7 +521,7 @@ class LocalBackend(Backend):
     def make_log_target(self, store: AppStore, role: str, replica_id: int) -> LogTarget:
         async def finished() -> bool:
             found = await anyio.to_thread.run_sync(self._read_status, store)
-            return found is None or found[0].is_terminal or found[0].state is AppState.UNKNOWN
+            return found is None or found[0].is_settled
 
         return LogTarget(
             directory=store.app_dir / role / str(replica_id),

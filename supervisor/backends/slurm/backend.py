@@ -368,7 +368,7 @@ class SlurmBackend(Backend):
             if stored is None:
                 return True
             status = await self._status_of(stored)
-            return status.is_terminal or status.state.name == "UNKNOWN"
+            return status.is_settled
 
         return LogTarget(
             directory=store.app_dir / role / str(replica_id),

@@ -214,6 +214,34 @@ def test_the_teardown_of_a_requeued_run_is_not_a_new_run() -> None:
     assert max(getattr(m, "attempt", 0) for m in mail) == 1
 
 
+def test_a_teardown_seen_over_two_ticks_is_still_not_a_new_run() -> None:
+    # Seen on slurmrestd (22.05): the teardown of the requeued run lasts two ticks and
+    # its start time moves by a second in between; the second tick must not start
+    # attempt 1, or the job going back to PENDING then counts as a second requeue.
+    def teardown(started: int) -> JobView:
+        return JobView(
+            10,
+            (
+                JobRecord(10, 10, 0, "COMPLETING", nodes="n1", restart_cnt=1, started=started),
+                JobRecord(11, 10, 1, "PENDING", nodes="n2", restart_cnt=1, started=590),
+            ),
+            "queue",
+        )
+
+    views = [
+        _view("RUNNING", started=584),
+        teardown(584),
+        teardown(585),
+        _view("PENDING", restart=1, started=591),
+        _view("PENDING", restart=1, started=0),
+        _view("COMPLETED", restart=1, started=592),
+    ]
+    fsm, mail = _run(views, max_retries=3)  # room to overcount
+    assert fsm.state is AppState.SUCCEEDED
+    assert [r.restarts for r in fsm.snapshot().roles[0].replicas] == [1, 1]
+    assert max(getattr(m, "attempt", 0) for m in mail) == 1
+
+
 def test_a_group_of_tasks_gives_each_replica_the_components_state() -> None:
     """One het component (N nodes x M tasks) stands for every replica of its role."""
     translator = ViewTranslator(10, KEYS, [KEYS])

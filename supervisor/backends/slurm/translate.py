@@ -103,20 +103,23 @@ class ViewTranslator:
         out: list[Mail] = []
         seen_start = self._run_start.get(key)
         seen_running = seen_start is not None
+        # Slurm may show one requeue over several ticks (REQUEUED, then the count bumped
+        # while still REQUEUED, then PENDING): it counts once, until a run is seen again.
+        awaiting_run = self._attempts[key] > 0 and seen_start is None
         if comp.state.startswith("COMPLETING") and (
-            comp.restart_cnt > self._attempts[key]
+            awaiting_run
+            or comp.restart_cnt > self._attempts[key]
             or (seen_start is not None and comp.started and comp.started != seen_start)
         ):
             # The last run's teardown after a requeue: Slurm has already bumped the
-            # count or set the next start time, but nothing new runs yet.
+            # count or set the next start time, but nothing new runs yet. The teardown
+            # may last several ticks, its start time moving between them: a run that
+            # only ends is never the next attempt's start.
             meaning = Meaning.REQUEUED
         # Slurm's restart count is the attempt number; a job caught in REQUEUED (or a
         # node failure it will requeue) may not have bumped it yet, so it counts one
         # ahead, once per requeue however many ticks see it.
         attempt = max(comp.restart_cnt, self._attempts[key])
-        # Slurm may show one requeue over several ticks (REQUEUED, then the count bumped
-        # while still REQUEUED, then PENDING): it counts once, until a run is seen again.
-        awaiting_run = self._attempts[key] > 0 and seen_start is None
         if meaning is Meaning.REQUEUED and not awaiting_run:
             attempt = max(attempt, self._attempts[key] + 1)
         # restart_cnt does not always move (22.05 leaves it at 0 for a het job that

@@ -68,7 +68,8 @@ def main() -> None:
         f"rank {rank}/{world} local_rank {os.environ.get('LOCAL_RANK')} "
         f"host {os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')} "
         f"loss {loss.item():.4f} in_sync {same} restart {attempt} "
-        f"node {os.environ.get('SLURMD_NODENAME', '-')}",
+        f"node {os.environ.get('SLURMD_NODENAME', '-')} "
+        f"run {os.environ.get('TORCHELASTIC_RUN_ID', '-')}",
         flush=True,
     )
     # Everyone done talking before anyone tears down (gloo aborts a rank whose peer left first).

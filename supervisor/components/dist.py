@@ -104,7 +104,7 @@ def role_name(script: str | None, module: str | None) -> str:
 
 
 def _free_port() -> int:
-    """A port free on this host now (torchrun --standalone's way for one node)."""
+    """A port free on this host now (as torchrun --standalone finds one for one node)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
         return int(s.getsockname()[1])
@@ -216,15 +216,13 @@ def ddp(
                 )
             ],
         )
-    rdzv = (
-        ["--standalone"]
-        if nnodes == 1
-        else [
-            "--rdzv_backend=c10d",
-            '--rdzv_endpoint="$$MASTER_ADDR:$$MASTER_PORT"',
-            f"--rdzv_id={macros.app_id}",
-        ]
-    )
+    # Not --standalone for one node: it replaces the run id with a random one, and
+    # the workers' TORCHELASTIC_RUN_ID would no longer name the app.
+    rdzv = [
+        "--rdzv_backend=c10d",
+        '--rdzv_endpoint="$$MASTER_ADDR:$$MASTER_PORT"',
+        f"--rdzv_id={macros.app_id}",
+    ]
     torchrun = [
         shlex.quote(interpreter),
         "-m torch.distributed.run",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import AppState, Supervisor
+from supervisor import AppState, Supervisor, parse_handle
 from supervisor.components import ddp
 
 from .slurm_cluster import ensure_cluster
@@ -104,7 +104,7 @@ async def test_ddp_retry_succeeds_and_counts_one_restart(backend: str, state_dir
 async def test_torchrun_mode_trains_in_sync_across_nodes(
     backend: str, j: str, state_dir: Path
 ) -> None:
-    """One torchrun per node (standalone for one node, c10d rendezvous across nodes):
+    """One torchrun per node (c10d rendezvous, on one node too):
     every rank trains and ends with the same weights."""
     app = ddp(TRAIN, "--steps", "3", j=j, mode="torchrun", interpreter=sys.executable)
     nnodes = int(j.split("x")[0])
@@ -119,3 +119,5 @@ async def test_torchrun_mode_trains_in_sync_across_nodes(
     for rank in range(2):
         assert f"rank {rank}/2 " in text
     assert text.count("in_sync True") == 2
+    # torchrun's run id names the app, one node or several (not --standalone's random one).
+    assert text.count(f" run {parse_handle(handle).app_id}\n") == 2, text

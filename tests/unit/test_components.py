@@ -143,7 +143,9 @@ def test_ddp_torchrun_mode_is_one_replica_per_node() -> None:
     ):
         assert piece in line
     assert line.endswith("t.py --x")
-    assert "--standalone" in only_role(ddp("t.py", j="1x2", mode="torchrun")).args[1]
+    # One node too: --standalone would give the workers a random TORCHELASTIC_RUN_ID.
+    one_node = VALUES.apply(only_role(ddp("t.py", j="1x2", mode="torchrun"))).args[1]
+    assert "--standalone" not in one_node and "--rdzv_id=app-1" in one_node
 
 
 def test_ddp_torchrun_mode_gives_each_rendezvous_round_its_own_store() -> None:

@@ -120,4 +120,51 @@ async def test_torchrun_mode_trains_in_sync_across_nodes(
         assert f"rank {rank}/2 " in text
     assert text.count("in_sync True") == 2
     # torchrun's run id names the app, one node or several (not --standalone's random one).
-    assert text.count(f" run {parse_handle(handle).app_id}\n") == 2, text
+    assert text.count(f" run {parse_handle(handle).app_id}") == 2, text
+
+
+@pytest.mark.parametrize(
+    ("backend", "j"),
+    [("local", "1x2"), ("local", "2x1"), pytest.param("slurm", "2x1", marks=pytest.mark.slurm)],
+    indirect=["backend"],
+)
+async def test_torchrun_mode_restarts_its_workers_in_place(
+    backend: str, j: str, state_dir: Path
+) -> None:
+    """Rank 1 crashes on torchrun's first round; torchrun's own --max_restarts brings
+    every worker back and the second round trains in sync, the job succeeds, and the
+    supervisor restarted nothing. (Before torchrun ran with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+    the second round read the first's gloo addresses from torchrun's shared store and
+    failed or hung: see ``supervisor.components.dist.TORCHRUN_ENV``. A worker that
+    aborted at its exit after training, a torch race that ddp_train.py now sidesteps,
+    spent the restart too.)"""
+    app = ddp(
+        TRAIN,
+        "--steps",
+        "3",
+        "--crash-rank",
+        "1",
+        "--crash-until-attempt",
+        "1",
+        j=j,
+        mode="torchrun",
+        max_retries=1,
+        interpreter=sys.executable,
+    )
+    nnodes = int(j.split("x")[0])
+    async with Supervisor(session="ddp") as sv:
+        handle = await sv.submit(app, backend)
+        try:
+            status = await sv.wait(handle, timeout=240)
+        finally:
+            await sv.cancel(handle)  # a Slurm job must not outlive a failed test
+        assert status.state is AppState.SUCCEEDED, status
+        assert status.num_restarts == 0  # torchrun restarted in place, not the supervisor
+        text = "".join(["".join(await _lines(sv, handle, "ddp_train", k)) for k in range(nnodes)])
+    assert "rank 1 crashed on purpose (attempt 0)" in text, text
+    # Only the second round trains (rank 1 dies before the first's model exists), and
+    # rank 1's torchrun counts the restart its crash cost.
+    assert text.count("in_sync True") == 2, text
+    assert "rank 0/2 " in text and "rank 1/2 " in text, text
+    rank1 = next(line for line in text.splitlines() if "rank 1/2 " in line)
+    assert "in_sync True restart 1 " in rank1, rank1

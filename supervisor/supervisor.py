@@ -476,10 +476,11 @@ class Supervisor:
                 raise UnknownAppError(f"{handle} has no replica {role}/{k}")
             done = actor.done
             base = actor.runtime.log_target(role, k)
-            return (
-                LogTarget(base.directory, _is_set(done), base.watch_dirs, copied=base.copied),
-                done,
-            )
+            # No watch on the app's directory (``base.watch_dirs``): it tells another
+            # process the app ended, which ``done`` tells here. Each state record
+            # written there would wake every follower of the app: N followers times
+            # the records of N replicas starting.
+            return LogTarget(base.directory, _is_set(done), copied=base.copied), done
         backend = self.backend(parsed.backend)
         described = await backend.describe(parsed)
         if described is None:

@@ -84,8 +84,7 @@ def main() -> None:
     # aborts the rank ("terminate called without an active exception", SIGABRT) after
     # it trained. Seen in about 1 run of 15 under load (core dump: ProcessGroupGloo::
     # runLoop -> ~AsyncBarrierWork -> ~AsyncAllgatherWork -> decref_pyobject -> take_gil).
-    sys.stdout.flush()
-    sys.stderr.flush()
+    sys.stderr.flush()  # stdout was flushed with the result line
     os._exit(0 if same else 2)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import AppState, Supervisor, parse_handle
+from supervisor import AppDef, AppState, AppStatus, Supervisor, parse_handle
 from supervisor.components import ddp
 
 from .slurm_cluster import ensure_cluster
@@ -24,6 +24,11 @@ pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
 TRAIN = str(Path(__file__).resolve().parents[2] / "examples" / "ddp_train.py")
 BACKENDS = ["local", pytest.param("slurm", marks=pytest.mark.slurm)]
+TORCHRUN_TOPOLOGIES = [
+    ("local", "1x2"),
+    ("local", "2x1"),
+    pytest.param("slurm", "2x1", marks=pytest.mark.slurm),
+]
 
 
 @pytest.fixture
@@ -36,6 +41,19 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 async def _lines(sv: Supervisor, handle: str, role: str, k: int) -> list[str]:
     return [line async for line in sv.log_iter(handle, role, k)]
+
+
+async def _run_torchrun(app: AppDef, backend: str, j: str) -> tuple[str, AppStatus, str]:
+    """Run to the end: the handle, the final status and every node's output, joined."""
+    nnodes = int(j.split("x")[0])
+    async with Supervisor(session="ddp") as sv:
+        handle = await sv.submit(app, backend)
+        try:
+            status = await sv.wait(handle, timeout=240)
+        finally:
+            await sv.cancel(handle)  # a Slurm job must not outlive a failed test
+        text = "".join(["".join(await _lines(sv, handle, "ddp_train", k)) for k in range(nnodes)])
+    return handle, status, text
 
 
 @pytest.mark.parametrize("backend", BACKENDS, indirect=True)
@@ -96,26 +114,15 @@ async def test_ddp_retry_succeeds_and_counts_one_restart(backend: str, state_dir
         assert status.num_restarts == 1
 
 
-@pytest.mark.parametrize(
-    ("backend", "j"),
-    [("local", "1x2"), ("local", "2x1"), pytest.param("slurm", "2x1", marks=pytest.mark.slurm)],
-    indirect=["backend"],
-)
+@pytest.mark.parametrize(("backend", "j"), TORCHRUN_TOPOLOGIES, indirect=["backend"])
 async def test_torchrun_mode_trains_in_sync_across_nodes(
     backend: str, j: str, state_dir: Path
 ) -> None:
     """One torchrun per node (c10d rendezvous, on one node too):
     every rank trains and ends with the same weights."""
     app = ddp(TRAIN, "--steps", "3", j=j, mode="torchrun", interpreter=sys.executable)
-    nnodes = int(j.split("x")[0])
-    async with Supervisor(session="ddp") as sv:
-        handle = await sv.submit(app, backend)
-        try:
-            status = await sv.wait(handle, timeout=240)
-        finally:
-            await sv.cancel(handle)  # a Slurm job must not outlive a failed test
-        assert status.state is AppState.SUCCEEDED, status
-        text = "".join(["".join(await _lines(sv, handle, "ddp_train", k)) for k in range(nnodes)])
+    handle, status, text = await _run_torchrun(app, backend, j)
+    assert status.state is AppState.SUCCEEDED, status
     for rank in range(2):
         assert f"rank {rank}/2 " in text
     assert text.count("in_sync True") == 2
@@ -123,11 +130,7 @@ async def test_torchrun_mode_trains_in_sync_across_nodes(
     assert text.count(f" run {parse_handle(handle).app_id}") == 2, text
 
 
-@pytest.mark.parametrize(
-    ("backend", "j"),
-    [("local", "1x2"), ("local", "2x1"), pytest.param("slurm", "2x1", marks=pytest.mark.slurm)],
-    indirect=["backend"],
-)
+@pytest.mark.parametrize(("backend", "j"), TORCHRUN_TOPOLOGIES, indirect=["backend"])
 async def test_torchrun_mode_restarts_its_workers_in_place(
     backend: str, j: str, state_dir: Path
 ) -> None:
@@ -151,16 +154,9 @@ async def test_torchrun_mode_restarts_its_workers_in_place(
         max_retries=1,
         interpreter=sys.executable,
     )
-    nnodes = int(j.split("x")[0])
-    async with Supervisor(session="ddp") as sv:
-        handle = await sv.submit(app, backend)
-        try:
-            status = await sv.wait(handle, timeout=240)
-        finally:
-            await sv.cancel(handle)  # a Slurm job must not outlive a failed test
-        assert status.state is AppState.SUCCEEDED, status
-        assert status.num_restarts == 0  # torchrun restarted in place, not the supervisor
-        text = "".join(["".join(await _lines(sv, handle, "ddp_train", k)) for k in range(nnodes)])
+    _, status, text = await _run_torchrun(app, backend, j)
+    assert status.state is AppState.SUCCEEDED, status
+    assert status.num_restarts == 0  # torchrun restarted in place, not the supervisor
     assert "rank 1 crashed on purpose (attempt 0)" in text, text
     # Only the second round trains (rank 1 dies before the first's model exists), and
     # rank 1's torchrun counts the restart its crash cost.

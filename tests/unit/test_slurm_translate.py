@@ -36,7 +36,19 @@ def _view(
         )
         for i, code in enumerate(codes)
     )
-    return JobView(10, comps, "queue")
+    return _job(*comps)
+
+
+def _job(*components: JobRecord) -> JobView:
+    return JobView(10, components, "queue")
+
+
+def _assert_one_restart_each(views: list[JobView]) -> None:
+    """One requeue: every replica restarted once, and no event names an attempt past 1."""
+    fsm, mail = _run(views, max_retries=3)  # room to overcount
+    assert fsm.state is AppState.SUCCEEDED
+    assert [r.restarts for r in fsm.snapshot().roles[0].replicas] == [1, 1]
+    assert max(getattr(m, "attempt", 0) for m in mail) == 1
 
 
 def _run(views: list[JobView], *, max_retries: int = 1) -> tuple[AppFSM, list[Mail]]:
@@ -89,7 +101,7 @@ def test_failed_replica_is_blamed_not_the_ones_killed_with_it() -> None:
         JobRecord(10, 10, 0, "FAILED", signal=15, nodes="n1"),
         JobRecord(11, 10, 1, "FAILED", exit_code=3, nodes="n2"),
     )
-    fsm, _ = _run([_view("RUNNING"), JobView(10, comps, "queue")], max_retries=0)
+    fsm, _ = _run([_view("RUNNING"), _job(*comps)], max_retries=0)
     snap = fsm.snapshot()
     assert snap.state is AppState.FAILED
     assert snap.replica("trainer", 1).state is ReplicaState.FAILED  # type: ignore[union-attr]
@@ -193,13 +205,9 @@ def test_a_second_requeue_after_a_run_counts_again() -> None:
 def test_the_teardown_of_a_requeued_run_is_not_a_new_run() -> None:
     # Seen on 22.05 (fast ticks): one component COMPLETING with the count already
     # bumped and the next start time set, the other already PENDING again.
-    first = JobView(
-        10,
-        (
-            JobRecord(10, 10, 0, "COMPLETING", nodes="n1", restart_cnt=1, started=571),
-            JobRecord(11, 10, 1, "PENDING", nodes="n2", restart_cnt=1, started=577),
-        ),
-        "queue",
+    first = _job(
+        JobRecord(10, 10, 0, "COMPLETING", nodes="n1", restart_cnt=1, started=571),
+        JobRecord(11, 10, 1, "PENDING", nodes="n2", restart_cnt=1, started=577),
     )
     views = [
         _view("RUNNING", started=567),
@@ -208,10 +216,7 @@ def test_the_teardown_of_a_requeued_run_is_not_a_new_run() -> None:
         _view("RUNNING", restart=1, started=578),
         _view("COMPLETED", restart=1, started=578),
     ]
-    fsm, mail = _run(views, max_retries=3)
-    assert fsm.state is AppState.SUCCEEDED
-    assert [r.restarts for r in fsm.snapshot().roles[0].replicas] == [1, 1]
-    assert max(getattr(m, "attempt", 0) for m in mail) == 1
+    _assert_one_restart_each(views)
 
 
 def test_a_teardown_seen_over_two_ticks_is_still_not_a_new_run() -> None:
@@ -219,13 +224,9 @@ def test_a_teardown_seen_over_two_ticks_is_still_not_a_new_run() -> None:
     # its start time moves by a second in between; the second tick must not start
     # attempt 1, or the job going back to PENDING then counts as a second requeue.
     def teardown(started: int) -> JobView:
-        return JobView(
-            10,
-            (
-                JobRecord(10, 10, 0, "COMPLETING", nodes="n1", restart_cnt=1, started=started),
-                JobRecord(11, 10, 1, "PENDING", nodes="n2", restart_cnt=1, started=590),
-            ),
-            "queue",
+        return _job(
+            JobRecord(10, 10, 0, "COMPLETING", nodes="n1", restart_cnt=1, started=started),
+            JobRecord(11, 10, 1, "PENDING", nodes="n2", restart_cnt=1, started=590),
         )
 
     views = [
@@ -236,17 +237,14 @@ def test_a_teardown_seen_over_two_ticks_is_still_not_a_new_run() -> None:
         _view("PENDING", restart=1, started=0),
         _view("COMPLETED", restart=1, started=592),
     ]
-    fsm, mail = _run(views, max_retries=3)  # room to overcount
-    assert fsm.state is AppState.SUCCEEDED
-    assert [r.restarts for r in fsm.snapshot().roles[0].replicas] == [1, 1]
-    assert max(getattr(m, "attempt", 0) for m in mail) == 1
+    _assert_one_restart_each(views)
 
 
 def test_a_group_of_tasks_gives_each_replica_the_components_state() -> None:
     """One het component (N nodes x M tasks) stands for every replica of its role."""
     translator = ViewTranslator(10, KEYS, [KEYS])
     comp = JobRecord(job_id=10, het_job_id=10, het_offset=0, state="RUNNING", nodes="n[1-2]")
-    events = translator.events(JobView(10, (comp,), "queue"))
+    events = translator.events(_job(comp))
     assert [(type(e).__name__, getattr(e, "key", None)) for e in events] == [
         ("Started", ("trainer", 0)),
         ("Started", ("trainer", 1)),

@@ -366,8 +366,9 @@ class ForeignApps:
                 while True:
                     wake[0] = anyio.Event()
                     status = await self.status(store, app)
-                    ended = status.is_settled
-                    if ended and await anyio.to_thread.run_sync(self.output_settled, store, app):
+                    if status.is_settled and await anyio.to_thread.run_sync(
+                        self.output_settled, store, app
+                    ):
                         return status
                     await wake[0].wait()
             finally:
@@ -379,8 +380,7 @@ class ForeignApps:
         if app is None:
             return True
         status = await self.status(store, app)
-        ended = status.is_settled
-        return ended and await anyio.to_thread.run_sync(self.output_settled, store, app)
+        return status.is_settled and await anyio.to_thread.run_sync(self.output_settled, store, app)
 
     @classmethod
     def output_settled(cls, store: AppStore, app: dict[str, Any]) -> bool:

@@ -13,8 +13,11 @@ import json
 import os
 import socket
 import subprocess
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
+import anyio
 import pytest
 
 from supervisor import Supervisor
@@ -23,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "slurm-cluster"
 FACTS = Path("/run/asupervisor-slurm.json")
 SKIP_ENV = "ASUPERVISOR_SLURM_CLUSTER"
+T = TypeVar("T")
 
 
 def skip_reason() -> str | None:
@@ -82,3 +86,19 @@ async def until_running(sv: Supervisor, handle: str) -> None:
     async for t in sv.watch(handle):
         if t.role is None and t.dest == "RUNNING":
             return
+
+
+async def until(
+    probe: Callable[[], Awaitable[T]], done: Callable[[T], bool], timeout: float, what: str
+) -> T:
+    """Probe until ``done`` holds: Slurm's queue has no event to wait on."""
+    last: T | None = None
+    try:
+        with anyio.fail_after(timeout):
+            while True:
+                last = await probe()
+                if done(last):
+                    return last
+                await anyio.sleep(0.5)
+    except TimeoutError:
+        pytest.fail(f"{what}: not within {timeout:.0f} s; last seen: {last!r}")

@@ -12,11 +12,11 @@ from pathlib import Path
 import anyio
 import pytest
 
-from supervisor import AppDef, AppState, Role, Supervisor
+from supervisor import AppDef, AppState, AppStatus, Role, Supervisor
 from supervisor.backends.slurm import SlurmBackend
 from supervisor.backends.slurm.poller import PollerSettings
 
-from .slurm_cluster import ensure_cluster, until_running
+from .slurm_cluster import ensure_cluster, until, until_running
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slurm]
 
@@ -119,3 +119,56 @@ async def test_the_poller_keeps_ticking_every_second_while_a_job_runs(
         assert (await sv.wait(handle, timeout=60)).state is AppState.CANCELLED
     assert stats["interval_s"] == PollerSettings().running == 1.0
     assert stats["ticks"] - before >= 5
+
+
+async def _slurm_state(job_id: str) -> str:
+    done = await anyio.run_process(["squeue", "-h", "-j", job_id, "-o", "%T"], check=False)
+    return done.stdout.decode().strip()
+
+
+async def test_a_waiting_app_says_why_and_its_cancel_records_no_start(
+    cluster: dict[str, object], state_dir: Path
+) -> None:
+    """Held back by a job that takes every node: while the app waits, its status (here and
+    in another process) gives the scheduler's reason; cancelling it records no start."""
+    sbatch = ["sbatch", "--parsable", "--nodes=3", "--exclusive", "--output=/dev/null"]
+    blocker = (await anyio.run_process([*sbatch, "--wrap", "sleep 300"])).stdout.decode().strip()
+    try:
+        await until(partial(_slurm_state, blocker), "RUNNING".__eq__, 60, "the blocker to run")
+        role = Role(name="w", entrypoint="sleep", args=["1"])
+        async with Supervisor(session="svc") as sv:
+            handle = await sv.submit(AppDef(name="waits", roles=[role]), "slurm")
+            seen: list[str] = []
+
+            async def record() -> None:
+                async for t in sv.watch(handle):
+                    seen.append(f"{t.role or 'app'}:{t.dest}")
+
+            async def status() -> AppStatus | None:
+                return sv.status(handle)
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(record)
+                # The reason is a message, not a transition: no event says it came.
+                waiting = await until(
+                    status, lambda s: bool(s and s.msg.startswith("pending: ")), 60, "a reason"
+                )
+                assert waiting is not None and waiting.state is AppState.PENDING, waiting
+                reason = waiting.msg.removeprefix("pending: ")
+                assert reason in ("Resources", "Priority"), waiting
+                replica = waiting.replica("w", 0)
+                assert replica is not None and replica.msg == reason, waiting
+                async with Supervisor(session="reader") as other:
+                    described = await other.describe(handle)
+                    assert described is not None
+                    theirs = described.to_status()
+                    assert theirs.state is AppState.PENDING, theirs
+                    assert theirs.msg.startswith("pending: "), theirs
+                await sv.cancel(handle)
+                final = await sv.wait(handle, timeout=60)
+            assert final.state is AppState.CANCELLED, final
+            assert "pending" not in final.msg, final
+            assert not any(s.endswith(":RUNNING") for s in seen), seen
+            assert "app:PENDING" in seen and "app:CANCELLED" in seen, seen
+    finally:
+        await anyio.run_process(["scancel", blocker], check=False)

@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 import httpx
@@ -36,11 +36,10 @@ from supervisor.backends.slurm.ship import ship_pump
 from supervisor.backends.slurm.transport import CliTransport
 from supervisor.errors import BackendError, SubmitError
 
-from .slurm_cluster import ensure_cluster
+from .slurm_cluster import ensure_cluster, until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slurm]
 
-T = TypeVar("T")
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 COMPARED = ("job_id", "het_job_id", "het_offset", "state", "exit_code", "nodes")
 REPORT = 'echo "replica $ASUPERVISOR_REPLICA_ID on $SLURMD_NODENAME as $(id -un)"'
@@ -133,21 +132,6 @@ def _prepare(
     return request
 
 
-async def _until(
-    probe: Callable[[], Awaitable[T]], done: Callable[[T], bool], timeout: float, what: str
-) -> T:
-    last: T | None = None
-    try:
-        with anyio.fail_after(timeout):
-            while True:
-                last = await probe()
-                if done(last):
-                    return last
-                await anyio.sleep(0.5)
-    except TimeoutError:
-        pytest.fail(f"{what}: not within {timeout:.0f} s; last seen: {last!r}")
-
-
 def _log_text(directory: str) -> str:
     """Every file under ``directory``, with its name: the pump's logs, the batch log."""
     return "".join(
@@ -205,7 +189,7 @@ async def test_a_het_job_runs_to_completion_seen_like_the_cli_sees_it(
     assert "#SBATCH hetjob" in request.script
     job_id = await rest.submit(request.script, request.workdir)
 
-    ended = await _until(_in_queue(rest, job_id), _ended, 120, f"job {job_id} to end")
+    ended = await until(_in_queue(rest, job_id), _ended, 120, f"job {job_id} to end")
     assert [(r.het_offset, r.het_job_id, r.state, r.exit_code) for r in ended] == [
         (0, job_id, "COMPLETED", 0),
         (1, job_id, "COMPLETED", 0),
@@ -221,7 +205,7 @@ async def test_a_het_job_runs_to_completion_seen_like_the_cli_sees_it(
         expected = f"replica {replica.replica_id} on {record.nodes} as {endpoint.job_user}"
         assert expected in text, text
 
-    accounted = await _until(
+    accounted = await until(
         _in_accounting(rest, job_id),
         lambda rs: len(rs) == 2 and all(r.state == "COMPLETED" for r in rs),
         60,
@@ -237,14 +221,14 @@ async def test_cancelling_a_sleeping_job(endpoint: Endpoint, shared_dir: Path) -
     sleeper = Role(name="sleeper", entrypoint="sleep", args=["300"], num_replicas=2)
     request = _prepare(AppDef(name="sleepy", roles=[sleeper]), shared_dir, endpoint.job_user)
     job_id = await rest.submit(request.script, request.workdir)
-    await _until(
+    await until(
         _in_queue(rest, job_id),
         lambda rs: len(rs) == 2 and all(r.state == "RUNNING" for r in rs),
         90,
         f"job {job_id} to run",
     )
     await rest.cancel(job_id)
-    ended = await _until(_in_queue(rest, job_id), _ended, 60, f"job {job_id} to be cancelled")
+    ended = await until(_in_queue(rest, job_id), _ended, 60, f"job {job_id} to be cancelled")
     assert [r.state for r in ended] == ["CANCELLED", "CANCELLED"]
     assert _same(_components(await cli.queue(), job_id)) == _same(ended)
     await rest.cancel(job_id)  # an ended job: Slurm says it is already done, which is fine
@@ -364,6 +348,6 @@ async def test_socket_jobs_run_as_its_user_who_needs_their_directories(
     request = _prepare(app, shared_dir, "root")  # laid out as root, as the backend would
     os.chmod(shared_dir, 0o700)
     job_id = await endpoint.transport.submit(request.script, request.workdir)
-    ended = await _until(_in_queue(endpoint.transport, job_id), _ended, 60, f"job {job_id}")
+    ended = await until(_in_queue(endpoint.transport, job_id), _ended, 60, f"job {job_id}")
     assert [(r.state, r.reason) for r in ended] == [("FAILED", "JobLaunchFailure")]
     assert not [n for n in _names(request.app_dir) if n.startswith("slurm-")]  # no batch log

@@ -47,27 +47,45 @@ def _library_debug_log(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="supervisor")
 
 
-def _queued_slurm_jobs() -> set[str]:
-    """Job ids in the controller now (a het job by its leader's id); empty when it cannot say."""
+def _our_queued_slurm_jobs(basetemp: Path) -> set[str]:
+    """Ids of the jobs in the controller whose output goes below this pytest run's
+    ``basetemp`` (a het job by its leader's id): jobs of other runs and other users of the
+    cluster are never ours. Empty when the controller cannot say."""
     try:
         done = subprocess.run(
-            ["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=30, check=False
+            ["squeue", "-h", "-O", "JobID:|,STDOUT:"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
         )
     except (OSError, subprocess.TimeoutExpired):
         return set()
-    return {line.split("+")[0] for line in done.stdout.split()} if done.returncode == 0 else set()
+    if done.returncode != 0:
+        return set()
+    ours = set()
+    for line in done.stdout.splitlines():
+        job_id, _, stdout = line.partition("|")
+        if stdout.strip().startswith(f"{basetemp}/"):
+            ours.add(job_id.strip().split("+")[0])
+    return ours
 
 
 @pytest.fixture(autouse=True)
-def _no_slurm_job_outlives_its_test(request: pytest.FixtureRequest) -> Iterator[None]:
+def _no_slurm_job_outlives_its_test(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
     """A Slurm test that fails mid-way leaves its (durable) job queued or running, and the
-    3-node cluster is then full for every test after it: such jobs are cancelled, saying so."""
+    3-node cluster is then full for every test after it: such jobs are cancelled, saying so.
+    Only jobs writing below this run's basetemp count, so two runs (or another user of the
+    cluster) beside this one are left alone; tests that sbatch by hand write there too."""
     if not is_slurm_test(request.node) or skip_reason() is not None or not shutil.which("squeue"):
         yield
         return
-    before = _queued_slurm_jobs()
+    basetemp = tmp_path_factory.getbasetemp().resolve()
+    before = _our_queued_slurm_jobs(basetemp)
     yield
-    left = sorted(_queued_slurm_jobs() - before)
+    left = sorted(_our_queued_slurm_jobs(basetemp) - before)
     if left:
         print(f"cancelling Slurm jobs the test left behind: {', '.join(left)}")
         subprocess.run(["scancel", *left], capture_output=True, timeout=60, check=False)

@@ -127,10 +127,10 @@ async def test_cancel_wait_timeout_and_unknown_handles(
 
 
 async def test_foreign_jobs_are_ignored_and_other_processes_see_ours(
-    cluster: dict[str, object], state_dir: Path
+    cluster: dict[str, object], state_dir: Path, tmp_path: Path
 ) -> None:
     submitted = await anyio.run_process(
-        ["sbatch", "--parsable", "--output=/dev/null", "--wrap", "sleep 30"]
+        ["sbatch", "--parsable", f"--output={tmp_path}/foreign.out", "--wrap", "sleep 30"]
     )
     foreign = submitted.stdout.decode().strip()
     try:

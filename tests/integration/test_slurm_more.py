@@ -127,11 +127,12 @@ async def _slurm_state(job_id: str) -> str:
 
 
 async def test_a_waiting_app_says_why_and_its_cancel_records_no_start(
-    cluster: dict[str, object], state_dir: Path
+    cluster: dict[str, object], state_dir: Path, tmp_path: Path
 ) -> None:
     """Held back by a job that takes every node: while the app waits, its status (here and
     in another process) gives the scheduler's reason; cancelling it records no start."""
-    sbatch = ["sbatch", "--parsable", "--nodes=3", "--exclusive", "--output=/dev/null"]
+    out = f"--output={tmp_path}/blocker.out"
+    sbatch = ["sbatch", "--parsable", "--nodes=3", "--exclusive", out]
     blocker = (await anyio.run_process([*sbatch, "--wrap", "sleep 300"])).stdout.decode().strip()
     try:
         await until(partial(_slurm_state, blocker), "RUNNING".__eq__, 60, "the blocker to run")

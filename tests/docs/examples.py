@@ -1,4 +1,5 @@
-"""The code blocks of the documentation (README.md and docs/**/*.md), found by their fences.
+"""The code blocks of the documentation (README.md, CONTRIBUTING.md, CHANGELOG.md and
+docs/**/*.md), found by their fences.
 
 A fenced block whose language is ``python``, ``sh`` or ``bash`` is an example and
 is run by ``tests/docs/test_examples.py``. An HTML comment on the line before the
@@ -64,7 +65,8 @@ class Block:
 
 
 def documents() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    top = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "CHANGELOG.md"]
+    return [*top, *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def blocks(path: Path) -> list[Block]:

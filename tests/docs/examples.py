@@ -34,7 +34,6 @@ SKIP_REASONS: dict[str, str] = {
     "root-setup": "starts or stops system daemons (the Slurm cluster, the container engines)",
     "serves": "runs until interrupted (a development server)",
     "recursive": "is a step of scripts/test itself",
-    "hardware": "needs hardware this machine may not have (several GPU nodes)",
 }
 
 _FENCE = re.compile(r"^```([A-Za-z0-9_-]*)\s*$")

@@ -58,9 +58,19 @@ from supervisor.status import (
 )
 from supervisor.validate import Capabilities
 
-__all__ = ["LocalBackend"]
+__all__ = ["LOCAL_CAPABILITIES", "LocalBackend"]
 
 SPAWN_FAILED_CODE = 127
+
+LOCAL_CAPABILITIES = Capabilities(
+    backend="local",
+    # Each replica is its own process group: one replica, one role or the whole app can be redone.
+    retry_policies=frozenset(RetryPolicy),
+    mounts=False,
+    max_replicas_per_role=DEFAULT_MAX_REPLICAS,
+    requires_image=False,
+    replicas_hint="raise it with cfg max_replicas_per_role=N",
+)
 
 
 @dataclass
@@ -348,14 +358,7 @@ class LocalBackend(Backend):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(
-            backend="local",
-            retry_policies=frozenset(RetryPolicy),
-            mounts=False,
-            max_replicas_per_role=DEFAULT_MAX_REPLICAS,
-            requires_image=False,
-            replicas_hint="raise it with cfg max_replicas_per_role=N",
-        )
+        return LOCAL_CAPABILITIES
 
     def capabilities_for(self, cfg: ResolvedCfg) -> Capabilities:
         limit = cfg.get_int("max_replicas_per_role", DEFAULT_MAX_REPLICAS)

@@ -156,14 +156,14 @@ class AppActor:
                 if isinstance(item, _Broken):
                     raise RuntimeError(f"{item.doing}: {item.error}") from item.error
                 if isinstance(item, ReplicaEvent):
-                    actions = await self.fsm.apply(item)
+                    actions = self.fsm.apply(item)
                 elif isinstance(item, AppNotice):
                     if item.fatal:
                         raise RuntimeError(item.message)
                     self.fsm.set_notice(item.message)
                     actions = []
                 else:
-                    actions = await self.fsm.cancel()
+                    actions = self.fsm.cancel()
                 for action in actions:
                     task_group.start_soon(self._carry_out, runtime, action)
                 self._publish()
@@ -186,7 +186,7 @@ class AppActor:
             ]
             self.fsm.set_notice(reason)
             for (role, k), attempt in live:
-                await self.fsm.apply(Lost(role=role, replica_id=k, attempt=attempt, reason=reason))
+                self.fsm.apply(Lost(role=role, replica_id=k, attempt=attempt, reason=reason))
             self._publish()
             with anyio.move_on_after(ABANDON_STOP_S):
                 try:

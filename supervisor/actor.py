@@ -1,10 +1,12 @@
 """The app actor: one task per app, the only writer of that app's machines.
 
 Backend events and user commands both arrive in its mailbox and are applied
-one at a time, in arrival order. After each change it publishes a new
-snapshot to readers (``status``, ``wait``, ``watch``) and hands the actions
-the FSM decided to the backend, as tasks of their own so that the mailbox
-keeps draining while a replica takes its grace period to stop.
+in arrival order, all that the mailbox holds in one batch (the exits of a
+gang arrive together). The actions the FSM decides go to the backend as tasks
+of their own, so that the mailbox keeps draining while a replica takes its
+grace period to stop; after each batch it publishes once to readers
+(``status``, ``wait``, ``watch``), and the record for other processes follows
+on the trailing edge of a burst, the final record last.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ Triggers fall in three groups:
 * ``ADVANCE``: the normal life cycle, which ingestion may also use to fill in
   states a backend skipped (a replica seen RUNNING straight from SUBMITTED
   passes PENDING);
-* ``FINISH`` and ``lose``: taken only as the last step toward an observed state;
+* ``succeed``, ``fail`` and ``lose``: taken only as the last step toward an
+  observed state;
 * ``restart``, ``requeue`` and ``cancel``: taken only on a decision
   (a retry, a preemption report, a user's cancel), never inferred.
 """
@@ -25,7 +26,6 @@ from supervisor.fsm.states import AppState, ReplicaState
 __all__ = [
     "ADVANCE",
     "APP_TRANSITIONS",
-    "FINISH",
     "REPLICA_TRANSITIONS",
     "S",
     "TransitionRow",
@@ -42,7 +42,6 @@ class TransitionRow(Generic[S]):
 
 
 ADVANCE: tuple[str, ...] = ("submit", "queue", "start")
-FINISH: tuple[str, ...] = ("succeed", "fail")
 
 _R = ReplicaState
 _R_LIVE = (_R.UNSUBMITTED, _R.SUBMITTED, _R.PENDING, _R.RUNNING, _R.UNKNOWN)

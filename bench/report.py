@@ -31,6 +31,8 @@ LOG_TARGET_RATE = 1_000_000
 SLURM_JOB_INFO_PER_TICK = 1.0
 SLURM_END_TARGET_S = 1.0
 DOCKER_WAIT_TARGET_S = 0.050
+FSM_EVENT_TARGET_S = 20e-6
+FSM_BUILD_TARGET_S = 0.060
 
 COLORS = {
     "asupervisor": "#1f77b4",
@@ -236,7 +238,74 @@ def targets_section(results: Json) -> list[str]:
         )
     rows += slurm_targets(cases.get("slurm", {}))
     rows += docker_targets(cases.get("docker", {}))
+    rows += fsm_targets(cases.get("fsm", {}))
     return table(["target", "measured (median)", "verdict"], rows)
+
+
+def fmt_us(value: float | None) -> str:
+    return "–" if value is None else f"{value * 1e6:.1f} µs"
+
+
+def fsm_targets(case: Json) -> list[list[str]]:
+    rows = case.get("rows", [])
+    out = []
+    for row in rows:
+        if row.get("impl") != "asupervisor":
+            continue
+        med = median_of(row)
+        ratio_ = fmt_ratio(row.get("ratio_to_baseline"))
+        out.append(
+            [
+                f"CPU per replica event through the FSM ≤ 20 µs, N={row['n']:,}",
+                f"{fmt_us(med)} = {ratio_} a `transitions` trigger",
+                verdict(med, FSM_EVENT_TARGET_S, lower_is_better=True, fmt=fmt_us),
+            ]
+        )
+    row = find(rows, impl="asupervisor", n=1000)
+    if row is not None:
+        build = median_of(row, "build")
+        out.append(
+            [
+                "building the machines of a 1,000-replica app ≤ 60 ms",
+                fmt_s(build),
+                verdict(build, FSM_BUILD_TARGET_S, lower_is_better=True, fmt=fmt_s),
+            ]
+        )
+    return out
+
+
+def fsm_section(case: Json) -> list[str]:
+    rows = case.get("rows", [])
+    impls = ["asupervisor", "transitions", "dict"]
+    body = []
+    for n in sorted({r["n"] for r in rows}):
+        line = [f"{n:,}"]
+        for impl in impls:
+            line.append(row_cell(find(rows, impl=impl, n=n), fmt_us))
+        row = find(rows, impl="asupervisor", n=n)
+        line.append(fmt_ratio(row.get("ratio_to_baseline") if row else None))
+        for impl in ("asupervisor", "transitions"):
+            line.append(row_cell(find(rows, impl=impl, n=n), fmt_s, key="build"))
+        body.append(line)
+    header = [
+        "N",
+        *(f"per event: {i}" for i in impls),
+        "asupervisor / transitions",
+        "build: asupervisor",
+        "build: transitions",
+    ]
+    return [
+        "CPU (`process_time`) per replica event of an N-replica app fed every replica's"
+        " `Submitted`, `Started` and `Exited(0)`, no process started: asupervisor's"
+        " `AppFSM.apply` (PENDING filled in, the app's own transitions included);"
+        " the baseline is `transitions`' own `Machine`, one trigger method called per"
+        " event; *dict* is one `(state, trigger) -> state` lookup per event. *build*: the"
+        " CPU to create the machines before the first event (`AppFSM(roles)`; for"
+        " `transitions`, a `Machine` with the N replicas as models), all in one block"
+        " of the caller's event loop.",
+        "",
+        *table(header, body),
+    ]
 
 
 def docker_targets(case: Json) -> list[list[str]]:
@@ -725,6 +794,7 @@ def render_markdown(results: Json, source: str) -> str:
         ("logs", "### 5. Logs", logs_section),
         ("slurm", "### 6. Slurm", slurm_section),
         ("docker", "### 7. Docker", docker_section),
+        ("fsm", "### 8. State machines", fsm_section),
     ]
     for key, title, render in sections:
         case = cases.get(key)

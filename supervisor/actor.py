@@ -1,10 +1,12 @@
 """The app actor: one task per app, the only writer of that app's machines.
 
 Backend events and user commands both arrive in its mailbox and are applied
-one at a time, in arrival order. After each change it publishes a new
-snapshot to readers (``status``, ``wait``, ``watch``) and hands the actions
-the FSM decided to the backend, as tasks of their own so that the mailbox
-keeps draining while a replica takes its grace period to stop.
+in arrival order, all that the mailbox holds in one batch (the exits of a
+gang arrive together). The actions the FSM decides go to the backend as tasks
+of their own, so that the mailbox keeps draining while a replica takes its
+grace period to stop; after each batch it publishes once to readers
+(``status``, ``wait``, ``watch``), and the record for other processes follows
+on the trailing edge of a burst, the final record last.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from supervisor.status import AppStatus, Transition
 __all__ = ["AppActor"]
 
 PERSIST_INTERVAL = 0.05
-"""Seconds between two non-final writes of an app's state: coalesces bursts."""
+"""Seconds a change waits before it is written for other processes: the changes of a
+burst that come meanwhile go in the same write (coalesced on the trailing edge), and
+an app that ends within it gets its final record as its next write."""
 
 ABANDON_STOP_S = 30.0
 """How long an app whose supervision broke gets to stop its replicas before it is left."""
@@ -72,6 +76,9 @@ class AppActor:
         self.done = anyio.Event()
         self._changed = anyio.Event()
         self._dirty = anyio.Event()
+        self._version = 0  # bumped by every published change
+        self._written = -1  # the version the last record written holds
+        self._final_written = False
         self._persisted = 0
         self._persist_lock = anyio.Lock()
         self._persist_failure = ""
@@ -95,8 +102,11 @@ class AppActor:
         await reached.wait()
 
     async def record_now(self) -> None:
-        """Write the current state for other processes now, not at the next coalesced write."""
-        if self.runtime is not None and not self.done.is_set():
+        """Write the current state for other processes now, not at the next coalesced write.
+
+        Nothing is written when the last record already holds this state, or is final.
+        """
+        if self.runtime is not None:
             await self._persist(self.runtime, final=False)
 
     def discard(self) -> None:
@@ -149,28 +159,50 @@ class AppActor:
     async def _loop(self, runtime: AppRuntime, task_group: TaskGroup) -> None:
         async with anyio.create_task_group() as own:
             own.start_soon(self._persist_loop, runtime)
-            async for item in self._recv:
-                if isinstance(item, _Barrier):
-                    item.reached.set()
-                    continue
-                if isinstance(item, _Broken):
-                    raise RuntimeError(f"{item.doing}: {item.error}") from item.error
-                if isinstance(item, ReplicaEvent):
-                    actions = await self.fsm.apply(item)
-                elif isinstance(item, AppNotice):
-                    if item.fatal:
-                        raise RuntimeError(item.message)
-                    self.fsm.set_notice(item.message)
-                    actions = []
-                else:
-                    actions = await self.fsm.cancel()
-                for action in actions:
-                    task_group.start_soon(self._carry_out, runtime, action)
-                self._publish()
+            async for first in self._recv:
+                # Whatever else the mailbox holds came together (the exits of a gang,
+                # a burst of starts): applied as one batch, published once.
+                changed = False
+                item: _Mail | None = first
+                while item is not None:
+                    if isinstance(item, _Barrier):
+                        item.reached.set()
+                    else:
+                        self._apply(item, runtime, task_group)
+                        changed = True
+                        if self.fsm.is_terminal:
+                            break
+                    item = self._next_mail()
+                if changed:
+                    self._publish()
                 if self.fsm.is_terminal:
                     break
             own.cancel_scope.cancel()
             await self._persist(runtime, final=True)
+
+    def _next_mail(self) -> _Mail | None:
+        try:
+            return self._recv.receive_nowait()
+        except anyio.WouldBlock:
+            return None
+
+    def _apply(self, item: _Mail, runtime: AppRuntime, task_group: TaskGroup) -> None:
+        """One mail item through the FSM; the actions it decides start as tasks of their own."""
+        if isinstance(item, _Broken):
+            raise RuntimeError(f"{item.doing}: {item.error}") from item.error
+        if isinstance(item, ReplicaEvent):
+            actions = self.fsm.apply(item)
+        elif isinstance(item, AppNotice):
+            if item.fatal:
+                raise RuntimeError(item.message)
+            self.fsm.set_notice(item.message)
+            actions = []
+        elif isinstance(item, (_Cancel, AppCancelRequested)):
+            actions = self.fsm.cancel()
+        else:
+            raise TypeError(f"unexpected mail {item!r}")
+        for action in actions:
+            task_group.start_soon(self._carry_out, runtime, action)
 
     async def _abandon(self, runtime: AppRuntime, exc: Exception) -> None:
         """Supervision of this app broke: mark what still lives UNKNOWN, stop it, record it."""
@@ -186,7 +218,7 @@ class AppActor:
             ]
             self.fsm.set_notice(reason)
             for (role, k), attempt in live:
-                await self.fsm.apply(Lost(role=role, replica_id=k, attempt=attempt, reason=reason))
+                self.fsm.apply(Lost(role=role, replica_id=k, attempt=attempt, reason=reason))
             self._publish()
             with anyio.move_on_after(ABANDON_STOP_S):
                 try:
@@ -230,6 +262,7 @@ class AppActor:
         self._recv.close()
 
     def _publish(self) -> None:
+        self._version += 1
         self._changed.set()
         self._changed = anyio.Event()
         self._dirty.set()
@@ -237,19 +270,25 @@ class AppActor:
     async def _persist_loop(self, runtime: AppRuntime) -> None:
         while True:
             await self._dirty.wait()
+            # Trailing edge: the rest of the burst comes in meanwhile and goes in this write.
+            await anyio.sleep(PERSIST_INTERVAL)
             self._dirty = anyio.Event()
             await self._persist(runtime, final=False)
-            await anyio.sleep(PERSIST_INTERVAL)
 
     async def _persist(self, runtime: AppRuntime, final: bool) -> None:
         """Write the state for other processes; a failure is this app's notice, never a crash.
 
-        The app itself goes on (its replicas do not need the record); the
-        notice stays until a write succeeds again.
+        The final record is the last one: once written, nothing overwrites it. A
+        non-final write of a state already written is skipped. The app itself goes
+        on after a failed write (its replicas do not need the record); the notice
+        stays until a write succeeds again.
         """
         # Shielded: a write cut short would leave transitions recorded twice.
         with anyio.CancelScope(shield=True):
             async with self._persist_lock:
+                if self._final_written or (not final and self._written == self._version):
+                    return
+                version = self._version
                 history = self.fsm.history
                 new = history[self._persisted :]
                 try:
@@ -262,6 +301,8 @@ class AppActor:
                         self._changed_without_record()
                     return
                 self._persisted += len(new)
+                self._written = version
+                self._final_written = final
                 if self._persist_failure:
                     if self.fsm.notice == self._persist_failure:
                         self.fsm.set_notice("")

@@ -24,18 +24,10 @@ from supervisor.events import (
     Started,
     Submitted,
 )
-from supervisor.fsm.ingest import Drop, plan
-from supervisor.fsm.machines import (
-    AppModel,
-    ReplicaModel,
-    StopReason,
-    build_app_machine,
-    build_replica_machine,
-    fire,
-)
+from supervisor.fsm.ingest import ANY_APP_TRIGGER, APP_PATHS, REPLICA_PATHS, Drop
+from supervisor.fsm.machines import APP_ENGINE, REPLICA_ENGINE, AppModel, ReplicaModel, StopReason
 from supervisor.fsm.rules import ExitOutcome, derive_from_counts, exit_outcome
 from supervisor.fsm.states import TERMINAL, AppState, ReplicaState
-from supervisor.fsm.tables import APP_TRANSITIONS, REPLICA_TRANSITIONS
 from supervisor.specs import RetryPolicy
 from supervisor.status import AppStatus, ReplicaStatus, RoleStatus, Transition
 
@@ -70,7 +62,17 @@ class RestartReplicas:
 
 Action = StopReplicas | RestartReplicas
 
-_APP_FINALS = ("submit", "queue", "start", "succeed", "fail", "cancel", "requeue", "lose")
+# The one trigger each observation justifies as the last step of its path.
+_SUBMIT = frozenset({"submit"})
+_QUEUE = frozenset({"queue"})
+_START = frozenset({"start"})
+_LOSE = frozenset({"lose"})
+_REQUEUE = frozenset({"requeue"})
+_OUTCOME = {
+    ExitOutcome.SUCCEEDED: (ReplicaState.SUCCEEDED, frozenset({"succeed"})),
+    ExitOutcome.CANCELLED: (ReplicaState.CANCELLED, frozenset({"cancel"})),
+    ExitOutcome.FAILED: (ReplicaState.FAILED, frozenset({"fail"})),
+}
 
 
 def describe_exit(exit_code: int | None, signal: str | None) -> str:
@@ -90,12 +92,12 @@ class AppFSM:
         self.replicas: dict[ReplicaKey, ReplicaModel] = {
             (r.name, k): ReplicaModel(r.name, k) for r in roles for k in range(r.num_replicas)
         }
-        self._replica_machine = build_replica_machine(list(self.replicas.values()))
         # Kept up to date on every replica transition, so deriving the app's
         # state costs the same for 1 replica or 1,000.
-        self._counts: Counter[str] = Counter({"UNSUBMITTED": len(self.replicas)})
+        self._counts: Counter[ReplicaState] = Counter(
+            {ReplicaState.UNSUBMITTED: len(self.replicas)}
+        )
         self.app = AppModel()
-        self._app_machine = build_app_machine(self.app)
         self.history: list[Transition] = []
         self.dropped: dict[str, int] = {}
         self.role_restarts = {r.name: 0 for r in roles}
@@ -160,7 +162,7 @@ class AppFSM:
             self._snapshot = None
 
     # ----------------------------------------------------------------- commands
-    async def apply(self, event: ReplicaEvent) -> list[Action]:
+    def apply(self, event: ReplicaEvent) -> list[Action]:
         """Ingest one backend event; return what the backend must do next."""
         self._snapshot = None
         model = self.replicas.get(event.key)
@@ -172,30 +174,30 @@ class AppFSM:
             return []
         actions: list[Action] = []
         if isinstance(event, Submitted):
-            await self._advance(model, ReplicaState.SUBMITTED, ("submit",), event)
+            self._advance(model, ReplicaState.SUBMITTED, _SUBMIT, event)
         elif isinstance(event, Queued):
             reason = "" if event.reason in ("", "None") else event.reason
-            await self._advance(model, ReplicaState.PENDING, ("queue",), event, reason)
+            self._advance(model, ReplicaState.PENDING, _QUEUE, event, reason)
             if model.state is ReplicaState.PENDING and reason:
                 # The reason changes while the replica waits (Priority, then Resources):
                 # shown in status at once, no transition needed.
                 model.msg = reason
                 self.pending_reason = reason
         elif isinstance(event, Started):
-            if await self._advance(model, ReplicaState.RUNNING, ("start",), event):
+            if self._advance(model, ReplicaState.RUNNING, _START, event):
                 model.hostname = event.hostname
                 self.pending_reason = ""
         elif isinstance(event, Lost):
-            if await self._advance(model, ReplicaState.UNKNOWN, ("lose",), event, event.reason):
+            if self._advance(model, ReplicaState.UNKNOWN, _LOSE, event, event.reason):
                 model.msg = event.reason
         elif isinstance(event, Requeued):
-            actions += await self._on_requeued(model, event)
+            actions += self._on_requeued(model, event)
         elif isinstance(event, Exited):
-            actions += await self._on_exited(model, event)
-        await self._update_app(event.at)
+            actions += self._on_exited(model, event)
+        self._update_app(event.at)
         return actions
 
-    async def cancel(self) -> list[Action]:
+    def cancel(self) -> list[Action]:
         """The user's cancel: stop every live replica; idempotent."""
         if self.is_terminal or self.cancel_requested:
             return []
@@ -208,23 +210,21 @@ class AppFSM:
                 continue
             model.stop_reason = StopReason.CANCEL
             if model.state is ReplicaState.UNSUBMITTED:
-                await self._fire(model, "cancel", at, "cancelled before submission")
+                self._fire(model, "cancel", at, "cancelled before submission")
             else:
                 to_stop.append(key)
-        await self._update_app(at)
+        self._update_app(at)
         return [StopReplicas(tuple(to_stop), "cancelled by request")] if to_stop else []
 
     # ---------------------------------------------------------------- internals
-    async def _on_requeued(self, model: ReplicaModel, event: Requeued) -> list[Action]:
+    def _on_requeued(self, model: ReplicaModel, event: Requeued) -> list[Action]:
         if event.attempt <= model.attempt and model.attempt > 0:
             self._drop("duplicate")
             return []
         # Already PENDING: the run that was requeued ended between two looks, never seen
         # to start. No transition, but the attempt still moves on.
         waiting = model.state is ReplicaState.PENDING
-        if waiting or await self._advance(
-            model, ReplicaState.PENDING, ("requeue",), event, event.reason
-        ):
+        if waiting or self._advance(model, ReplicaState.PENDING, _REQUEUE, event, event.reason):
             new_attempt = max(event.attempt, model.attempt + 1)
             counted = max(self._requeued_to, model.attempt)  # restarts already counted
             gained = new_attempt - model.attempt
@@ -238,7 +238,7 @@ class AppFSM:
             self._requeued_to = max(self._requeued_to, new_attempt)
         return []
 
-    async def _on_exited(self, model: ReplicaModel, event: Exited) -> list[Action]:
+    def _on_exited(self, model: ReplicaModel, event: Exited) -> list[Action]:
         if model.state.name in TERMINAL:
             self._drop("absorbed")
             return []
@@ -258,13 +258,9 @@ class AppFSM:
             what = event.msg  # e.g. an exit status the backend could not learn
         model.msg = event.msg or ("" if outcome is ExitOutcome.SUCCEEDED else what)
         if outcome is ExitOutcome.RESTART:
-            return await self._restart(model, role, event.at, what)
-        target = {
-            ExitOutcome.SUCCEEDED: ReplicaState.SUCCEEDED,
-            ExitOutcome.CANCELLED: ReplicaState.CANCELLED,
-            ExitOutcome.FAILED: ReplicaState.FAILED,
-        }[outcome]
-        await self._advance(model, target, (outcome.value,), event, model.msg)
+            return self._restart(model, role, event.at, what)
+        target, finals = _OUTCOME[outcome]
+        self._advance(model, target, finals, event, model.msg)
         if self._failed and event.structured_error_msg and not self.structured_error_msg:
             # The root cause is the first failure, unless a later one wrote an error file
             # (a gang on Slurm reports its members' failures together, in no useful order).
@@ -283,9 +279,7 @@ class AppFSM:
                 others.append(key)
         return [StopReplicas(tuple(others), f"{what}; stopping the app")] if others else []
 
-    async def _restart(
-        self, failed: ReplicaModel, role: RoleSpec, at: float, what: str
-    ) -> list[Action]:
+    def _restart(self, failed: ReplicaModel, role: RoleSpec, at: float, what: str) -> list[Action]:
         if role.retry_policy is RetryPolicy.REPLICA:
             scope = [failed]
         elif role.retry_policy is RetryPolicy.ROLE:
@@ -304,55 +298,46 @@ class AppFSM:
             m.attempt += 1
             m.restarts += 1
             if m.state in (ReplicaState.RUNNING, ReplicaState.UNKNOWN):
-                await self._fire(m, "restart", at, reason)
+                self._fire(m, "restart", at, reason)
             attempts.append(((m.role, m.replica_id), m.attempt))
         self._snapshot = None
         return [RestartReplicas(tuple(attempts), reason)]
 
-    async def _advance(
+    def _advance(
         self,
         model: ReplicaModel,
         target: ReplicaState,
-        finals: tuple[str, ...],
+        finals: frozenset[str],
         event: ReplicaEvent,
         msg: str = "",
     ) -> bool:
-        step = plan(REPLICA_TRANSITIONS, model.state.name, target.name, finals)
+        step = REPLICA_PATHS[(model.state, target, finals)]
         if isinstance(step, Drop):
             self._drop(step.reason)
             return False
         for trig in step.triggers:
-            await self._fire(model, trig, event.at, msg)
+            self._fire(model, trig, event.at, msg)
         return True
 
-    async def _fire(self, model: ReplicaModel, trigger: str, at: float, msg: str) -> None:
-        source = model.state.name
-        await fire(model, trigger)
+    def _fire(self, model: ReplicaModel, trigger: str, at: float, msg: str) -> None:
+        source = model.state
+        REPLICA_ENGINE.fire(model, trigger)
+        dest = model.state
         self._counts[source] -= 1
-        self._counts[model.state.name] += 1
-        self._record(at, source, model.state.name, trigger, model, msg)
+        self._counts[dest] += 1
+        # ``_name_``, not ``name``: the enum's ``name`` is a descriptor, slow on this path.
+        self._record(at, source._name_, dest._name_, trigger, model, msg)
 
-    def never_started_while_cancelling(self, derived: AppState) -> bool:
-        """The one exception to the derivation rule: a cancel ending replicas that
-        only waited does not start the app (no false ... -> RUNNING step)."""
-        return (
-            self.cancel_requested
-            and derived is AppState.RUNNING
-            and not self._counts["RUNNING"]
-            and self.app.state in (AppState.SUBMITTED, AppState.PENDING)
-        )
-
-    async def _update_app(self, at: float) -> None:
-        target = derive_from_counts(self._counts, self.cancel_requested)
-        if self.never_started_while_cancelling(target):
-            return  # replicas cancelled while they waited: the app never ran
-        step = plan(APP_TRANSITIONS, self.app.state.name, target.name, _APP_FINALS)
+    def _update_app(self, at: float) -> None:
+        current = self.app.state
+        target = derive_from_counts(self._counts, self.cancel_requested, current)
+        step = APP_PATHS[(current, target, ANY_APP_TRIGGER)]
         if isinstance(step, Drop):
             return
         for trig in step.triggers:
-            source = self.app.state.name
-            await fire(self.app, trig)
-            self._record(at, source, self.app.state.name, trig, None, self.msg)
+            source = self.app.state
+            APP_ENGINE.fire(self.app, trig)
+            self._record(at, source._name_, self.app.state._name_, trig, None, self.msg)
 
     def _record(
         self,

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from supervisor.fsm.states import TERMINAL
-from supervisor.fsm.tables import APP_TRANSITIONS, REPLICA_TRANSITIONS, TransitionRow
+from supervisor.fsm.tables import APP_TRANSITIONS, REPLICA_TRANSITIONS, S, TransitionRow
 
 __all__ = ["mermaid", "render_fsm_doc"]
 
 
-def mermaid(table: list[TransitionRow], title: str) -> str:
+def mermaid(table: Sequence[TransitionRow[S]], title: str) -> str:
     lines = ["```mermaid", "---", f"title: {title}", "---", "stateDiagram-v2"]
     lines.append("    [*] --> UNSUBMITTED")
     for row in table:
-        for src in row["source"]:
-            lines.append(f"    {src} --> {row['dest']}: {row['trigger']}")
+        for src in row.source:
+            lines.append(f"    {src.name} --> {row.dest.name}: {row.trigger}")
     for state in sorted(TERMINAL):
         lines.append(f"    {state} --> [*]")
     lines.append("```")
@@ -44,7 +46,10 @@ def render_fsm_doc() -> str:
             "(`supervisor/fsm/rules.py`): terminal only once every replica is;",
             "FAILED if any replica failed for good; CANCELLED after a cancel;",
             "SUCCEEDED when every replica exited 0. Otherwise UNKNOWN if any replica",
-            "is; RUNNING if any runs or has finished; then PENDING, then SUBMITTED.",
+            "is; RUNNING if any runs or has finished (replicas that a cancel ended while",
+            "they waited do not start an app that never ran: it keeps its state until",
+            "the rest end); then PENDING, then SUBMITTED. The app's machine takes the",
+            "shortest path the table allows to that state.",
             "",
             mermaid(APP_TRANSITIONS, "app"),
             "",

@@ -2,21 +2,40 @@
 
 Backends report observations, not transitions: news can arrive twice, late
 (after something newer), or skip states the backend never saw (a short job
-observed only once it finished). ``plan`` classifies each observation
-against the table before any trigger fires, so the machines only ever take
-listed transitions and every dropped observation has a stated reason.
+observed only once it finished). Each observation is classified against the
+table before any trigger fires, so the machines only ever take listed
+transitions and every dropped observation has a stated reason.
+
+The classification depends only on the table, so every answer is worked out
+once, at import: ``REPLICA_PATHS`` and ``APP_PATHS`` map (current state,
+observed state, triggers that may end the path) to the plan, and ingesting an
+event is one dict lookup.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from supervisor.fsm.states import TERMINAL
-from supervisor.fsm.tables import ADVANCE, TransitionRow
+from supervisor.fsm.states import TERMINAL, AppState, ReplicaState
+from supervisor.fsm.tables import (
+    ADVANCE,
+    APP_TRANSITIONS,
+    REPLICA_TRANSITIONS,
+    S,
+    TransitionRow,
+)
 
-__all__ = ["Drop", "Steps", "plan"]
+__all__ = [
+    "ANY_APP_TRIGGER",
+    "APP_PATHS",
+    "REPLICA_PATHS",
+    "Drop",
+    "Plan",
+    "Steps",
+    "compile_paths",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,35 +52,62 @@ class Steps:
     triggers: tuple[str, ...]
 
 
-def plan(
-    table: list[TransitionRow], current: str, target: str, final: Iterable[str]
-) -> Drop | Steps:
-    """The shortest legal way from ``current`` to ``target``.
+Plan = Drop | Steps
+
+
+def _search(
+    table: Sequence[TransitionRow[S]], current: S, target: S, finals: frozenset[str]
+) -> Plan:
+    """The shortest legal way from ``current`` to ``target`` (breadth first).
 
     Only ``ADVANCE`` triggers may fill in skipped states; the last step must be
-    one of ``final`` (the triggers that the observation itself justifies).
+    one of ``finals`` (the triggers that the observation itself justifies).
     """
-    if current in TERMINAL:
+    if current.name in TERMINAL:
         return Drop("absorbed")
     if current == target:
         return Drop("duplicate")
-    finals = set(final)
-    by_trigger: dict[str, list[TransitionRow]] = {}
-    for row in table:
-        by_trigger.setdefault(row["trigger"], []).append(row)
-
+    last = [row for row in table if row.trigger in finals and row.dest == target]
+    fill = [row for trig in ADVANCE for row in table if row.trigger == trig]
     seen = {current}
-    queue: deque[tuple[str, tuple[str, ...]]] = deque([(current, ())])
+    queue: deque[tuple[S, tuple[str, ...]]] = deque([(current, ())])
     while queue:
+        state: S
+        path: tuple[str, ...]
         state, path = queue.popleft()
-        for trig in finals:
-            for row in by_trigger.get(trig, []):
-                if state in row["source"] and row["dest"] == target:
-                    return Steps((*path, trig))
-        for trig in ADVANCE:
-            for row in by_trigger.get(trig, []):
-                nxt = row["dest"]
-                if state in row["source"] and nxt not in seen:
-                    seen.add(nxt)
-                    queue.append((nxt, (*path, trig)))
+        for row in last:
+            if state in row.source:
+                return Steps((*path, row.trigger))
+        for row in fill:
+            if state in row.source and row.dest not in seen:
+                seen.add(row.dest)
+                queue.append((row.dest, (*path, row.trigger)))
     return Drop("stale")
+
+
+def compile_paths(
+    table: Sequence[TransitionRow[S]], states: Iterable[S], final_sets: Iterable[frozenset[str]]
+) -> dict[tuple[S, S, frozenset[str]], Plan]:
+    """Every plan of ``table``: each pair of states, for each set of allowed last triggers."""
+    members = list(states)
+    return {
+        (current, target, finals): _search(table, current, target, finals)
+        for finals in final_sets
+        for current in members
+        for target in members
+    }
+
+
+ANY_APP_TRIGGER = frozenset(row.trigger for row in APP_TRANSITIONS)
+"""The app's state is derived, never observed: any trigger may end its path."""
+
+REPLICA_PATHS: dict[tuple[ReplicaState, ReplicaState, frozenset[str]], Plan] = compile_paths(
+    REPLICA_TRANSITIONS,
+    ReplicaState,
+    {frozenset({row.trigger}) for row in REPLICA_TRANSITIONS},
+)
+"""A replica observation justifies exactly one last trigger (``start`` for Started, ...)."""
+
+APP_PATHS: dict[tuple[AppState, AppState, frozenset[str]], Plan] = compile_paths(
+    APP_TRANSITIONS, AppState, [ANY_APP_TRIGGER]
+)

@@ -1,31 +1,43 @@
-"""Replica and app machines, built from the tables with ``transitions``' asyncio machine.
+"""The engine: one ``transitions`` Machine per table, shared by every model.
 
-One machine per app drives every replica model of that app (``transitions``
-supports many models per machine), and another drives the app model. Only
-the app actor fires triggers, one at a time, so the asyncio machine's rule
-that a new trigger cancels one still in flight on the same model never
-applies. Callbacks are not used: models are plain records and every side
-effect is decided outside the machine.
+A ``transitions`` machine keeps no per-model state of its own when it has no
+queue: firing an event reads the model's ``state``, finds the transition the
+table lists from it (``MachineError`` when there is none) and writes the new
+state back. So one synchronous Machine per table, built here at import,
+serves the replicas and apps of every AppFSM, and "building the machines" of
+an app is creating its plain model records: no trigger methods are bound to
+them (binding them cost about 0.1 ms per replica, paid in one block on the
+event loop).
+
+Only the app actor fires triggers, one at a time; nothing in a transition
+does I/O, so the asyncio machine is not needed. The tables declare no
+callbacks or conditions (models are plain records and every side effect is
+decided outside the machine), so a transition here only writes the state:
+``_Step`` skips the machinery of empty callback lists and debug logging, which
+was three quarters of a trigger's cost (about 20 us of 25 on a loaded 2-core
+machine), the machine looks a model's state up by its enum member, and an
+event fires without the detour through the machine's (unused) queue.
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from typing import Any
+from typing import Generic
 
-from transitions.extensions.asyncio import AsyncMachine
+from transitions import Event, Machine, Transition
+from transitions.core import EventData, MachineError, State
 
 from supervisor.fsm.states import AppState, ReplicaState
-from supervisor.fsm.tables import APP_TRANSITIONS, REPLICA_TRANSITIONS, TransitionRow
+from supervisor.fsm.tables import APP_TRANSITIONS, REPLICA_TRANSITIONS, S, TransitionRow
 
 __all__ = [
+    "APP_ENGINE",
+    "REPLICA_ENGINE",
     "AppModel",
+    "Engine",
     "ReplicaModel",
     "StopReason",
-    "build_app_machine",
-    "build_replica_machine",
-    "fire",
 ]
 
 
@@ -35,11 +47,24 @@ class StopReason(enum.Enum):
 
 
 class ReplicaModel:
-    """What the app actor knows of one replica; ``state`` is owned by the machine."""
+    """What the app actor knows of one replica; ``state`` is written only by the engine."""
 
-    state: ReplicaState
+    __slots__ = (
+        "attempt",
+        "exit_code",
+        "hostname",
+        "msg",
+        "replica_id",
+        "restarts",
+        "role",
+        "signal",
+        "state",
+        "stop_reason",
+        "structured_error_msg",
+    )
 
     def __init__(self, role: str, replica_id: int) -> None:
+        self.state = ReplicaState.UNSUBMITTED
         self.role = role
         self.replica_id = replica_id
         self.attempt = 0
@@ -56,41 +81,82 @@ class ReplicaModel:
 
 
 class AppModel:
-    state: AppState
+    """The app's own state; written only by the engine."""
+
+    __slots__ = ("state",)
+
+    def __init__(self) -> None:
+        self.state = AppState.UNSUBMITTED
 
 
-async def fire(model: ReplicaModel | AppModel, trigger: str) -> None:
-    """Fire a trigger the machine bound to ``model``; an illegal one raises MachineError."""
-    bound: Any = model
-    await bound.trigger(trigger)
+class _Step(Transition):
+    """A transition with no callbacks and no conditions: it writes the destination state."""
+
+    def execute(self, event_data: EventData) -> bool:
+        machine = event_data.machine
+        if self.dest is None:  # an internal transition; the tables list none
+            raise MachineError(f"{event_data.event} has no destination")
+        setattr(event_data.model, machine.model_attribute, machine.states[self.dest].value)
+        return True
 
 
-def _rows(table: list[TransitionRow], states: type[enum.Enum]) -> list[dict[str, Any]]:
-    return [
-        {
-            "trigger": row["trigger"],
-            "source": [states[s] for s in row["source"]],
-            "dest": states[row["dest"]],
-        }
-        for row in table
-    ]
+class _State(State):
+    """A state whose name is read once: ``State.name`` asks the enum member every time."""
+
+    def __init__(self, name: str | enum.Enum, **kwargs: object) -> None:
+        super().__init__(name, **kwargs)  # type: ignore[arg-type]
+        self._label = name.name if isinstance(name, enum.Enum) else name
+
+    @property
+    def name(self) -> str:
+        return self._label
 
 
-def _build(models: Sequence[object], states: type[enum.Enum], table: list[TransitionRow]) -> Any:
-    return AsyncMachine(
-        model=list(models),
-        states=states,
-        transitions=_rows(table, states),
-        initial=states["UNSUBMITTED"],
-        auto_transitions=False,
-        send_event=False,
-        queued=False,
-    )
+class _Event(Event):
+    """Fires at once: the machine has no queue, so ``Machine._process`` would call it at once."""
+
+    def trigger(self, model: object, *args: object, **kwargs: object) -> bool:
+        data = EventData(None, self, self.machine, model, args=args, kwargs=kwargs)
+        return bool(self._trigger(data))
 
 
-def build_replica_machine(models: Sequence[ReplicaModel]) -> Any:
-    return _build(models, ReplicaState, REPLICA_TRANSITIONS)
+class _Machine(Machine):
+    event_cls = _Event
+    state_cls = _State
+    transition_cls = _Step
+
+    def get_model_state(self, model: object) -> State:
+        # By the enum member itself: ``Machine.get_state`` asks each member its name first.
+        return self._by_member[getattr(model, self.model_attribute)]
+
+    def index_states(self) -> None:
+        self._by_member = {state.value: state for state in self.states.values()}
 
 
-def build_app_machine(model: AppModel) -> Any:
-    return _build([model], AppState, APP_TRANSITIONS)
+class Engine(Generic[S]):
+    """Fires the triggers of one table on any model with a ``state`` attribute."""
+
+    def __init__(self, states: type[S], table: Sequence[TransitionRow[S]]) -> None:
+        self.machine = _Machine(
+            model=None,
+            states=states,
+            transitions=[
+                {"trigger": row.trigger, "source": list(row.source), "dest": row.dest}
+                for row in table
+            ],
+            initial=states["UNSUBMITTED"],
+            auto_transitions=False,
+            send_event=False,
+            queued=False,
+        )
+        self.machine.index_states()
+        self._events = self.machine.events
+
+    def fire(self, model: ReplicaModel | AppModel, trigger: str) -> None:
+        """Take one transition; one the table does not list raises ``MachineError``."""
+        if not self._events[trigger].trigger(model):
+            raise MachineError(f"{trigger} did not change {model!r}")
+
+
+REPLICA_ENGINE: Engine[ReplicaState] = Engine(ReplicaState, REPLICA_TRANSITIONS)
+APP_ENGINE: Engine[AppState] = Engine(AppState, APP_TRANSITIONS)

@@ -1,66 +1,76 @@
 """Every legal transition, as data.
 
-The machines in ``machines.py`` are built from these tables and the diagram
-in the docs is rendered from them, so the three can never disagree. A
-transition not listed here raises inside ``transitions`` rather than
-happening quietly.
+The machines in ``machines.py``, the skip-ahead paths in ``ingest.py`` and
+the diagram in the docs are all built from these tables, so they can never
+disagree. A transition not listed here raises inside ``transitions`` rather
+than happening quietly.
 
 Triggers fall in three groups:
 
 * ``ADVANCE``: the normal life cycle, which ingestion may also use to fill in
   states a backend skipped (a replica seen RUNNING straight from SUBMITTED
   passes PENDING);
-* ``FINISH`` and ``lose``: taken only as the last step toward an observed state;
+* ``succeed``, ``fail`` and ``lose``: taken only as the last step toward an
+  observed state;
 * ``restart``, ``requeue`` and ``cancel``: taken only on a decision
   (a retry, a preemption report, a user's cancel), never inferred.
 """
 
 from __future__ import annotations
 
-from typing import TypedDict
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from supervisor.fsm.states import AppState, ReplicaState
 
 __all__ = [
     "ADVANCE",
     "APP_TRANSITIONS",
-    "FINISH",
     "REPLICA_TRANSITIONS",
+    "S",
     "TransitionRow",
 ]
 
+S = TypeVar("S", AppState, ReplicaState)
 
-class TransitionRow(TypedDict):
+
+@dataclass(frozen=True, slots=True)
+class TransitionRow(Generic[S]):
     trigger: str
-    source: list[str]
-    dest: str
+    source: tuple[S, ...]
+    dest: S
 
-
-_LIVE = ["UNSUBMITTED", "SUBMITTED", "PENDING", "RUNNING", "UNKNOWN"]
 
 ADVANCE: tuple[str, ...] = ("submit", "queue", "start")
-FINISH: tuple[str, ...] = ("succeed", "fail")
 
-REPLICA_TRANSITIONS: list[TransitionRow] = [
-    {"trigger": "submit", "source": ["UNSUBMITTED"], "dest": "SUBMITTED"},
-    {"trigger": "queue", "source": ["SUBMITTED", "UNKNOWN"], "dest": "PENDING"},
-    {"trigger": "start", "source": ["PENDING", "UNKNOWN"], "dest": "RUNNING"},
-    {"trigger": "succeed", "source": ["RUNNING", "UNKNOWN"], "dest": "SUCCEEDED"},
-    {"trigger": "fail", "source": ["SUBMITTED", "PENDING", "RUNNING", "UNKNOWN"], "dest": "FAILED"},
-    {"trigger": "cancel", "source": list(_LIVE), "dest": "CANCELLED"},
+_R = ReplicaState
+_R_LIVE = (_R.UNSUBMITTED, _R.SUBMITTED, _R.PENDING, _R.RUNNING, _R.UNKNOWN)
+
+REPLICA_TRANSITIONS: tuple[TransitionRow[ReplicaState], ...] = (
+    TransitionRow("submit", (_R.UNSUBMITTED,), _R.SUBMITTED),
+    TransitionRow("queue", (_R.SUBMITTED, _R.UNKNOWN), _R.PENDING),
+    TransitionRow("start", (_R.PENDING, _R.UNKNOWN), _R.RUNNING),
+    TransitionRow("succeed", (_R.RUNNING, _R.UNKNOWN), _R.SUCCEEDED),
+    TransitionRow("fail", (_R.SUBMITTED, _R.PENDING, _R.RUNNING, _R.UNKNOWN), _R.FAILED),
+    TransitionRow("cancel", _R_LIVE, _R.CANCELLED),
     # A failed replica with retries left goes back to the queue instead of FAILED.
-    {"trigger": "restart", "source": ["RUNNING", "UNKNOWN"], "dest": "PENDING"},
+    TransitionRow("restart", (_R.RUNNING, _R.UNKNOWN), _R.PENDING),
     # The scheduler took a started replica back (preemption, node failure).
-    {"trigger": "requeue", "source": ["RUNNING"], "dest": "PENDING"},
-    {"trigger": "lose", "source": ["SUBMITTED", "PENDING", "RUNNING"], "dest": "UNKNOWN"},
-]
+    TransitionRow("requeue", (_R.RUNNING,), _R.PENDING),
+    TransitionRow("lose", (_R.SUBMITTED, _R.PENDING, _R.RUNNING), _R.UNKNOWN),
+)
 
-APP_TRANSITIONS: list[TransitionRow] = [
-    {"trigger": "submit", "source": ["UNSUBMITTED"], "dest": "SUBMITTED"},
-    {"trigger": "queue", "source": ["SUBMITTED", "UNKNOWN"], "dest": "PENDING"},
-    {"trigger": "start", "source": ["PENDING", "UNKNOWN"], "dest": "RUNNING"},
-    {"trigger": "succeed", "source": ["RUNNING", "UNKNOWN"], "dest": "SUCCEEDED"},
-    {"trigger": "fail", "source": ["SUBMITTED", "PENDING", "RUNNING", "UNKNOWN"], "dest": "FAILED"},
-    {"trigger": "cancel", "source": list(_LIVE), "dest": "CANCELLED"},
+_A = AppState
+_A_LIVE = (_A.UNSUBMITTED, _A.SUBMITTED, _A.PENDING, _A.RUNNING, _A.UNKNOWN)
+
+APP_TRANSITIONS: tuple[TransitionRow[AppState], ...] = (
+    TransitionRow("submit", (_A.UNSUBMITTED,), _A.SUBMITTED),
+    TransitionRow("queue", (_A.SUBMITTED, _A.UNKNOWN), _A.PENDING),
+    TransitionRow("start", (_A.PENDING, _A.UNKNOWN), _A.RUNNING),
+    TransitionRow("succeed", (_A.RUNNING, _A.UNKNOWN), _A.SUCCEEDED),
+    TransitionRow("fail", (_A.SUBMITTED, _A.PENDING, _A.RUNNING, _A.UNKNOWN), _A.FAILED),
+    TransitionRow("cancel", _A_LIVE, _A.CANCELLED),
     # Every started replica went back to the queue (a whole-app restart or requeue).
-    {"trigger": "requeue", "source": ["RUNNING"], "dest": "PENDING"},
-    {"trigger": "lose", "source": ["SUBMITTED", "PENDING", "RUNNING"], "dest": "UNKNOWN"},
-]
+    TransitionRow("requeue", (_A.RUNNING,), _A.PENDING),
+    TransitionRow("lose", (_A.SUBMITTED, _A.PENDING, _A.RUNNING), _A.UNKNOWN),
+)

@@ -1,9 +1,11 @@
 """Reading a replica's log files back as filtered async line streams.
 
 Speed comes from never handling a line alone in Python until it is yielded:
-files are read in 1 MiB chunks in a worker thread, complete lines are cut,
-dated, decoded and split as whole runs, and the regex runs through
-``filter`` in C. A file that does not exist yet is simply empty.
+files are read in 1 MiB chunks through aiofiles (one open file per follower,
+each read in a worker thread), complete lines are cut, dated, decoded and split
+as whole runs, and the regex runs through ``filter`` in C. A file that does not
+exist yet is simply empty. Log files are only ever appended to, never replaced,
+so the file a follower opened is the one it reads to the end.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import contextlib
 import enum
 import itertools
 import math
-import os
 import re
 import time
 from bisect import bisect_right
@@ -21,7 +22,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+import aiofiles
 import anyio
+from aiofiles.threadpool.binary import AsyncFileIO
 from asyncinotify import Event, Inotify
 
 from supervisor.errors import BackendError, Problem, SpecError
@@ -211,17 +214,18 @@ async def _follow(query: _Query) -> AsyncGenerator[str, None]:
     path = query.path
     dated = _Dater(query) if query.since is not None or query.until is not None else None
     splitter = LineSplitter(MAX_LINE_BYTES)  # a huge line comes in pieces, never whole
-    offset = 0  # bytes read from the file
     line_start = 0  # file offset of the first byte the splitter still holds
     watcher: _Watcher | None = None
+    file: AsyncFileIO | None = None
     try:
         while True:
             # Asked before reading: True here means nothing can be appended
             # after the read below, so draining the file is the end.
             final = not query.should_tail or await query.finished()
-            while True:
-                data = await anyio.to_thread.run_sync(_read_chunk, path, offset)
-                offset += len(data)
+            if file is None:
+                file = await _open(path)
+            while file is not None:
+                data = await _read(file, path)
                 for block in splitter.feed_runs(data):
                     lines = await _select(query, dated, block, line_start)
                     line_start += len(block)
@@ -253,22 +257,27 @@ async def _follow(query: _Query) -> AsyncGenerator[str, None]:
     finally:
         if watcher is not None:
             watcher.close()
+        if file is not None:
+            with anyio.CancelScope(shield=True):
+                await file.close()
 
 
-def _read_chunk(path: Path, offset: int) -> bytes:
-    """Up to one chunk at ``offset``; b"" when the file does not exist (yet). Worker thread."""
+async def _open(path: Path) -> AsyncFileIO | None:
+    """The log file, opened for reading; None while it does not exist (yet)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        return await aiofiles.open(path, "rb", buffering=0)
     except (FileNotFoundError, NotADirectoryError):
-        return b""
+        return None
     except OSError as exc:
         raise BackendError(f"cannot read log {path}: {exc}", transient=False) from exc
+
+
+async def _read(file: AsyncFileIO, path: Path) -> bytes:
+    """Up to one chunk from where the last read ended; b"" at the (current) end of the file."""
     try:
-        return os.pread(fd, _CHUNK, offset)
+        return await file.read(_CHUNK)
     except OSError as exc:
         raise BackendError(f"cannot read log {path}: {exc}", transient=False) from exc
-    finally:
-        os.close(fd)
 
 
 async def _select(query: _Query, dated: _Dater | None, block: bytes, start: int) -> list[str]:

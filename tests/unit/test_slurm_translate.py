@@ -7,8 +7,6 @@ demand at the exact tick a test needs; the integration tests do the real thing.
 
 from __future__ import annotations
 
-import asyncio
-
 from supervisor.backends.base import AppCancelRequested, AppNotice
 from supervisor.backends.slurm.poller import JobView
 from supervisor.backends.slurm.records import JobRecord, from_sacct, from_squeue
@@ -56,19 +54,16 @@ def _run(views: list[JobView], *, max_retries: int = 1) -> tuple[AppFSM, list[Ma
     fsm = AppFSM([RoleSpec("trainer", 2, max_retries=max_retries)])
     mail: list[Mail] = []
 
-    async def feed() -> None:
-        for view in views:
-            for item in translator.events(view):
-                mail.append(item)
-                if isinstance(item, ReplicaEvent):
-                    await fsm.apply(item)
-                elif isinstance(item, AppCancelRequested):
-                    await fsm.cancel()
-                    translator.stopping = True
-                else:
-                    fsm.set_notice(item.message)
-
-    asyncio.run(feed())
+    for view in views:
+        for item in translator.events(view):
+            mail.append(item)
+            if isinstance(item, ReplicaEvent):
+                fsm.apply(item)
+            elif isinstance(item, AppCancelRequested):
+                fsm.cancel()
+                translator.stopping = True
+            else:
+                fsm.set_notice(item.message)
     return fsm, mail
 
 
@@ -273,21 +268,18 @@ def test_the_replica_that_wrote_an_error_file_is_the_root_cause() -> None:
 
     fsm = AppFSM([RoleSpec("trainer", 2)])
 
-    async def feed() -> None:
-        for k in (0, 1):
-            await fsm.apply(Started(role="trainer", replica_id=k, attempt=0))
-        await fsm.apply(Exited(role="trainer", replica_id=0, attempt=0, exit_code=1))
-        await fsm.apply(
-            Exited(
-                role="trainer",
-                replica_id=1,
-                attempt=0,
-                exit_code=1,
-                structured_error_msg='{"message": "boom"}',
-            )
+    for k in (0, 1):
+        fsm.apply(Started(role="trainer", replica_id=k, attempt=0))
+    fsm.apply(Exited(role="trainer", replica_id=0, attempt=0, exit_code=1))
+    fsm.apply(
+        Exited(
+            role="trainer",
+            replica_id=1,
+            attempt=0,
+            exit_code=1,
+            structured_error_msg='{"message": "boom"}',
         )
-
-    asyncio.run(feed())
+    )
     status = fsm.snapshot()
     assert status.state is AppState.FAILED
     assert status.structured_error_msg == '{"message": "boom"}'

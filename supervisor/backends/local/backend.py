@@ -33,6 +33,7 @@ from supervisor.backends.base import (
     LogTarget,
     Request,
 )
+from supervisor.backends.listing import list_indexed
 from supervisor.backends.local.process import ReplicaProcess, signal_name
 from supervisor.backends.local.reaper_client import Reaper
 from supervisor.backends.local.request import (
@@ -42,8 +43,16 @@ from supervisor.backends.local.request import (
     local_run_opts,
     render,
 )
-from supervisor.backends.store import CANCEL_REQUEST, AppStore, Index, Owner
-from supervisor.errors import BackendError, SubmitError
+from supervisor.backends.store import (
+    CANCEL_REQUEST,
+    AppStore,
+    Index,
+    IndexEntry,
+    Owner,
+    damaged_status,
+    unknown_status,
+)
+from supervisor.errors import BackendError, DamagedRecordError, SubmitError
 from supervisor.events import Exited, ReplicaKey, Started, Submitted
 from supervisor.fsm.states import TERMINAL, AppState, ReplicaState
 from supervisor.logs import LogSink, ReplicaLog
@@ -426,13 +435,29 @@ class LocalBackend(Backend):
         return AppStore(app_dir) if app_dir is not None else None
 
     @staticmethod
-    def _read_status(store: AppStore) -> tuple[AppStatus, dict[str, object]] | None:
-        app = store.read_app()
-        state = store.read_state()
+    def _read_status(store: AppStore) -> tuple[AppStatus, dict[str, Any] | None] | None:
+        """The app's status and ``app.json``; None for no app. Blocking.
+
+        A damaged record is the app's status (UNKNOWN, saying so), not an
+        error: with a damaged ``app.json`` there is no ``app.json`` to give.
+        """
+        try:
+            app = store.read_app()
+        except DamagedRecordError as e:
+            return damaged_status(e), None
         if app is None:
             return None
+        roles = AppDef.from_json(app["app"]).roles
+        try:
+            state = store.read_state()
+        except DamagedRecordError as e:
+            return damaged_status(e, roles), app
         if state is None:
-            return AppStatus(AppState.SUBMITTED, msg="no state recorded yet"), app
+            owner = Owner.from_json(app["owner"])
+            if owner.alive():
+                return AppStatus(AppState.SUBMITTED, msg="no state recorded yet"), app
+            msg = f"the supervising process (pid {owner.pid}) ended without recording any state"
+            return unknown_status(msg, roles), app
         status, owner = state
         if not status.is_terminal and not owner.alive():
             status = AppStatus(
@@ -464,29 +489,25 @@ class LocalBackend(Backend):
         if found is None:
             return None
         status, app = found
-        roles = AppDef.from_json(app["app"]).roles  # type: ignore[arg-type]
+        roles = AppDef.from_json(app["app"]).roles if app is not None else ()
         return DescribeAppResponse.from_status(handle.app_id, status, roles)
 
     async def list(self) -> list[ListAppResponse]:
-        def scan() -> list[ListAppResponse]:
-            out = []
-            for session, app_id, app_dir in self.index.entries():
-                found = self._read_status(AppStore(app_dir))
-                if found is None:
-                    continue
-                status, app = found
-                name = app["app"]["name"]  # type: ignore[index]
-                out.append(
-                    ListAppResponse(
-                        app_id=app_id,
-                        state=status.state,
-                        app_handle=make_handle("local", session, app_id),
-                        name=str(name),
-                    )
-                )
-            return out
+        async def one(entry: IndexEntry) -> ListAppResponse | None:
+            assert entry.app_dir is not None  # list_indexed gives intact entries only
+            found = await anyio.to_thread.run_sync(self._read_status, AppStore(entry.app_dir))
+            if found is None:
+                return None
+            status, app = found
+            return ListAppResponse(
+                app_id=entry.app_id,
+                state=status.state,
+                app_handle=make_handle("local", entry.session, entry.app_id),
+                name=str(app["app"]["name"]) if app is not None else "",
+                msg=status.msg,
+            )
 
-        return await anyio.to_thread.run_sync(scan)
+        return await list_indexed(self.index, "local", one)
 
     async def cancel(self, handle: AppHandle) -> bool:
         store = await self._store_for(handle)
@@ -496,8 +517,9 @@ class LocalBackend(Backend):
         if found is None:
             return False
         status, _ = found
-        if status.is_settled:
+        if status.is_terminal:
             return True  # nothing left to stop
+        # Also when UNKNOWN: with a damaged record the owner may still be there to read it.
         await anyio.to_thread.run_sync(store.request_cancel)
         return True
 
@@ -513,9 +535,9 @@ class LocalBackend(Backend):
                 if found is None:
                     return None
                 status, app = found
-                if status.is_settled:
+                if status.is_settled or app is None:
                     return status
-                owner_pid = Owner.from_json(app["owner"]).pid  # type: ignore[arg-type]
+                owner_pid = Owner.from_json(app["owner"]).pid
                 await _first_of(inotify.get, partial(_process_exit, owner_pid))
 
     def make_log_target(self, store: AppStore, role: str, replica_id: int) -> LogTarget:

@@ -42,6 +42,7 @@ __all__ = [
 ]
 
 CANCEL_REQUEST = "cancel.request"
+RESERVE = ".final-record.reserve"
 
 RECORD_LIMIT = 64 * 1024 * 1024
 """Bytes a record may have: far above any real one (500 replicas' state is ~100 kB),
@@ -346,6 +347,34 @@ class AppStore:
                 made.add(d.parent)
             os.mkdir(d)
         self.write_app(app_record)
+
+    def reserve(self, size: int) -> bool:
+        """Set ``size`` bytes of the app's file system aside for its final record.
+
+        The replicas' output shares that file system: once it is full, the
+        record that says how the app ended could not be written, and other
+        processes would see it running for ever. Best effort: False when the
+        space could not be set aside (the app then runs without a reserve).
+        """
+        path = self.app_dir / RESERVE
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, size)
+            finally:
+                os.close(fd)
+        except OSError:
+            path.unlink(missing_ok=True)
+            return False
+        return True
+
+    def release_reserve(self) -> bool:
+        """Give the reserved space back; False when there was none to give."""
+        try:
+            (self.app_dir / RESERVE).unlink()
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        return True
 
     def write_app(self, app_record: Mapping[str, Any]) -> None:
         write_json_atomic(self.app_dir / "app.json", app_record)

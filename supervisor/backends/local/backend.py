@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import os
 import socket
 import time
@@ -71,6 +72,14 @@ __all__ = ["LocalBackend"]
 
 SPAWN_FAILED_CODE = 127
 
+_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def _reserve_size(replicas: int) -> int:
+    """Bytes set aside for an app's final record: its state, and the transitions since the
+    last record that could be written (a few per replica)."""
+    return 64 * 1024 + 1024 * replicas
+
 
 @dataclass
 class _Slot:
@@ -112,6 +121,7 @@ class LocalRuntime(AppRuntime):
             )
         except OSError as e:
             raise SubmitError(f"cannot create {self.store.app_dir}: {e}", transient=False) from e
+        await anyio.to_thread.run_sync(self.store.reserve, _reserve_size(len(self._slots)))
         # Only now that the directories exist: the writer thread must not find them missing.
         self._logs = {
             key: self._backend.log_sink.open(Path(slot.launch.log_dir))
@@ -188,12 +198,15 @@ class LocalRuntime(AppRuntime):
     ) -> None:
         try:
             code = await proc.follow()
+            lost = ""
             try:
                 await self._backend.log_sink.flush(self._logs[key])
             except BackendError as e:
-                # A log write failed (a full disk, a removed log dir): the app hears of
-                # it; the exit is still reported, and no other app is taken down.
-                self.emit(AppNotice(message=str(e)))
+                # A log write failed (a full disk, a removed log dir): the replica says
+                # what was lost, and the app too; the exit is still reported, and no
+                # other app is taken down.
+                lost = str(e)
+                self.emit(AppNotice(message=f"{key[0]}/{key[1]}: {lost}"))
             error = ""
             unknown = ""
             if code is None:
@@ -212,7 +225,7 @@ class LocalRuntime(AppRuntime):
                     attempt=attempt,
                     exit_code=code,
                     signal=signal_name(code),
-                    msg=unknown,
+                    msg="; ".join(m for m in (unknown, lost) if m),
                     structured_error_msg=error,
                 )
             )
@@ -262,9 +275,19 @@ class LocalRuntime(AppRuntime):
     async def record(
         self, status: AppStatus, transitions: Sequence[Transition], final: bool
     ) -> None:
-        await anyio.to_thread.run_sync(
-            self.store.write_state, status, list(transitions), final, self._owner
-        )
+        write = partial(self.store.write_state, status, list(transitions), final, self._owner)
+        try:
+            await anyio.to_thread.run_sync(write)
+        except OSError as e:
+            # The replicas' output filled the disk: the space set aside at the start is
+            # the final record's. Earlier records wait for space like everything else.
+            if not final or e.errno not in _DISK_FULL:
+                raise
+            if not await anyio.to_thread.run_sync(self.store.release_reserve):
+                raise
+            await anyio.to_thread.run_sync(write)
+        if final:
+            await anyio.to_thread.run_sync(self.store.release_reserve)
 
     def log_target(self, role: str, replica_id: int) -> LogTarget:
         return self._backend.make_log_target(self.store, role, replica_id)
@@ -283,6 +306,7 @@ class LocalRuntime(AppRuntime):
                     await slot.done.wait()
         # Whatever the replicas left behind (outside their process groups) goes too.
         self._backend.reaper.release(self.request.app_id)
+        await anyio.to_thread.run_sync(self.store.release_reserve)
         self._backend.forget(self)
         # Log failures no exit reported (a replica that never started): this app's
         # to show, not left for the Supervisor's close to raise at everyone.

@@ -30,7 +30,7 @@ from supervisor.logs.lines import MAX_LINE_BYTES
 
 from .helpers import app, py_role, running_with
 
-pytestmark = [pytest.mark.anyio, pytest.mark.integration]
+pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.faults]
 
 WRITE_20MB = "import sys\nfor _ in range(20):\n    sys.stdout.write('x' * (1 << 20) + '\\n')\n"
 SLOW_OK = "import time; time.sleep(1); print('fine', flush=True)"

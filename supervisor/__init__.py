@@ -12,6 +12,7 @@ Everything public is re-exported here; ``tests/unit/test_public_api.py`` pins it
 
 from supervisor.errors import (
     BackendError,
+    DamagedRecordError,
     DuplicateAppError,
     InvalidHandleError,
     Problem,
@@ -60,6 +61,7 @@ __all__ = [
     "AppStatus",
     "BackendError",
     "BindMount",
+    "DamagedRecordError",
     "DescribeAppResponse",
     "DeviceMount",
     "DryRunInfo",

@@ -82,6 +82,9 @@ class AppActor:
         self._persisted = 0
         self._persist_lock = anyio.Lock()
         self._persist_failure = ""
+        # What the backend reported and what recording failed are two notices: clearing
+        # one (a record written again) must not erase the other (output lost on a full disk).
+        self._notices: dict[str, str] = {}
 
     # ------------------------------------------------------------------- inbox
     def post(self, item: ReplicaEvent | AppCancelRequested | AppNotice) -> None:
@@ -153,7 +156,7 @@ class AppActor:
             await runtime.aclose()
         except Exception as exc:
             # The app is over; its status is all that is left to tell.
-            self.fsm.set_notice(f"releasing the app's resources failed: {exc}")
+            self._note("release", f"releasing the app's resources failed: {exc}")
             self._publish()
 
     async def _loop(self, runtime: AppRuntime, task_group: TaskGroup) -> None:
@@ -195,7 +198,7 @@ class AppActor:
         elif isinstance(item, AppNotice):
             if item.fatal:
                 raise RuntimeError(item.message)
-            self.fsm.set_notice(item.message)
+            self._note("backend", item.message)
             actions = []
         elif isinstance(item, (_Cancel, AppCancelRequested)):
             actions = self.fsm.cancel()
@@ -216,7 +219,7 @@ class AppActor:
                 for key, model in self.fsm.replicas.items()
                 if model.state.name not in TERMINAL
             ]
-            self.fsm.set_notice(reason)
+            self._note("supervision", reason)
             for (role, k), attempt in live:
                 self.fsm.apply(Lost(role=role, replica_id=k, attempt=attempt, reason=reason))
             self._publish()
@@ -224,7 +227,7 @@ class AppActor:
                 try:
                     await runtime.stop([key for key, _ in live], reason)
                 except Exception as stop_exc:
-                    self.fsm.set_notice(f"{reason}; stopping its replicas failed: {stop_exc}")
+                    self._note("supervision", f"{reason}; stopping its replicas failed: {stop_exc}")
             await self._persist(runtime, final=True)
 
     async def _carry_out(self, runtime: AppRuntime, action: StopReplicas | RestartReplicas) -> None:
@@ -297,17 +300,21 @@ class AppActor:
                     failure = f"recording the app's state for other processes failed: {exc}"
                     if failure != self._persist_failure:
                         self._persist_failure = failure
-                        self.fsm.set_notice(failure)
+                        self._note("record", failure)
                         self._changed_without_record()
                     return
                 self._persisted += len(new)
                 self._written = version
                 self._final_written = final
                 if self._persist_failure:
-                    if self.fsm.notice == self._persist_failure:
-                        self.fsm.set_notice("")
-                        self._changed_without_record()
+                    self._note("record", "")
+                    self._changed_without_record()
                     self._persist_failure = ""
+
+    def _note(self, source: str, message: str) -> None:
+        """Set (or clear, with "") the notice of ``source``; the app's shows every one."""
+        self._notices[source] = message
+        self.fsm.set_notice("; ".join(m for m in self._notices.values() if m))
 
     def _changed_without_record(self) -> None:
         """Wake readers for a change that must not trigger another write by itself."""

@@ -11,8 +11,9 @@ catch the branch they can act on::
     ├── WaitTimeout (also TimeoutError)      ``wait(timeout=...)`` ran out
     ├── UnsupportedAsyncLibraryError (also RuntimeError)  not running under asyncio
     └── BackendError                         the backend failed; ``transient``: may a retry help
-        └── SubmitError                      launching failed; nothing was left running
-            └── DuplicateAppError            that app id was already launched (here or elsewhere)
+        ├── SubmitError                      launching failed; nothing was left running
+        │   └── DuplicateAppError            that app id was already launched (here or elsewhere)
+        └── DamagedRecordError               an app's record on disk cannot be read as one
 
 Native exceptions (``OSError``, subprocess failures, ...) are translated at the
 backend boundary so callers never see them leak through.
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "BackendError",
+    "DamagedRecordError",
     "DuplicateAppError",
     "InvalidHandleError",
     "Problem",
@@ -128,3 +130,20 @@ class DuplicateAppError(SubmitError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, transient=False)
+
+
+class DamagedRecordError(BackendError):
+    """An app's record on disk (its index entry, ``app.json``, ``state.json``) is not one.
+
+    Cut short, hand-edited, of the wrong types, or not a regular file at all (a
+    directory or a FIFO under the record's name): what it said is lost, and
+    reading it again will not bring it back (``transient`` is False).
+    ``list``, ``describe`` and ``wait`` report such an app as UNKNOWN with this
+    message instead of raising, so one damaged record never hides the others;
+    a verb that needs what the record held (another process's Slurm job id or
+    containers, to cancel them) raises it. ``path`` is the damaged file.
+    """
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(f"damaged record: {path}: {why}", transient=False)
+        self.path = path

@@ -224,7 +224,11 @@ class DescribeAppResponse:
 
 @dataclass(frozen=True)
 class ListAppResponse:
+    """One app of ``list``; ``msg`` says why its state is what it is, where there is more
+    to say (the status's ``msg``: a damaged record, a scheduler's pending reason)."""
+
     app_id: str
     state: AppState
     app_handle: str = ""
     name: str = ""
+    msg: str = ""

@@ -36,6 +36,7 @@ from supervisor.backends.base import (
     Request,
 )
 from supervisor.errors import (
+    DamagedRecordError,
     DuplicateAppError,
     Problem,
     SpecError,
@@ -43,6 +44,7 @@ from supervisor.errors import (
     UnsupportedAsyncLibraryError,
     WaitTimeout,
 )
+from supervisor.fsm.states import AppState
 from supervisor.idempotency import IdempotencyKeys, fingerprint, submit_once
 from supervisor.logs import Stream, WatchHub, iter_log_lines, parse_streams
 from supervisor.runopts import ResolvedCfg, RunOpts
@@ -368,7 +370,14 @@ class Supervisor:
             return DescribeAppResponse.from_status(
                 parsed.app_id, actor.status(), actor.request.app.roles
             )
-        return await self.backend(parsed.backend).describe(parsed)
+        return await self._describe_recorded(parsed)
+
+    async def _describe_recorded(self, parsed: AppHandle) -> DescribeAppResponse | None:
+        """An app followed elsewhere, from its backend's records; a damaged one is UNKNOWN."""
+        try:
+            return await self.backend(parsed.backend).describe(parsed)
+        except DamagedRecordError as e:
+            return DescribeAppResponse(parsed.app_id, AppState.UNKNOWN, msg=str(e))
 
     async def exists(self, handle: str) -> bool:
         return await self.describe(handle) is not None
@@ -401,7 +410,11 @@ class Supervisor:
             return actor.status()
         # Another process follows this app: its backend tells when its records say it ended.
         parsed = parse_handle(handle)
-        status = await self.backend(parsed.backend).wait_foreign(parsed)
+        try:
+            status = await self.backend(parsed.backend).wait_foreign(parsed)
+        except DamagedRecordError as e:
+            # Nothing more can be learned from it: as settled as UNKNOWN ever is.
+            return AppStatus(AppState.UNKNOWN, msg=str(e))
         if status is None:
             raise UnknownAppError(f"no app {handle}")
         return status
@@ -482,11 +495,13 @@ class Supervisor:
             # the records of N replicas starting.
             return LogTarget(base.directory, _is_set(done), copied=base.copied), done
         backend = self.backend(parsed.backend)
-        described = await backend.describe(parsed)
+        described = await self._describe_recorded(parsed)
         if described is None:
             raise UnknownAppError(f"no app {handle}")
         if described.to_status().replica(role, k) is None:
-            raise UnknownAppError(f"{handle} has no replica {role}/{k}")
+            # Without roles (its record is damaged) the reason is all there is to say.
+            why = f": {described.msg}" if not described.roles and described.msg else ""
+            raise UnknownAppError(f"{handle} has no replica {role}/{k}{why}")
         target = await backend.log_target(parsed, role, k)
         if target is None:
             raise UnknownAppError(f"no app {handle}")

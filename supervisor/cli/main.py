@@ -231,7 +231,7 @@ def cancel(ctx: click.Context, handle: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.pass_context
 def list_apps(ctx: click.Context, backend: str, as_json: bool) -> None:
-    """Apps a backend knows: handle, name, state."""
+    """Apps a backend knows: handle, name, state, and a msg where there is more to say."""
 
     async def main() -> None:
         async with _supervisor(ctx) as sv:

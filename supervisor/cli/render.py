@@ -87,7 +87,13 @@ def describe_json(handle: str, resp: DescribeAppResponse) -> dict[str, Any]:
 
 def list_json(apps: Sequence[ListAppResponse]) -> list[dict[str, Any]]:
     return [
-        {"handle": a.app_handle, "app_id": a.app_id, "name": a.name, "state": a.state.name}
+        {
+            "handle": a.app_handle,
+            "app_id": a.app_id,
+            "name": a.name,
+            "state": a.state.name,
+            "msg": a.msg,
+        }
         for a in apps
     ]
 
@@ -168,8 +174,12 @@ def print_list(out: Console, apps: Sequence[ListAppResponse]) -> None:
     table.add_column("handle", no_wrap=True)
     table.add_column("name")
     table.add_column("state")
+    with_msg = any(a.msg for a in apps)
+    if with_msg:
+        table.add_column("msg", overflow="fold")
     for a in apps:
-        table.add_row(Text(a.app_handle), Text(a.name), state_text(a.state))
+        row = [Text(a.app_handle), Text(a.name), state_text(a.state)]
+        table.add_row(*row, *([Text(a.msg)] if with_msg else []))
     out.print(table)
 
 

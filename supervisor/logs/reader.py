@@ -199,8 +199,14 @@ def _epoch(value: datetime | float | None, name: str, problems: list[Problem]) -
     if value is None:
         return None
     if isinstance(value, datetime):
-        # A naive datetime's timestamp() is taken in local time, as documented.
-        return value.timestamp()
+        # A naive datetime's timestamp() is taken in local time, as documented;
+        # near datetime.min or .max that conversion leaves the calendar (ValueError)
+        # or the platform's time range (OverflowError, OSError).
+        try:
+            return value.timestamp()
+        except (ValueError, OverflowError, OSError) as e:
+            problems.append(Problem(name, f"{value!r} is not a time this machine can use: {e}"))
+            return None
     if isinstance(value, bool) or not isinstance(value, int | float):
         problems.append(Problem(name, f"must be a datetime or epoch seconds, not {value!r}"))
         return None

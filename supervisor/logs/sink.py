@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import queue
 import threading
@@ -111,7 +112,9 @@ class _Writer:
         self._stopped = False  # the thread ended: nobody will ever make room again
         self._error_lock = threading.Lock()
         # The first failure per directory: one app's full disk is not another's news.
-        self._errors: dict[Path, BackendError] = {}
+        self._errors: dict[Path, OSError | Exception] = {}
+        # Per directory with a kept failure: bytes of output that did not reach its files.
+        self._lost: dict[Path, int] = {}
 
     def run(self) -> None:
         while True:
@@ -154,20 +157,27 @@ class _Writer:
             return future
 
     def take_error(self, directory: Path | None = None) -> BackendError | None:
-        """The kept failure of ``directory`` (of any directory when None), forgetting it."""
-        with self._error_lock:
-            if directory is not None:
-                return self._errors.pop(directory, None)
-            if not self._errors:
-                return None
-            return self._errors.pop(next(iter(self._errors)))
+        """The kept failure of ``directory`` (of any directory when None), forgetting it.
 
-    def _record(self, exc: BaseException, directory: Path) -> None:
+        Its message says how many bytes of output were lost since it happened.
+        """
         with self._error_lock:
-            if directory not in self._errors:
-                error = BackendError(f"writing logs to {directory} failed: {exc}", transient=False)
-                error.__cause__ = exc
-                self._errors[directory] = error
+            if directory is None:
+                if not self._errors:
+                    return None
+                directory = next(iter(self._errors))
+            exc = self._errors.pop(directory, None)
+            lost = self._lost.pop(directory, 0)
+        if exc is None:
+            return None
+        error = BackendError(_lost_output(directory, exc, lost), transient=False)
+        error.__cause__ = exc
+        return error
+
+    def _record(self, exc: Exception, directory: Path, lost: int = 0) -> None:
+        with self._error_lock:
+            self._errors.setdefault(directory, exc)
+            self._lost[directory] = self._lost.get(directory, 0) + lost
 
     def _handle(self, item: _Item) -> None:
         if isinstance(item, _Barrier):
@@ -184,7 +194,8 @@ class _Writer:
                 self._end(item)
         except Exception as exc:
             # Never let the thread die: the loop would queue forever into a void.
-            self._record(exc, item.directory)
+            # A chunk whose write failed counts as lost whole (a part may have landed).
+            self._record(exc, item.directory, len(item.data) if isinstance(item, _Write) else 0)
             self._close_quietly(item.directory)
 
     def _state(self, directory: Path) -> ReplicaFiles:
@@ -250,6 +261,21 @@ class _Writer:
         self._open.clear()
 
 
+_FULL: Final = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up"}
+
+
+def _lost_output(directory: Path, exc: Exception, lost: int) -> str:
+    """What a replica is told: that output was lost, why, and how much."""
+    code = exc.errno if isinstance(exc, OSError) else None
+    why = _FULL.get(code) if code is not None else None
+    # Counted by the chunks whose write failed: a part of the first may have landed.
+    amount = f"about {lost} bytes of output" if lost else "output"
+    head = f"{amount} lost: " if lost or why else ""
+    if why:
+        return f"{head}{why} (writing logs to {directory} failed: {exc})"
+    return f"{head}writing logs to {directory} failed: {exc}"
+
+
 def _resolve_later(barrier: _Barrier) -> None:
     _set_later(barrier.loop, barrier.future)
 
@@ -273,7 +299,8 @@ class LogSink:
     raised, once, as ``BackendError(transient=False)`` by the next ``flush``
     of that directory (or of any, for a ``flush()`` without one; or by
     ``close``/``aclose`` when no flush came), so they are never silent and
-    never reported to a replica whose own files are fine.
+    never reported to a replica whose own files are fine. The message says
+    how much output was lost meanwhile, and when the disk was full, says so.
 
     The thread is not a daemon so queued output is not lost at exit; call
     ``aclose`` (or ``close`` outside async code). A sink that is garbage

@@ -3,12 +3,15 @@ and what closing the first Supervisor does to its apps (durable or not, as decla
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import anyio
 import pytest
 
 from supervisor import AppState, ReplicaState, Supervisor, UnknownAppError
+from supervisor.backends.store import Index
+from supervisor.specs import parse_handle
 
 from .helpers import TRAPS_TERM, WAIT_FOR, app, cli, cli_json, first_line, lines
 from .target import Target
@@ -136,3 +139,61 @@ async def test_closing_the_supervisor_keeps_durable_apps_and_stops_the_others(
                 final = await second.wait(handle)
         assert final.state is AppState.SUCCEEDED, final
         assert followed == ["started\n", "finished\n"]
+
+
+async def test_a_damaged_record_is_reported_as_such_and_hides_no_other_app(
+    target: Target, sv: Supervisor, state_dir: Path, cfg: dict[str, object], exchange: Path
+) -> None:
+    """Issue 19: one damaged record made ``list`` raise (or hang, for a FIFO) for every app,
+    and a state.json cut short showed a SUCCEEDED app as SUBMITTED."""
+    handles = [
+        await sv.submit(app(target.role("r", "echo out", exchange=exchange)), target.backend, cfg)
+        for _ in range(2)
+    ]
+    for handle in handles:
+        assert (await sv.wait(handle, timeout=target.timeout)).state is AppState.SUCCEEDED
+    good, damaged = handles
+    parsed = parse_handle(damaged)
+    app_dir = Index(state_dir, target.backend).lookup(parsed.session, parsed.app_id)
+    assert app_dir is not None
+    state = app_dir / "state.json"
+    intact = state.read_bytes()
+    stray = state_dir / "index" / target.backend / parsed.session / "stray.json"
+    try:
+        stray.write_text("{")
+        for damage, why in (("cut", "not JSON"), ("fifo", "not a regular file (a FIFO)")):
+            state.unlink()
+            if damage == "cut":
+                state.write_bytes(intact[: len(intact) // 2])
+            else:
+                os.mkfifo(state)
+            async with target.supervisor("observer") as other:
+                with anyio.fail_after(target.timeout):
+                    listed = {a.app_handle: a for a in await other.list(target.backend)}
+                    described = await other.describe(damaged)
+                    waited = await other.wait(damaged)
+                    logged = await lines(other, damaged, "r", 0, streams="stdout")
+            assert listed[good].state is AppState.SUCCEEDED, listed
+            found = listed[damaged]
+            assert found.state is AppState.UNKNOWN and found.name == "conf", found
+            assert found.msg.startswith(f"damaged record: {state}: {why}"), found
+            assert listed[f"{target.backend}://{parsed.session}/stray"].state is AppState.UNKNOWN
+            assert described is not None and described.state is AppState.UNKNOWN, described
+            assert (described.msg, waited.state, waited.msg) == (
+                found.msg,
+                AppState.UNKNOWN,
+                found.msg,
+            )
+            assert logged == ["out\n"]  # the logs themselves are intact
+            entry = next(
+                a
+                for a in await cli_json(target, "list", "--backend", target.backend)
+                if a["handle"] == damaged
+            )
+            assert (entry["state"], entry["msg"]) == ("UNKNOWN", found.msg), entry
+    finally:
+        stray.unlink(missing_ok=True)
+        state.unlink(missing_ok=True)
+        state.write_bytes(intact)
+    described = await sv.describe(damaged)
+    assert described is not None and described.state is AppState.SUCCEEDED, described

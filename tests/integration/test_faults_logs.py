@@ -8,7 +8,10 @@ every case the faulty app hears of it and every other app is untouched.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -27,7 +30,7 @@ from supervisor.logs.lines import MAX_LINE_BYTES
 
 from .helpers import app, py_role, running_with
 
-pytestmark = [pytest.mark.anyio, pytest.mark.integration]
+pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.faults]
 
 WRITE_20MB = "import sys\nfor _ in range(20):\n    sys.stdout.write('x' * (1 << 20) + '\\n')\n"
 SLOW_OK = "import time; time.sleep(1); print('fine', flush=True)"
@@ -81,6 +84,86 @@ async def test_a_full_disk_is_its_apps_problem_only(small_tmpfs: Path, tmp_path:
         )
         with anyio.fail_after(60):
             assert (await sv.wait(later)).state is AppState.SUCCEEDED
+
+
+async def test_output_lost_on_a_full_disk_is_told_and_the_app_ends_recorded(
+    small_tmpfs: Path, tmp_path: Path
+) -> None:
+    """Issue 19 item 15: 19 of 20 MB of output were lost with no word on the replica, and
+    state.json stayed RUNNING and not final, once the app's output filled its disk."""
+    code = WRITE_20MB + "print('the end', file=sys.stderr)\n"
+    async with Supervisor(session="svc", state_dir=tmp_path / "state") as sv:
+        handle = await sv.submit(
+            app(py_role("w", code), name="full"), "local", cfg={"log_dir": str(small_tmpfs)}
+        )
+        with anyio.fail_after(60):
+            status = await sv.wait(handle)
+        # The true final state: the replica wrote everything and exited 0.
+        assert status.state is AppState.SUCCEEDED, status
+        replica = status.replica("w", 0)
+        assert replica is not None and replica.exit_code == 0, status
+        app_dir = small_tmpfs / "svc" / handle.rpartition("/")[2]
+        kept = (app_dir / "w" / "0" / "stdout.log").stat().st_size
+        assert 0 < kept < 2 << 20
+        match = re.fullmatch(
+            r"about (\d+) bytes of output lost: the disk is full \(writing logs to "
+            + re.escape(str(app_dir / "w" / "0"))
+            + r" failed: \[Errno 28\] No space left on device\)",
+            replica.msg,
+        )
+        assert match is not None, replica.msg
+        # Every byte not kept is counted (more by at most the one chunk that half landed).
+        lost = int(match.group(1))
+        written = 20 * ((1 << 20) + 1) + len("the end\n")
+        assert written - kept <= lost <= written - kept + (1 << 20), (lost, kept)
+        assert f"w/0: {replica.msg}" in status.msg
+        assert sv.status(handle) == status
+    # The final record was written, in the space set aside for it at the start.
+    record = json.loads((app_dir / "state.json").read_text())
+    assert record["final"] is True and record["status"]["state"] == "SUCCEEDED", record
+    assert record["status"]["roles"][0]["replicas"][0]["msg"] == replica.msg
+    assert not (app_dir / ".final-record.reserve").exists()
+    async with Supervisor(session="other", state_dir=tmp_path / "state") as other:
+        listed = {a.app_handle: a for a in await other.list("local")}
+        with anyio.fail_after(10):
+            seen = await other.wait(handle)
+    assert listed[handle].state is AppState.SUCCEEDED and seen.state is AppState.SUCCEEDED
+    assert "bytes of output lost: the disk is full" in listed[handle].msg
+
+
+async def test_a_final_record_that_cannot_be_written_is_said_and_nothing_hangs(
+    small_tmpfs: Path, tmp_path: Path
+) -> None:
+    """When even the final record cannot be written (here the disk is filled from outside,
+    after the reserve was given up), the status and ``wait`` say so, and close returns."""
+    gate = tmp_path / "go"
+    code = (
+        "import os, time\n"
+        "print('up', flush=True)\n"
+        f"while not os.path.exists({str(gate)!r}): time.sleep(0.05)\n"
+    )
+    async with Supervisor(session="svc", state_dir=tmp_path / "state") as sv:
+        handle = await sv.submit(
+            app(py_role("w", code), name="full"), "local", cfg={"log_dir": str(small_tmpfs)}
+        )
+        with anyio.fail_after(30):
+            async for _ in sv.log_iter(handle, "w", 0, should_tail=True):
+                break
+        app_dir = small_tmpfs / "svc" / handle.rpartition("/")[2]
+        # Someone else takes the reserve's space, and every other byte of the disk.
+        (app_dir / ".final-record.reserve").unlink()
+        with (small_tmpfs / "filler").open("wb") as filler, contextlib.suppress(OSError):
+            while True:
+                filler.write(b"x" * 65536)
+                filler.flush()
+        gate.touch()
+        with anyio.fail_after(30):
+            status = await sv.wait(handle)
+        assert status.state is AppState.SUCCEEDED, status
+        assert "recording the app's state for other processes failed" in status.msg, status
+        assert "No space left on device" in status.msg
+    record = json.loads((app_dir / "state.json").read_text())
+    assert record["final"] is False  # the older record stayed whole, not half a new one
 
 
 async def test_a_removed_app_directory_is_its_apps_problem_only(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from supervisor.backends.slurm.poller import PollerSettings
 
 from .slurm_cluster import SCRIPT, ensure_cluster, until_running
 
-pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slurm]
+pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slurm, pytest.mark.faults]
 
 PY = sys.executable
 # Sleeps through its first attempt, so only a requeue lets it finish in time.

@@ -161,3 +161,22 @@ def test_a_signal_ignored_at_start_stays_ignored() -> None:
     finally:
         signal.signal(signal.SIGINT, previous)
     assert _handled_signals() == [signal.SIGINT, signal.SIGTERM]
+
+
+def test_list_shows_a_damaged_index_entry_with_its_reason(state_dir: Path) -> None:
+    """Issue 19: a stray file in the index made ``list`` fail for every app."""
+    session = state_dir / "index" / "local" / "me"
+    session.mkdir(parents=True)
+    (session / "stray.json").write_text("[]")
+    listed = json.loads(invoke("list", "--json").stdout)
+    assert listed == [
+        {
+            "handle": "local://me/stray",
+            "app_id": "stray",
+            "name": "",
+            "state": "UNKNOWN",
+            "msg": f"damaged record: {session / 'stray.json'}: the entry is [], not dict",
+        }
+    ]
+    table = invoke("list").stdout
+    assert "msg" in table.splitlines()[0] and "damaged record:" in table

@@ -4,6 +4,8 @@ and the local request keeps the TorchX environment contract (item 14)."""
 from __future__ import annotations
 
 import math
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -125,6 +127,30 @@ def test_since_nan_and_an_empty_window_name_their_field(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as err:
         iter_log_lines(tmp_path, since=20.0, until=10.0)
     assert err.value.fields == ("since",)
+
+
+def test_a_datetime_before_the_calendar_names_its_field(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 19: ``since=datetime(1, 1, 1)`` (naive: local time) raised a bare ValueError.
+
+    In UTC (pinned here: the conversion depends on the zone) that local midnight
+    is no time the platform can express; an aware one a day later is.
+    """
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    try:
+        with pytest.raises(SpecError) as err:
+            iter_log_lines(tmp_path, since=datetime(1, 1, 1), until=datetime.max)
+        assert err.value.fields == ("since",)
+        assert "datetime.datetime(1, 1, 1, 0, 0) is not a time" in str(err.value)
+        with pytest.raises(SpecError) as err:
+            iter_log_lines(tmp_path, until=datetime.min)
+        assert err.value.fields == ("until",)
+        iter_log_lines(tmp_path, since=datetime(1, 1, 2, tzinfo=UTC), until=10.0)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
 
 
 def test_macros_reach_nested_metadata_without_touching_the_original() -> None:

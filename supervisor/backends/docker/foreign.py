@@ -24,8 +24,15 @@ from supervisor.backends.docker.engine import EXIT_ACTIONS, Engine, event_action
 from supervisor.backends.docker.request import LABEL
 from supervisor.backends.docker.resume import LogResumer, lock
 from supervisor.backends.docker.runtime import OUTPUT_COPIED, exit_signal
-from supervisor.backends.store import AppStore, Owner, write_json_atomic
-from supervisor.errors import BackendError
+from supervisor.backends.listing import list_indexed
+from supervisor.backends.store import (
+    AppStore,
+    IndexEntry,
+    Owner,
+    damaged_status,
+    write_json_atomic,
+)
+from supervisor.errors import BackendError, DamagedRecordError
 from supervisor.fsm.rules import derive_app_state
 from supervisor.fsm.states import AppState, ReplicaState, is_terminal
 from supervisor.specs import AppDef, AppHandle
@@ -111,7 +118,10 @@ class ForeignApps:
 
     @staticmethod
     def mark_released(store: AppStore) -> None:
-        state = store.read_state()
+        try:
+            state = store.read_state()
+        except DamagedRecordError:
+            state = None  # not known to have ended: whoever comes next judges the containers
         if state is None or not state[0].is_terminal:
             write_json_atomic(store.app_dir / RELEASED, {"by": Owner.current().to_json()})
 
@@ -124,7 +134,11 @@ class ForeignApps:
         return await self.engine_of(app).list_containers(labels)
 
     async def status(self, store: AppStore, app: dict[str, Any]) -> AppStatus:
-        recorded = await anyio.to_thread.run_sync(store.read_state)
+        try:
+            recorded = await anyio.to_thread.run_sync(store.read_state)
+        except DamagedRecordError as e:
+            # Said as it is; a cancel still stops the containers and records anew.
+            return damaged_status(e, AppDef.from_json(app["app"]).roles)
         if recorded is not None and recorded[0].is_terminal:
             return recorded[0]
         if await anyio.to_thread.run_sync(self.following, store, app):
@@ -204,7 +218,10 @@ class ForeignApps:
         fd = await anyio.to_thread.run_sync(lock, store.app_dir / FINALIZE_LOCK, True)
         assert fd is not None  # a waiting lock is always taken
         try:
-            recorded = await anyio.to_thread.run_sync(store.read_state)
+            try:
+                recorded = await anyio.to_thread.run_sync(store.read_state)
+            except DamagedRecordError:
+                recorded = None  # what the containers said replaces it
             if recorded is not None and recorded[0].is_terminal:
                 return recorded[0]
             return await self._finalize(store, app, status, cancelled)
@@ -275,18 +292,17 @@ class ForeignApps:
         Apps of other state directories are not listed, but their handles still
         work here: ``find`` falls back to the containers' labels.
         """
-        index = self._backend.index
-        entries = await anyio.to_thread.run_sync(lambda: list(index.entries()))
-        out = []
-        for session, app_id, _ in entries:
-            handle = AppHandle("docker", session, app_id)
+
+        async def one(entry: IndexEntry) -> ListAppResponse | None:
+            handle = AppHandle("docker", entry.session, entry.app_id)
             found = await self.find(handle)
             if found is None:
-                continue
+                return None
             status = await self.status(*found)
             name = str(found[1]["app"]["name"])
-            out.append(ListAppResponse(app_id, status.state, str(handle), name))
-        return out
+            return ListAppResponse(entry.app_id, status.state, str(handle), name, status.msg)
+
+        return await list_indexed(self._backend.index, "docker", one)
 
     async def cancel(self, handle: AppHandle) -> bool:
         found = await self.find(handle)

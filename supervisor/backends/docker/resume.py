@@ -12,7 +12,6 @@ process from copying the same bytes at the same time.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from supervisor.backends.docker.runtime import ATTEMPT_FILE, log_sizes
-from supervisor.backends.store import AppStore
+from supervisor.backends.store import AppStore, _read_json
 
 if TYPE_CHECKING:
     from supervisor.backends.docker.backend import DockerBackend
@@ -64,9 +63,9 @@ class LogResumer:
         directory = store.app_dir / role / str(replica_id)
 
         def read_marks() -> tuple[dict[str, Any], dict[str, int]] | None:
-            try:
-                mark = json.loads((directory / ATTEMPT_FILE).read_text())
-            except (OSError, ValueError):
+            # Tolerant, and never blocking on a FIFO: without a mark nothing is copied.
+            mark = _read_json(directory / ATTEMPT_FILE)
+            if not isinstance(mark, dict):
                 return None
             return mark, log_sizes(directory)
 

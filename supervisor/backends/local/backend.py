@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import os
 import socket
 import time
@@ -33,6 +34,7 @@ from supervisor.backends.base import (
     LogTarget,
     Request,
 )
+from supervisor.backends.listing import list_indexed
 from supervisor.backends.local.process import ReplicaProcess, signal_name
 from supervisor.backends.local.reaper_client import Reaper
 from supervisor.backends.local.request import (
@@ -42,8 +44,16 @@ from supervisor.backends.local.request import (
     local_run_opts,
     render,
 )
-from supervisor.backends.store import CANCEL_REQUEST, AppStore, Index, Owner
-from supervisor.errors import BackendError, SubmitError
+from supervisor.backends.store import (
+    CANCEL_REQUEST,
+    AppStore,
+    Index,
+    IndexEntry,
+    Owner,
+    damaged_status,
+    unknown_status,
+)
+from supervisor.errors import BackendError, DamagedRecordError, SubmitError
 from supervisor.events import Exited, ReplicaKey, Started, Submitted
 from supervisor.fsm.states import TERMINAL, AppState, ReplicaState
 from supervisor.logs import LogSink, ReplicaLog
@@ -71,6 +81,14 @@ LOCAL_CAPABILITIES = Capabilities(
     requires_image=False,
     replicas_hint="raise it with cfg max_replicas_per_role=N",
 )
+
+_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def _reserve_size(replicas: int) -> int:
+    """Bytes set aside for an app's final record: its state, and the transitions since the
+    last record that could be written (a few per replica)."""
+    return 64 * 1024 + 1024 * replicas
 
 
 @dataclass
@@ -113,6 +131,7 @@ class LocalRuntime(AppRuntime):
             )
         except OSError as e:
             raise SubmitError(f"cannot create {self.store.app_dir}: {e}", transient=False) from e
+        await anyio.to_thread.run_sync(self.store.reserve, _reserve_size(len(self._slots)))
         # Only now that the directories exist: the writer thread must not find them missing.
         self._logs = {
             key: self._backend.log_sink.open(Path(slot.launch.log_dir))
@@ -189,12 +208,15 @@ class LocalRuntime(AppRuntime):
     ) -> None:
         try:
             code = await proc.follow()
+            lost = ""
             try:
                 await self._backend.log_sink.flush(self._logs[key])
             except BackendError as e:
-                # A log write failed (a full disk, a removed log dir): the app hears of
-                # it; the exit is still reported, and no other app is taken down.
-                self.emit(AppNotice(message=str(e)))
+                # A log write failed (a full disk, a removed log dir): the replica says
+                # what was lost, and the app too; the exit is still reported, and no
+                # other app is taken down.
+                lost = str(e)
+                self.emit(AppNotice(message=f"{key[0]}/{key[1]}: {lost}"))
             error = ""
             unknown = ""
             if code is None:
@@ -213,7 +235,7 @@ class LocalRuntime(AppRuntime):
                     attempt=attempt,
                     exit_code=code,
                     signal=signal_name(code),
-                    msg=unknown,
+                    msg="; ".join(m for m in (unknown, lost) if m),
                     structured_error_msg=error,
                 )
             )
@@ -263,9 +285,19 @@ class LocalRuntime(AppRuntime):
     async def record(
         self, status: AppStatus, transitions: Sequence[Transition], final: bool
     ) -> None:
-        await anyio.to_thread.run_sync(
-            self.store.write_state, status, list(transitions), final, self._owner
-        )
+        write = partial(self.store.write_state, status, list(transitions), final, self._owner)
+        try:
+            await anyio.to_thread.run_sync(write)
+        except OSError as e:
+            # The replicas' output filled the disk: the space set aside at the start is
+            # the final record's. Earlier records wait for space like everything else.
+            if not final or e.errno not in _DISK_FULL:
+                raise
+            if not await anyio.to_thread.run_sync(self.store.release_reserve):
+                raise
+            await anyio.to_thread.run_sync(write)
+        if final:
+            await anyio.to_thread.run_sync(self.store.release_reserve)
 
     def log_target(self, role: str, replica_id: int) -> LogTarget:
         return self._backend.make_log_target(self.store, role, replica_id)
@@ -284,6 +316,7 @@ class LocalRuntime(AppRuntime):
                     await slot.done.wait()
         # Whatever the replicas left behind (outside their process groups) goes too.
         self._backend.reaper.release(self.request.app_id)
+        await anyio.to_thread.run_sync(self.store.release_reserve)
         self._backend.forget(self)
         # Log failures no exit reported (a replica that never started): this app's
         # to show, not left for the Supervisor's close to raise at everyone.
@@ -429,13 +462,29 @@ class LocalBackend(Backend):
         return AppStore(app_dir) if app_dir is not None else None
 
     @staticmethod
-    def _read_status(store: AppStore) -> tuple[AppStatus, dict[str, object]] | None:
-        app = store.read_app()
-        state = store.read_state()
+    def _read_status(store: AppStore) -> tuple[AppStatus, dict[str, Any] | None] | None:
+        """The app's status and ``app.json``; None for no app. Blocking.
+
+        A damaged record is the app's status (UNKNOWN, saying so), not an
+        error: with a damaged ``app.json`` there is no ``app.json`` to give.
+        """
+        try:
+            app = store.read_app()
+        except DamagedRecordError as e:
+            return damaged_status(e), None
         if app is None:
             return None
+        roles = AppDef.from_json(app["app"]).roles
+        try:
+            state = store.read_state()
+        except DamagedRecordError as e:
+            return damaged_status(e, roles), app
         if state is None:
-            return AppStatus(AppState.SUBMITTED, msg="no state recorded yet"), app
+            owner = Owner.from_json(app["owner"])
+            if owner.alive():
+                return AppStatus(AppState.SUBMITTED, msg="no state recorded yet"), app
+            msg = f"the supervising process (pid {owner.pid}) ended without recording any state"
+            return unknown_status(msg, roles), app
         status, owner = state
         if not status.is_terminal and not owner.alive():
             status = AppStatus(
@@ -467,29 +516,25 @@ class LocalBackend(Backend):
         if found is None:
             return None
         status, app = found
-        roles = AppDef.from_json(app["app"]).roles  # type: ignore[arg-type]
+        roles = AppDef.from_json(app["app"]).roles if app is not None else ()
         return DescribeAppResponse.from_status(handle.app_id, status, roles)
 
     async def list(self) -> list[ListAppResponse]:
-        def scan() -> list[ListAppResponse]:
-            out = []
-            for session, app_id, app_dir in self.index.entries():
-                found = self._read_status(AppStore(app_dir))
-                if found is None:
-                    continue
-                status, app = found
-                name = app["app"]["name"]  # type: ignore[index]
-                out.append(
-                    ListAppResponse(
-                        app_id=app_id,
-                        state=status.state,
-                        app_handle=make_handle("local", session, app_id),
-                        name=str(name),
-                    )
-                )
-            return out
+        async def one(entry: IndexEntry) -> ListAppResponse | None:
+            assert entry.app_dir is not None  # list_indexed gives intact entries only
+            found = await anyio.to_thread.run_sync(self._read_status, AppStore(entry.app_dir))
+            if found is None:
+                return None
+            status, app = found
+            return ListAppResponse(
+                app_id=entry.app_id,
+                state=status.state,
+                app_handle=make_handle("local", entry.session, entry.app_id),
+                name=str(app["app"]["name"]) if app is not None else "",
+                msg=status.msg,
+            )
 
-        return await anyio.to_thread.run_sync(scan)
+        return await list_indexed(self.index, "local", one)
 
     async def cancel(self, handle: AppHandle) -> bool:
         store = await self._store_for(handle)
@@ -499,8 +544,9 @@ class LocalBackend(Backend):
         if found is None:
             return False
         status, _ = found
-        if status.is_settled:
+        if status.is_terminal:
             return True  # nothing left to stop
+        # Also when UNKNOWN: with a damaged record the owner may still be there to read it.
         await anyio.to_thread.run_sync(store.request_cancel)
         return True
 
@@ -516,9 +562,9 @@ class LocalBackend(Backend):
                 if found is None:
                     return None
                 status, app = found
-                if status.is_settled:
+                if status.is_settled or app is None:
                     return status
-                owner_pid = Owner.from_json(app["owner"]).pid  # type: ignore[arg-type]
+                owner_pid = Owner.from_json(app["owner"]).pid
                 await _first_of(inotify.get, partial(_process_exit, owner_pid))
 
     def make_log_target(self, store: AppStore, role: str, replica_id: int) -> LogTarget:

@@ -28,6 +28,7 @@ from supervisor.backends.base import (
     LogTarget,
     Request,
 )
+from supervisor.backends.listing import list_indexed
 from supervisor.backends.slurm.capabilities import SLURM_CAPABILITIES
 from supervisor.backends.slurm.options import check_slurm_cfg, slurm_run_opts
 from supervisor.backends.slurm.poller import JobView, PollerSettings, SlurmPoller
@@ -44,8 +45,15 @@ from supervisor.backends.slurm.ship import ship_pump
 from supervisor.backends.slurm.states import Meaning, meaning_of
 from supervisor.backends.slurm.translate import Mail, ViewTranslator, signal_name
 from supervisor.backends.slurm.transport import AccountingDisabled, CliTransport, SlurmTransport
-from supervisor.backends.store import AppStore, Index, Owner, _read_json
-from supervisor.errors import Problem, SpecError, SubmitError
+from supervisor.backends.store import (
+    AppStore,
+    Index,
+    IndexEntry,
+    Owner,
+    _read_json,
+    damaged_status,
+)
+from supervisor.errors import DamagedRecordError, Problem, SpecError, SubmitError
 from supervisor.events import Exited, ReplicaKey, Submitted
 from supervisor.fsm.rules import derive_app_state
 from supervisor.fsm.states import AppState, ReplicaState
@@ -276,6 +284,9 @@ class SlurmBackend(Backend):
         app = await anyio.to_thread.run_sync(store.read_app)
         if app is None or app.get("job_id") is None:
             return None
+        job_id = app["job_id"]
+        if isinstance(job_id, bool) or not isinstance(job_id, int):
+            raise DamagedRecordError(str(app_dir / "app.json"), f"job_id is {job_id!r}")
         return store, app
 
     async def _status_of(self, app: dict[str, Any]) -> AppStatus:
@@ -328,7 +339,10 @@ class SlurmBackend(Backend):
     async def _final_or_live(self, store: AppStore, app: dict[str, Any]) -> AppStatus:
         """The supervising actor's final record when there is one (it saw the error files and
         the root cause), else what Slurm says now."""
-        final = await anyio.to_thread.run_sync(store.read_final_status)
+        try:
+            final = await anyio.to_thread.run_sync(store.read_final_status)
+        except DamagedRecordError as e:
+            return damaged_status(e, AppDef.from_json(app["app"]).roles)
         return final if final is not None else await self._status_of(app)
 
     async def describe(self, handle: AppHandle) -> DescribeAppResponse | None:
@@ -343,16 +357,17 @@ class SlurmBackend(Backend):
 
     async def list(self) -> list[ListAppResponse]:
         """The apps recorded as launched by this library; foreign jobs are never listed."""
-        entries = await anyio.to_thread.run_sync(lambda: list(self.index.entries()))
-        out = []
-        for session, app_id, _ in entries:
-            handle = AppHandle("slurm", session, app_id)
+
+        async def one(entry: IndexEntry) -> ListAppResponse | None:
+            handle = AppHandle("slurm", entry.session, entry.app_id)
             found = await self._found(handle)
             if found is None:
-                continue
+                return None
             status = await self._final_or_live(*found)
-            out.append(ListAppResponse(app_id, status.state, str(handle), found[1]["app"]["name"]))
-        return out
+            name = str(found[1]["app"]["name"])
+            return ListAppResponse(entry.app_id, status.state, str(handle), name, status.msg)
+
+        return await list_indexed(self.index, "slurm", one)
 
     async def cancel(self, handle: AppHandle) -> bool:
         found = await self._found(handle)

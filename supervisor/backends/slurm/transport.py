@@ -69,11 +69,27 @@ class SlurmTransport(abc.ABC):
     @abc.abstractmethod
     async def requeue(self, job_id: int) -> None: ...
 
+    async def hold(self, job_id: int) -> None:
+        """Keep the pending job from starting (``scontrol hold``: reason JobHeldUser)."""
+        await _scontrol("hold", job_id, self)
+
+    async def release(self, job_id: int) -> None:
+        """Let a held job start (``scontrol release``)."""
+        await _scontrol("release", job_id, self)
+
     @abc.abstractmethod
     async def facts(self) -> ClusterFacts: ...
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release connections, if the transport holds any."""
+
+
+async def _scontrol(verb: str, job_id: int, transport: SlurmTransport) -> None:
+    """``scontrol VERB ID``: the CLI, for transports whose API has no such operation."""
+    cli = transport if isinstance(transport, CliTransport) else CliTransport()
+    await cli._run("scontrol", verb, str(int(job_id)))
+    if cli is not transport:
+        transport.calls[f"scontrol {verb}"] += 1
 
 
 def _transient(text: str) -> bool:

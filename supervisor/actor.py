@@ -163,7 +163,7 @@ class AppActor:
                     self.fsm.set_notice(item.message)
                     actions = []
                 else:
-                    actions = await self.fsm.cancel()
+                    actions = await self.fsm.cancel(item.reason)
                 for action in actions:
                     task_group.start_soon(self._carry_out, runtime, action)
                 self._publish()

@@ -290,7 +290,7 @@ class SlurmBackend(Backend):
         return out
 
     async def hold(self, handle: AppHandle, release: bool = False) -> bool:
-        """``scontrol hold`` / ``release``: a held job stays PENDING (reason JobHeldUser)."""
+        """``scontrol uhold`` / ``release``: a held job stays PENDING (reason JobHeldUser)."""
         found = await self._found(handle)
         if found is None:
             return False

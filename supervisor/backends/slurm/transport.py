@@ -70,8 +70,12 @@ class SlurmTransport(abc.ABC):
     async def requeue(self, job_id: int) -> None: ...
 
     async def hold(self, job_id: int) -> None:
-        """Keep the pending job from starting (``scontrol hold``: reason JobHeldUser)."""
-        await _scontrol("hold", job_id, self)
+        """Keep the pending job from starting, as its user (reason JobHeldUser, like ``--hold``).
+
+        ``uhold``, not ``hold``: run by root or an operator, ``hold`` is an admin
+        hold (JobHeldAdmin) that its own user could not release.
+        """
+        await _scontrol("uhold", job_id, self)
 
     async def release(self, job_id: int) -> None:
         """Let a held job start (``scontrol release``)."""

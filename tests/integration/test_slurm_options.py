@@ -205,7 +205,8 @@ async def test_a_held_app_says_so_and_runs_once_released_from_the_cli(
             "the held app shows JobHeldUser",
         )
         assert held is not None and held.state is AppState.PENDING
-        assert sv.status(handle) is not None and "JobHeldUser" in sv.status(handle).msg  # type: ignore[union-attr]
+        status = sv.status(handle)  # the followed app's own state says so too
+        assert status is not None and "JobHeldUser" in status.msg, status
         released = await anyio.to_thread.run_sync(lambda: _cli(state_dir, "release", handle))
         assert released.returncode == 0, released.stderr
         assert f"released: {handle}" in released.stderr
@@ -249,3 +250,88 @@ def test_hold_and_release_have_help_and_exit_codes(state_dir: Path) -> None:
     assert unknown.returncode == 1 and "no app slurm://svc/none-1" in unknown.stderr
     local = _cli(state_dir, "release", "local://svc/none-1")
     assert local.returncode == 2 and "cannot release" in local.stderr
+
+
+async def _queued(job_id: int) -> list[dict[str, Any]]:
+    done = await anyio.run_process(["squeue", "--json"], check=True)
+    jobs = json.loads(done.stdout)["jobs"]
+    return sorted((j for j in jobs if j["het_job_id"] == job_id), key=lambda j: j["het_job_offset"])
+
+
+async def test_the_new_directives_reach_slurm_over_rest_as_over_sbatch(
+    cluster: dict[str, Any], tmp_path: Path
+) -> None:
+    """slurmrestd ignores #SBATCH lines: each option must become the same job property.
+
+    Held and waiting for a held job, so nothing runs; REST also holds and releases.
+    """
+    from supervisor.backends.base import DryrunContext
+    from supervisor.backends.slurm.options import slurm_run_opts
+    from supervisor.backends.slurm.rest import RestTransport
+    from supervisor.backends.slurm.script import ClusterFacts, render, with_dependencies
+    from supervisor.backends.slurm.transport import CliTransport
+
+    from .test_slurm_rest import _token
+
+    token = _token(cluster)
+    if token is None:
+        pytest.fail("no JWT for root: `scontrol token` gave none")
+    rest = cluster["rest"]
+    transport = RestTransport(url=rest["jwt_url"], token=token, user="root")
+    cli = CliTransport()
+    target = await anyio.run_process(
+        ["sbatch", "--parsable", "--hold", "--comment=asupervisor:test/target", "--wrap", "true"],
+        check=True,
+    )
+    target_id = int(target.stdout.decode().strip())
+    cfg = {
+        "nodelist": ["n2", "n1"], "exclude": ["n3"], "exclusive": True, "hold": True,
+        "afterok": ["slurm://t/target-1"], "time": "0:05:00",
+    }  # fmt: skip
+    request = render(
+        _one("viarest", "-c", "pass", replicas=2),
+        slurm_run_opts().resolve(cfg),
+        DryrunContext(session="rest", app_id="o-1", cwd=str(tmp_path)),
+        facts=ClusterFacts(version=(22, 5), default_partition="debug"),
+        default_log_dir=tmp_path / "logs",
+        job_dir=None,
+    )
+    script = with_dependencies(request.script, {"slurm://t/target-1": target_id})
+    ids: list[int] = []
+    try:
+        ids.append(await transport.submit(script, request.workdir))
+        done = await anyio.run_process(
+            ["sbatch", "--parsable", f"--chdir={request.workdir}"],
+            input=script.encode(),
+            check=True,
+        )
+        ids.append(int(done.stdout.decode().strip().split(";")[0]))
+        by_rest, by_cli = await _queued(ids[0]), await _queued(ids[1])
+        fields = (
+            "het_job_offset", "required_nodes", "excluded_nodes", "shared", "dependency",
+            "state_reason", "time_limit", "job_state",
+        )  # fmt: skip
+        assert len(by_rest) == len(by_cli) == 2
+        for mine, theirs in zip(by_rest, by_cli, strict=True):
+            assert {f: mine.get(f) for f in fields} == {f: theirs.get(f) for f in fields}
+        assert [j["required_nodes"] for j in by_rest] == ["n2", "n1"]
+        for component in by_rest:  # with the other components' nodes, as Slurm adds them
+            names = await anyio.run_process(
+                ["scontrol", "show", "hostnames", component["excluded_nodes"]], check=True
+            )
+            shown = names.stdout.decode().split()
+            assert "n3" in shown, component["excluded_nodes"]
+        assert by_rest[0]["dependency"] == f"afterok:{target_id}(unfulfilled)"
+        assert by_rest[0]["state_reason"] == "JobHeldUser"
+        await transport.release(ids[0])
+        released = await _queued(ids[0])
+        assert released[0]["state_reason"] not in ("JobHeldUser", "JobHeldAdmin"), released[0]
+        assert released[0]["priority"] > 0  # what a hold sets to 0
+        await transport.hold(ids[0])
+        held = await _queued(ids[0])
+        assert held[0]["state_reason"] in ("JobHeldUser", "JobHeldAdmin")  # root: admin hold
+        assert transport.calls["hold"] == transport.calls["release"] == 1
+    finally:
+        for job_id in [*ids, target_id]:
+            await cli.cancel(job_id)
+        await transport.aclose()

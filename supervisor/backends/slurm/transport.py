@@ -69,31 +69,19 @@ class SlurmTransport(abc.ABC):
     @abc.abstractmethod
     async def requeue(self, job_id: int) -> None: ...
 
+    @abc.abstractmethod
     async def hold(self, job_id: int) -> None:
-        """Keep the pending job from starting, as its user (reason JobHeldUser, like ``--hold``).
+        """Keep the pending job from starting (reason JobHeldUser, as ``--hold`` gives)."""
 
-        ``uhold``, not ``hold``: run by root or an operator, ``hold`` is an admin
-        hold (JobHeldAdmin) that its own user could not release.
-        """
-        await _scontrol("uhold", job_id, self)
-
+    @abc.abstractmethod
     async def release(self, job_id: int) -> None:
-        """Let a held job start (``scontrol release``)."""
-        await _scontrol("release", job_id, self)
+        """Let a held job start."""
 
     @abc.abstractmethod
     async def facts(self) -> ClusterFacts: ...
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release connections, if the transport holds any."""
-
-
-async def _scontrol(verb: str, job_id: int, transport: SlurmTransport) -> None:
-    """``scontrol VERB ID``: the CLI, for transports whose API has no such operation."""
-    cli = transport if isinstance(transport, CliTransport) else CliTransport()
-    await cli._run("scontrol", verb, str(int(job_id)))
-    if cli is not transport:
-        transport.calls[f"scontrol {verb}"] += 1
 
 
 def _transient(text: str) -> bool:
@@ -162,6 +150,14 @@ class CliTransport(SlurmTransport):
 
     async def requeue(self, job_id: int) -> None:
         await self._run("scontrol", "requeue", str(job_id))
+
+    async def hold(self, job_id: int) -> None:
+        # uhold, not hold: run by root or an operator, hold is an admin hold
+        # (JobHeldAdmin) that the job's own user could not release.
+        await self._run("scontrol", "uhold", str(job_id))
+
+    async def release(self, job_id: int) -> None:
+        await self._run("scontrol", "release", str(job_id))
 
     async def facts(self) -> ClusterFacts:
         version_text = await self._run("sinfo", "--version")

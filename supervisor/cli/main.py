@@ -230,7 +230,7 @@ def cancel(ctx: click.Context, handle: str) -> None:
 @click.argument("handle", type=HANDLE)
 @click.pass_context
 def hold(ctx: click.Context, handle: str) -> None:
-    """Keep a pending Slurm app from starting (scontrol hold); `release` lets it go.
+    """Keep a pending Slurm app from starting (scontrol uhold); `release` lets it go.
 
     Its status stays PENDING with reason JobHeldUser. Exit 1 if there is no
     such app, 2 if its backend cannot hold apps.

@@ -335,3 +335,22 @@ async def test_the_new_directives_reach_slurm_over_rest_as_over_sbatch(
         for job_id in [*ids, target_id]:
             await cli.cancel(job_id)
         await transport.aclose()
+
+
+async def test_ntasks_per_node_puts_that_many_replicas_on_each_node(
+    cluster: dict[str, object], state_dir: Path
+) -> None:
+    role = Role(name="w", entrypoint="sh", args=["-c", "echo $SLURMD_NODENAME"], num_replicas=4)
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(
+            AppDef(name="packed", roles=[role]), "slurm", {"ntasks_per_node": 2}
+        )
+        shown = _scontrol_job(_job_id(state_dir, handle))
+        final = await sv.wait(handle, timeout=120)
+        nodes = [
+            "".join([line async for line in sv.log_iter(handle, "w", k, streams="stdout")]).strip()
+            for k in range(4)
+        ]
+    assert final.state is AppState.SUCCEEDED, final
+    assert "NumNodes=2" in shown and "NumTasks=4" in shown, shown
+    assert nodes[0] == nodes[1] and nodes[2] == nodes[3] and nodes[0] != nodes[2], nodes

@@ -123,15 +123,15 @@ def slurm_run_opts() -> RunOpts:
                 "gres",
                 li,
                 None,
-                "generic resources per node of each het group, name[:type][:count] "
-                "(gpu:a100:2); a gpu item replaces the request Resource.gpu makes",
+                "generic resources per node of each het group: name, name:count or "
+                "name:type:count (gpu:a100:2); a gpu item replaces the request Resource.gpu makes",
             ),
             RunOpt(
                 "gpus_per_node",
                 s,
                 None,
-                "GPUs per node of each het group, [type:]count (a100:2); replaces the "
-                "request Resource.gpu makes",
+                "GPUs per node of each het group: count or type:count (a100:2); replaces "
+                "the request Resource.gpu makes",
             ),
             RunOpt(
                 "ntasks_per_node",

@@ -364,7 +364,8 @@ def test_ntasks_per_node_must_divide_each_role_and_names_the_option() -> None:
     cfg = slurm_run_opts().resolve({"ntasks_per_node": 2})
     with pytest.raises(SpecError) as err:
         render(app, cfg, CTX, facts=FACTS, default_log_dir=Path("/l"), job_dir=None)
-    assert err.value.fields == ("cfg.ntasks_per_node (role 'odd')",)
+    assert err.value.fields == ("cfg.ntasks_per_node",)
+    assert "role 'odd': 2 does not divide num_replicas=3" in str(err.value)
     with pytest.raises(SpecError) as err:
         slurm_run_opts().resolve({"ntasks_per_node": 0})
     assert err.value.fields == ("cfg.ntasks_per_node",)

@@ -308,13 +308,14 @@ def _check_grouping(app: AppDef, default: int | None) -> None:
         where = (
             f"roles[{i}].metadata[{PROCS_PER_NODE!r}]"
             if PROCS_PER_NODE in role.metadata
-            else f"cfg.ntasks_per_node (role {role.name!r})"
+            else "cfg.ntasks_per_node"
         )
+        of = "" if PROCS_PER_NODE in role.metadata else f"role {role.name!r}: "
         if per_node is None or per_node < 1:
             problems.append(Problem(where, "must be a positive integer"))
         elif role.num_replicas % per_node:
             problems.append(
-                Problem(where, f"{per_node} does not divide num_replicas={role.num_replicas}")
+                Problem(where, f"{of}{per_node} does not divide num_replicas={role.num_replicas}")
             )
     if problems:
         raise SpecError(problems, context="cannot place the app's replicas on Slurm nodes")

@@ -201,7 +201,7 @@ class AppActor:
             self._note("backend", item.message)
             actions = []
         elif isinstance(item, (_Cancel, AppCancelRequested)):
-            actions = self.fsm.cancel()
+            actions = self.fsm.cancel(item.reason)
         else:
             raise TypeError(f"unexpected mail {item!r}")
         for action in actions:

@@ -395,6 +395,24 @@ class Supervisor:
         if not await self.backend(parsed.backend).cancel(parsed):
             raise UnknownAppError(f"no app {handle}")
 
+    async def hold(self, handle: str) -> None:
+        """Keep a pending app from starting until ``release`` (Slurm: ``scontrol hold``).
+
+        Its state stays PENDING with the scheduler's reason (JobHeldUser). A
+        backend that cannot hold (local, docker) raises ``SpecError``; an app
+        nobody recorded raises ``UnknownAppError``.
+        """
+        await self._hold(handle, release=False)
+
+    async def release(self, handle: str) -> None:
+        """Let a held app start (Slurm: ``scontrol release``); see ``hold``."""
+        await self._hold(handle, release=True)
+
+    async def _hold(self, handle: str, *, release: bool) -> None:
+        parsed = parse_handle(handle)
+        if not await self.backend(parsed.backend).hold(parsed, release=release):
+            raise UnknownAppError(f"no app {handle}")
+
     async def wait(self, handle: str, timeout: float | None = None) -> AppStatus:
         """The final status, once the app is terminal (event-driven for apps launched here)."""
         with anyio.move_on_after(timeout) as scope:

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 import anyio
 from anyio.abc import TaskGroup
 
-from supervisor.errors import UnknownBackendError
+from supervisor.errors import Problem, SpecError, UnknownBackendError
 from supervisor.events import ReplicaEvent, ReplicaKey
 from supervisor.runopts import ResolvedCfg, RunOpts
 from supervisor.specs import AppDef, AppHandle
@@ -207,6 +207,17 @@ class Backend(abc.ABC):
     async def log_target(
         self, handle: AppHandle, role: str, replica_id: int
     ) -> LogTarget | None: ...
+
+    async def hold(self, handle: AppHandle, release: bool = False) -> bool:
+        """Keep a pending app from starting (``release``: let it start); False if unknown.
+
+        Only a scheduler can hold a job: this default refuses, naming the backend.
+        """
+        verb = "release" if release else "hold"
+        raise SpecError(
+            [Problem("handle", f"the {self.name} backend cannot {verb} apps (slurm can)")],
+            context=f"cannot {verb} {handle}",
+        )
 
     async def wait_foreign(self, handle: AppHandle) -> AppStatus | None:
         """Wait for an app another process follows to end; None if it does not exist.

@@ -226,6 +226,35 @@ def cancel(ctx: click.Context, handle: str) -> None:
     run_async(main)
 
 
+@cli.command()
+@click.argument("handle", type=HANDLE)
+@click.pass_context
+def hold(ctx: click.Context, handle: str) -> None:
+    """Keep a pending Slurm app from starting (scontrol uhold); `release` lets it go.
+
+    Its status stays PENDING with reason JobHeldUser. Exit 1 if there is no
+    such app, 2 if its backend cannot hold apps.
+    """
+    _hold(ctx, handle, release=False)
+
+
+@cli.command()
+@click.argument("handle", type=HANDLE)
+@click.pass_context
+def release(ctx: click.Context, handle: str) -> None:
+    """Let a held Slurm app start (scontrol release)."""
+    _hold(ctx, handle, release=True)
+
+
+def _hold(ctx: click.Context, handle: str, *, release: bool) -> None:
+    async def main() -> None:
+        async with _supervisor(ctx) as sv:
+            await (sv.release(handle) if release else sv.hold(handle))
+        click.echo(f"{'released' if release else 'held'}: {handle}", err=True)
+
+    run_async(main)
+
+
 @cli.command("list")
 @click.option("--backend", default="local", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")

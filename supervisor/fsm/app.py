@@ -197,12 +197,16 @@ class AppFSM:
         self._update_app(event.at)
         return actions
 
-    def cancel(self) -> list[Action]:
-        """The user's cancel: stop every live replica; idempotent."""
+    def cancel(self, reason: str = "cancelled by request") -> list[Action]:
+        """The user's cancel (or the scheduler's, with its reason): stop every live replica.
+
+        Idempotent. ``reason`` becomes the app's message, so a job the scheduler
+        cancelled says why (Slurm: a dependency that can never be satisfied).
+        """
         if self.is_terminal or self.cancel_requested:
             return []
         self.cancel_requested = True
-        self.msg = "cancelled by request"
+        self.msg = reason
         to_stop: list[ReplicaKey] = []
         at = self._clock()
         for key, model in self.replicas.items():

@@ -20,7 +20,7 @@ EXPECTED = {
 
 SUPERVISOR_METHODS = {
     "dryrun", "schedule", "submit", "status", "describe", "exists", "list", "cancel",
-    "wait", "watch", "log_iter", "close", "run_opts",
+    "wait", "watch", "log_iter", "close", "run_opts", "hold", "release",
 }  # fmt: skip
 
 

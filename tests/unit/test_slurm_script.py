@@ -15,8 +15,20 @@ import pytest
 
 from supervisor import AppDef, Resource, RetryPolicy, Role, SpecError
 from supervisor.backends.base import DryrunContext
-from supervisor.backends.slurm.options import check_slurm_cfg, slurm_run_opts, valid_time
-from supervisor.backends.slurm.script import PROCS_PER_NODE, ClusterFacts, group_keys, render
+from supervisor.backends.slurm.options import (
+    check_slurm_cfg,
+    expand_hostlist,
+    slurm_run_opts,
+    valid_time,
+)
+from supervisor.backends.slurm.script import (
+    PROCS_PER_NODE,
+    ClusterFacts,
+    dependencies,
+    group_keys,
+    render,
+    with_dependencies,
+)
 
 GOLDEN = Path(__file__).parent / "golden"
 CTX = DryrunContext(session="svc", app_id="train-0001", cwd="/home/me/project")
@@ -261,3 +273,163 @@ def test_a_roles_error_file_is_kept_and_its_path_goes_before_the_nodes(tmp_path:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["/opt/tools:/usr/bin:/bin", "errs/mine.json"]
+
+
+PLACEMENT = {
+    "nodelist": ["n[1-2]"],
+    "exclude": ["n3"],
+    "exclusive": True,
+    "reservation": "maint",
+    "gres": ["gpu:a100:2", "nvme:1"],
+    "gpus_per_node": "a100:2",
+    "hold": True,
+    "afterok": ["slurm://svc/prep-0001", "slurm://svc/prep-0002"],
+    "afterany": ["slurm://other/clean-0001"],
+}
+
+
+def test_node_choices_holds_and_dependencies_match_their_golden_file() -> None:
+    cfg = slurm_run_opts().resolve(PLACEMENT)
+    check_slurm_cfg(cfg)
+    script = _script("placement", PLACEMENT)
+    assert script == (GOLDEN / "placement.sbatch").read_text()
+    header = script.split("\n\n")[0]
+    groups = header.split("#SBATCH hetjob\n")
+    # nodelist is shared out in group order, one node per single-replica group.
+    assert "--nodelist=n1" in groups[0] and "--nodelist=n2" in groups[1]
+    assert "--nodelist" not in groups[2]
+    for group in groups:
+        assert "--exclude=n3" in group and "--exclusive" in group
+        assert "--reservation=maint" in group
+        assert "--gres=gpu:a100:2,nvme:1" in group and "--gpus-per-node=a100:2" in group
+        assert "--gpus-per-task" not in group  # the explicit request replaces Resource.gpu's
+    assert "--hold" in groups[0]
+    # A dry run names the apps waited for; launch turns them into job ids.
+    assert dependencies(script) == [
+        ("afterok", "slurm://svc/prep-0001"),
+        ("afterok", "slurm://svc/prep-0002"),
+        ("afterany", "slurm://other/clean-0001"),
+    ]
+    ids = {"slurm://svc/prep-0001": 11, "slurm://svc/prep-0002": 12, "slurm://other/clean-0001": 9}
+    sent = with_dependencies(script, ids)
+    assert "#SBATCH --dependency=afterok:11:12,afterany:9" in sent
+    assert "#SBATCH --kill-on-invalid-dep=yes" in sent
+    assert not dependencies(sent)
+    assert sent.index("--dependency") < sent.index("#SBATCH hetjob")
+
+
+def test_placement_directives_reach_the_rest_submission() -> None:
+    """slurmrestd ignores #SBATCH lines: each new directive must become a job property."""
+    from supervisor.backends.slurm.rest import parse_batch_script
+
+    script = with_dependencies(
+        _script("placement", PLACEMENT),
+        {"slurm://svc/prep-0001": 11, "slurm://svc/prep-0002": 12, "slurm://other/clean-0001": 9},
+    )
+    first, second, third = parse_batch_script(script)
+    assert first["nodelist"] == "n1" and second["nodelist"] == "n2" and "nodelist" not in third
+    for component in (first, second, third):
+        assert component["exclude_nodes"] == "n3"
+        assert component["exclusive"] == "exclusive"
+        assert component["reservation"] == "maint"
+        assert component["gres"] == "gpu:a100:2,nvme:1"
+        assert component["gpus_per_node"] == "a100:2"
+        assert component["hold"] is True
+        assert component["dependency"] == "afterok:11:12,afterany:9"
+        assert component["kill_on_invalid_dependency"] == "yes"
+
+
+def test_ntasks_per_node_groups_every_role_and_role_metadata_wins() -> None:
+    app = AppDef(
+        name="x",
+        roles=[
+            Role(name="a", entrypoint="e", num_replicas=4),
+            Role(name="b", entrypoint="e", num_replicas=3, metadata={PROCS_PER_NODE: 3}),
+        ],
+    )
+    cfg = slurm_run_opts().resolve({"ntasks_per_node": 2, "nodelist": ["n1", "n2", "n3"]})
+    request = render(app, cfg, CTX, facts=FACTS, default_log_dir=Path("/l"), job_dir=None)
+    a, b = request.groups
+    assert "--nodes=2" in a.directives and "--ntasks-per-node=2" in a.directives
+    assert "--nodelist=n1,n2" in a.directives
+    assert "--nodes=1" in b.directives and "--ntasks-per-node=3" in b.directives
+    assert "--nodelist=n3" in b.directives
+    assert group_keys(app, 2) == [[("a", k) for k in range(4)], [("b", k) for k in range(3)]]
+    groups = request.to_json()["groups"]
+    assert groups == [[["a", k] for k in range(4)], [["b", k] for k in range(3)]]
+
+
+def test_ntasks_per_node_must_divide_each_role_and_names_the_option() -> None:
+    app = AppDef(name="x", roles=[Role(name="odd", entrypoint="e", num_replicas=3)])
+    cfg = slurm_run_opts().resolve({"ntasks_per_node": 2})
+    with pytest.raises(SpecError) as err:
+        render(app, cfg, CTX, facts=FACTS, default_log_dir=Path("/l"), job_dir=None)
+    assert err.value.fields == ("cfg.ntasks_per_node",)
+    assert "role 'odd': 2 does not divide num_replicas=3" in str(err.value)
+    with pytest.raises(SpecError) as err:
+        slurm_run_opts().resolve({"ntasks_per_node": 0})
+    assert err.value.fields == ("cfg.ntasks_per_node",)
+
+
+def test_more_nodes_named_than_the_app_uses_is_an_error_naming_nodelist() -> None:
+    cfg = slurm_run_opts().resolve({"nodelist": ["n[1-4]"]})
+    with pytest.raises(SpecError) as err:
+        render(_app(), cfg, CTX, facts=FACTS, default_log_dir=Path("/l"), job_dir=None)
+    assert err.value.fields == ("cfg.nodelist",)
+    assert "4 nodes named, but the app runs on 3" in str(err.value)
+
+
+def test_placement_problems_name_their_fields() -> None:
+    cfg = slurm_run_opts().resolve(
+        {
+            "nodelist": ["n1", "n[1-2]"],
+            "exclude": ["bad name"],
+            "reservation": "a b",
+            "gres": ["gpu:a100:2", ":2"],
+            "gpus_per_node": "a100:0",
+            "afterok": ["local://s/a"],
+            "after": ["nonsense"],
+        }
+    )
+    with pytest.raises(SpecError) as err:
+        check_slurm_cfg(cfg)
+    assert set(err.value.fields) == {
+        "cfg.nodelist",
+        "cfg.exclude",
+        "cfg.reservation",
+        "cfg.gres",
+        "cfg.gpus_per_node",
+        "cfg.afterok",
+        "cfg.after",
+    }
+    assert "names n1 more than once" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ("n1", ["n1"]),
+        ("n[1-3]", ["n1", "n2", "n3"]),
+        ("n[1,3-4]x", ["n1x", "n3x", "n4x"]),
+        ("gpu[08-10]", ["gpu08", "gpu09", "gpu10"]),
+        ("n[3-1]", None),
+        ("n[a]", None),
+        ("", None),
+    ],
+)
+def test_hostlist_expansion(text: str, names: list[str] | None) -> None:
+    assert expand_hostlist(text) == names
+
+
+def test_cli_form_takes_lists_and_handles() -> None:
+    from supervisor.runopts import parse_cfg_string
+
+    opts = slurm_run_opts()
+    given = parse_cfg_string(
+        "nodelist=n1;n2,exclusive=true,gres=gpu:a100:2,afterok=slurm://s/a;slurm://s/b,hold=1",
+        opts,
+    )
+    cfg = opts.resolve(given)
+    assert cfg.get_list("nodelist") == ("n1", "n2")
+    assert cfg.get_list("afterok") == ("slurm://s/a", "slurm://s/b")
+    assert cfg.get_bool("exclusive") is True and cfg.get_bool("hold") is True

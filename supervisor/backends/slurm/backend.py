@@ -36,10 +36,12 @@ from supervisor.backends.slurm.records import latest_per_component
 from supervisor.backends.slurm.script import (
     ClusterFacts,
     SlurmRequest,
+    dependencies,
     group_keys,
     owner_comment,
     pump_path,
     render,
+    with_dependencies,
 )
 from supervisor.backends.slurm.ship import ship_pump
 from supervisor.backends.slurm.states import Meaning, meaning_of
@@ -59,7 +61,7 @@ from supervisor.fsm.rules import derive_app_state
 from supervisor.fsm.states import AppState, ReplicaState
 from supervisor.logs.pump import EXIT_FILE
 from supervisor.runopts import ResolvedCfg, RunOpts
-from supervisor.specs import AppDef, AppHandle, make_handle
+from supervisor.specs import AppDef, AppHandle, make_handle, parse_handle
 from supervisor.status import (
     AppStatus,
     DescribeAppResponse,
@@ -245,6 +247,10 @@ class SlurmBackend(Backend):
     async def launch(self, request: Request, sink: EventSink) -> SlurmRuntime:
         if not isinstance(request, SlurmRequest):
             raise TypeError(f"the slurm backend cannot run a {type(request).__name__}")
+        waits = dependencies(request.script)
+        if waits:
+            script = with_dependencies(request.script, await self._job_ids(waits))
+            request = dataclasses.replace(request, script=script)
         store = AppStore(Path(request.app_dir))
         record: dict[str, Any] = {
             "handle": make_handle("slurm", request.session, request.app_id),
@@ -275,6 +281,32 @@ class SlurmBackend(Backend):
         self.poller.track(job_id, runtime.on_view)
         return runtime
 
+    async def _job_ids(self, waits: Sequence[tuple[str, str]]) -> dict[str, int]:
+        """The Slurm job id of each app waited for; a SpecError names each unknown one."""
+        out: dict[str, int] = {}
+        problems = []
+        for kind, handle in waits:
+            found = await self._found(parse_handle(handle))
+            if found is None:
+                problems.append(
+                    Problem(f"cfg.{kind}", f"{handle} is not a slurm app submitted to this cluster")
+                )
+            else:
+                out[handle] = int(found[1]["job_id"])
+        if problems:
+            raise SpecError(problems, context="invalid run options")
+        return out
+
+    async def hold(self, handle: AppHandle, release: bool = False) -> bool:
+        """``scontrol uhold`` / ``release``: a held job stays PENDING (reason JobHeldUser)."""
+        found = await self._found(handle)
+        if found is None:
+            return False
+        job_id = int(found[1]["job_id"])
+        await (self.transport.release(job_id) if release else self.transport.hold(job_id))
+        self.poller.poke()
+        return True
+
     # ------------------------------------------------------ apps of other processes
     async def _found(self, handle: AppHandle) -> tuple[AppStore, dict[str, Any]] | None:
         app_dir = await anyio.to_thread.run_sync(self.index.lookup, handle.session, handle.app_id)
@@ -304,7 +336,13 @@ class SlurmBackend(Backend):
         definition = AppDef.from_json(app["app"])
         by_offset = {r.het_offset: r for r in records}
         found: dict[ReplicaKey, ReplicaStatus] = {}
-        for offset, keys in enumerate(group_keys(definition)):
+        stored = app.get("request", {}).get("groups")
+        grouping = (
+            [[(str(role), int(k)) for role, k in g] for g in stored]
+            if isinstance(stored, list)
+            else group_keys(definition)
+        )
+        for offset, keys in enumerate(grouping):
             rec = by_offset.get(offset)
             meaning = meaning_of(rec.state) if rec else None
             state = _REPLICA_STATE[meaning] if meaning else ReplicaState.UNKNOWN

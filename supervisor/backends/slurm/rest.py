@@ -21,7 +21,8 @@ parses both. What differs from the CLI, found against a real slurmrestd:
   every record with a matching id (each attempt of a requeued job, stale
   records left by a controller that lost its state); they are all returned,
   as the CLI transport does, for ``records.latest_per_component`` to pick.
-* There is no requeue operation in v0.0.38.
+* There is no requeue operation in v0.0.38. Holding and releasing is an
+  update of the job (``POST job/{id}`` with ``hold``).
 """
 
 from __future__ import annotations
@@ -468,6 +469,19 @@ class RestTransport(SlurmTransport):
 
     async def cancel(self, job_id: int) -> None:
         await self._request("cancel", "DELETE", self._path("slurm", f"job/{int(job_id)}"))
+
+    async def hold(self, job_id: int) -> None:
+        """``POST job/{id}`` with ``hold: true``: an admin hold (JobHeldAdmin) when the
+        job's user is root or an operator (slurmrestd v0.0.38 has no user hold), else
+        JobHeldUser; ``release`` lifts either."""
+        await self._request(
+            "hold", "POST", self._path("slurm", f"job/{int(job_id)}"), body={"hold": True}
+        )
+
+    async def release(self, job_id: int) -> None:
+        await self._request(
+            "release", "POST", self._path("slurm", f"job/{int(job_id)}"), body={"hold": False}
+        )
 
     async def requeue(self, job_id: int) -> None:
         raise BackendError(

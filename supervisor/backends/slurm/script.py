@@ -26,21 +26,25 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.backends.base import DryrunContext, Request
+from supervisor.backends.slurm.options import DEPENDENCY_KINDS, expand_hostlist
 from supervisor.errors import Problem, SpecError
 from supervisor.runopts import ResolvedCfg
 from supervisor.specs import AppDef, Resource, macros
 
 __all__ = [
+    "DEPENDENCY_MARK",
     "PROCS_PER_NODE",
     "RANK0_ENV",
     "ClusterFacts",
     "SlurmGroup",
     "SlurmReplica",
     "SlurmRequest",
+    "dependencies",
     "group_keys",
     "owner_comment",
     "pump_path",
     "render",
+    "with_dependencies",
 ]
 
 RANK0_ENV = "TORCHX_RANK0_HOST"
@@ -123,17 +127,23 @@ class SlurmGroup:
         return f"{shlex.join(launcher)} sh -c {shlex.quote(body)}"
 
 
-def procs_per_node(metadata: Mapping[str, Any]) -> int | None:
+def procs_per_node(metadata: Mapping[str, Any], default: int | None = None) -> int | None:
+    """The role's own ``procs_per_node``, else the run option ``ntasks_per_node`` (``default``)."""
+    if PROCS_PER_NODE not in metadata:
+        return default
     value = metadata.get(PROCS_PER_NODE)
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def group_keys(app: AppDef) -> list[list[tuple[str, int]]]:
-    """The replicas of each het group, in group order (what each Slurm component runs)."""
+def group_keys(app: AppDef, per_node: int | None = None) -> list[list[tuple[str, int]]]:
+    """The replicas of each het group, in group order (what each Slurm component runs).
+
+    ``per_node``: the run option ``ntasks_per_node`` the app was rendered with.
+    """
     out: list[list[tuple[str, int]]] = []
     for role in app.roles:
         keys = [(role.name, k) for k in range(role.num_replicas)]
-        if procs_per_node(role.metadata) is not None:
+        if procs_per_node(role.metadata, per_node) is not None:
             out.append(keys)
         else:
             out.extend([key] for key in keys)
@@ -161,8 +171,42 @@ class SlurmRequest(Request):
             "workdir": self.workdir,
             "job_dir": self.job_dir,
             "max_retries": self.max_retries,
+            "groups": [[[r.role, r.replica_id] for r in g.replicas] for g in self.groups],
             "script": self.script,
         }
+
+
+DEPENDENCY_MARK = "# asupervisor waits for: "
+"""Marks, in a dry run's script, each app waited for; launch puts its job id there."""
+
+
+def dependencies(script: str) -> list[tuple[str, str]]:
+    """(kind, handle) of each app the script waits for, in order."""
+    return [
+        (kind, handle)
+        for line in script.splitlines()
+        if line.startswith(DEPENDENCY_MARK)
+        for kind, _, handle in [line[len(DEPENDENCY_MARK) :].partition("=")]
+    ]
+
+
+def with_dependencies(script: str, job_ids: Mapping[str, int]) -> str:
+    """The script to submit: its marks become one ``--dependency`` (job ids by handle).
+
+    ``--kill-on-invalid-dep=yes``: a dependency that can never be satisfied (an
+    ``afterok`` app that failed) cancels the job instead of leaving it pending
+    for ever with reason DependencyNeverSatisfied.
+    """
+    kinds: dict[str, list[str]] = {}
+    for kind, handle in dependencies(script):
+        kinds.setdefault(kind, []).append(str(job_ids[handle]))
+    if not kinds:
+        return script
+    spec = ",".join(f"{kind}:{':'.join(ids)}" for kind, ids in kinds.items())
+    lines = [line for line in script.split("\n") if not line.startswith(DEPENDENCY_MARK)]
+    at = next(i for i, line in enumerate(script.split("\n")) if line.startswith(DEPENDENCY_MARK))
+    lines[at:at] = [f"#SBATCH --dependency={spec}", "#SBATCH --kill-on-invalid-dep=yes"]
+    return "\n".join(lines)
 
 
 def pump_path(app_dir: Path | str) -> str:
@@ -177,7 +221,12 @@ def owner_comment(session: str, app_id: str, comment: str | None) -> str:
 
 
 def _resource_directives(
-    res: Resource, per_node: int | None, nodes: int, cfg: ResolvedCfg, facts: ClusterFacts
+    res: Resource,
+    per_node: int | None,
+    nodes: int,
+    cfg: ResolvedCfg,
+    facts: ClusterFacts,
+    nodelist: list[str],
 ) -> list[str]:
     """What one group asks for: one task, or ``nodes`` x ``per_node`` tasks (per-task resources)."""
     tasks = per_node or 1
@@ -192,31 +241,81 @@ def _resource_directives(
     memory = facts.partition_memory(partition)
     if res.memMB > 0 and not (memory is not None and memory <= SMALL_MEMORY_MB):
         out.append(f"--mem={res.memMB * tasks}")  # --mem is per node
-    if res.gpu > 0:
+    gres = cfg.get_list("gres") or ()
+    gpus_per_node = cfg.get_str("gpus_per_node")
+    # An explicit GPU request (typed, per node) replaces the one Resource.gpu implies.
+    explicit_gpus = gpus_per_node or any(g.split(":")[0] == "gpu" for g in gres)
+    if res.gpu > 0 and not explicit_gpus:
         out.append(
             f"--gpus-per-node={res.gpu * tasks}"
             if facts.version >= (24, 11)
             else f"--gpus-per-task={res.gpu}"
         )
-    for key in ("partition", "constraint", "qos", "account"):
+    if gpus_per_node:
+        out.append(f"--gpus-per-node={gpus_per_node}")
+    if gres:
+        out.append(f"--gres={','.join(gres)}")
+    for key in ("partition", "constraint", "qos", "account", "reservation"):
         value = cfg.get_str(key)
         if value:
             out.append(f"--{key}={value}")
+    # Node choices are per het group: --nodelist means "all of these" to each component.
+    if nodelist:
+        out.append(f"--nodelist={','.join(nodelist)}")
+    exclude = cfg.get_list("exclude")
+    if exclude:
+        out.append(f"--exclude={','.join(exclude)}")
+    if cfg.get_bool("exclusive", False):
+        out.append("--exclusive")
     return out
 
 
-def _check_grouping(app: AppDef) -> None:
+def _nodelists(app: AppDef, cfg: ResolvedCfg) -> list[list[str]]:
+    """The nodes ``nodelist`` gives each het group, in order; SpecError naming it when too many."""
+    names = [n for item in cfg.get_list("nodelist") or () for n in expand_hostlist(item) or ()]
+    sizes: list[int] = []
+    default = cfg.get_int("ntasks_per_node")
+    for role in app.roles:
+        per_node = procs_per_node(role.metadata, default)
+        if per_node is None:
+            sizes += [1] * role.num_replicas
+        else:
+            sizes.append(max(role.num_replicas // per_node, 1))
+    if len(names) > sum(sizes):
+        raise SpecError(
+            [
+                Problem(
+                    "cfg.nodelist",
+                    f"{len(names)} nodes named, but the app runs on {sum(sizes)} "
+                    "(each het group takes as many as it has nodes, in order)",
+                )
+            ],
+            context="cannot place the app's replicas on Slurm nodes",
+        )
+    out = []
+    for size in sizes:
+        out.append(names[:size])
+        names = names[size:]
+    return out
+
+
+def _check_grouping(app: AppDef, default: int | None) -> None:
     problems = []
     for i, role in enumerate(app.roles):
-        if PROCS_PER_NODE not in role.metadata:
+        if PROCS_PER_NODE not in role.metadata and default is None:
             continue
-        per_node = procs_per_node(role.metadata)
-        where = f"roles[{i}].metadata[{PROCS_PER_NODE!r}]"
+        per_node = procs_per_node(role.metadata, default)
+        where = (
+            f"roles[{i}].metadata[{PROCS_PER_NODE!r}]"
+            if PROCS_PER_NODE in role.metadata
+            else "cfg.ntasks_per_node"
+        )
+        of = "" if PROCS_PER_NODE in role.metadata else f"role {role.name!r}: "
         if per_node is None or per_node < 1:
             problems.append(Problem(where, "must be a positive integer"))
         elif role.num_replicas % per_node:
             problems.append(
-                Problem(where, f"{per_node} does not divide num_replicas={role.num_replicas}")
+                Problem(where, f"{of}{per_node} does not divide num_replicas={role.num_replicas}")
             )
     if problems:
         raise SpecError(problems, context="cannot place the app's replicas on Slurm nodes")
@@ -232,7 +331,9 @@ def render(
     job_dir: str | None,
 ) -> SlurmRequest:
     """``job_dir`` is the directory chosen for this app (fresh per app), or None."""
-    _check_grouping(app)
+    default_per_node = cfg.get_int("ntasks_per_node")
+    _check_grouping(app, default_per_node)
+    nodelists = _nodelists(app, cfg)
     # Absolute (relative to the dry run's directory): compute nodes and other processes read it.
     log_root = Path(ctx.cwd, cfg.get_str("log_dir") or default_log_dir)
     app_dir = log_root / ctx.session / ctx.app_id
@@ -241,7 +342,7 @@ def render(
     groups: list[SlurmGroup] = []
     tasks = 0
     for role in app.roles:
-        per_node = procs_per_node(role.metadata)
+        per_node = procs_per_node(role.metadata, default_per_node)
         role_replicas: list[SlurmReplica] = []
         for k in range(role.num_replicas):
             values = macros.Values(
@@ -289,7 +390,9 @@ def render(
         for batch in batches:
             directives = (
                 f"--job-name={name or f'{role.name}-{batch[0].replica_id}'}",
-                *_resource_directives(role.resource, per_node, nodes, cfg, facts),
+                *_resource_directives(
+                    role.resource, per_node, nodes, cfg, facts, nodelists[len(groups)]
+                ),
             )
             log = (
                 f"{app_dir}/{role.name}/launcher.log"
@@ -345,12 +448,20 @@ def _script(
         value = cfg.get_str(key)
         if value:
             job_level.append(f"--{key}={value}")
+    if cfg.get_bool("hold", False):
+        job_level.append("--hold")
     lines = ["#!/bin/bash", f"# asupervisor app {ctx.app_id} ({app.name}), session {ctx.session}"]
     for group in groups:
         if group.group > 0:
             lines.append("#SBATCH hetjob")
         directives = list(group.directives) + (job_level if group.group == 0 else [])
         lines.extend(f"#SBATCH {q(d)}" for d in directives)
+        if group.group == 0:
+            lines.extend(
+                f"{DEPENDENCY_MARK}{kind}={handle}"
+                for kind in DEPENDENCY_KINDS
+                for handle in cfg.get_list(kind) or ()
+            )
     het = len(groups) > 1
     pump = pump_path(app_dir)
     parts = " \\\n    : ".join(g.srun_group(het, pump) for g in groups)

@@ -150,8 +150,9 @@ class ViewTranslator:
         elif meaning in (Meaning.FAILED, Meaning.CANCELLED):
             if meaning is Meaning.CANCELLED and not self.stopping and not self._external_cancel:
                 self._external_cancel = True
+                why = f" ({comp.reason})" if comp.reason and comp.reason != "None" else ""
                 out.insert(
-                    0, AppCancelRequested(reason=f"job {self.job_id} was cancelled in Slurm")
+                    0, AppCancelRequested(reason=f"job {self.job_id} was cancelled in Slurm{why}")
                 )
             code = comp.exit_code
             if meaning is Meaning.FAILED and not code and comp.signal is None:

@@ -70,6 +70,14 @@ class SlurmTransport(abc.ABC):
     async def requeue(self, job_id: int) -> None: ...
 
     @abc.abstractmethod
+    async def hold(self, job_id: int) -> None:
+        """Keep the pending job from starting (reason JobHeldUser, as ``--hold`` gives)."""
+
+    @abc.abstractmethod
+    async def release(self, job_id: int) -> None:
+        """Let a held job start."""
+
+    @abc.abstractmethod
     async def facts(self) -> ClusterFacts: ...
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
@@ -142,6 +150,14 @@ class CliTransport(SlurmTransport):
 
     async def requeue(self, job_id: int) -> None:
         await self._run("scontrol", "requeue", str(job_id))
+
+    async def hold(self, job_id: int) -> None:
+        # uhold, not hold: run by root or an operator, hold is an admin hold
+        # (JobHeldAdmin) that the job's own user could not release.
+        await self._run("scontrol", "uhold", str(job_id))
+
+    async def release(self, job_id: int) -> None:
+        await self._run("scontrol", "release", str(job_id))
 
     async def facts(self) -> ClusterFacts:
         version_text = await self._run("sinfo", "--version")

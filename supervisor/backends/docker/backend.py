@@ -55,6 +55,9 @@ from supervisor.validate import Capabilities
 
 __all__ = ["DockerBackend"]
 
+EVENTS_READY_S = 60.0
+"""How long a launch waits for the engine's event stream to open before failing (transient)."""
+
 
 class DockerBackend(Backend):
     name = "docker"
@@ -71,7 +74,8 @@ class DockerBackend(Backend):
         self.owner = Owner.current()
         self._runtimes: set[DockerRuntime] = set()
         self._events_ready: dict[str, anyio.Event] = {}
-        self._events_scope = anyio.CancelScope()
+        self._events_scopes: dict[str, anyio.CancelScope] = {}
+        """One per engine: a CancelScope serves one ``with`` block, so engines cannot share one."""
         self._busy = 0
         self._idle = anyio.Event()
         self.foreign = ForeignApps(self)
@@ -147,18 +151,32 @@ class DockerBackend(Backend):
 
     # ------------------------------------------------------------------ events
     async def _ensure_events(self, engine: Engine) -> None:
+        """Start following ``engine``'s events once; bounded: a launch never waits forever here."""
         ready = self._events_ready.get(engine.host)
         if ready is None:
             ready = self._events_ready[engine.host] = anyio.Event()
-            self.task_group.start_soon(self._follow_events, engine, ready)
-        await ready.wait()
+            scope = self._events_scopes[engine.host] = anyio.CancelScope()
+            self.task_group.start_soon(self._follow_events, engine, ready, scope)
+        with anyio.move_on_after(EVENTS_READY_S):
+            await ready.wait()
+        if not ready.is_set():
+            raise SubmitError(
+                f"the engine at {engine.host} did not open its event stream within "
+                f"{EVENTS_READY_S:.0f} s",
+                transient=True,
+            )
 
-    async def _follow_events(self, engine: Engine, ready: anyio.Event) -> None:
+    async def _follow_events(
+        self, engine: Engine, ready: anyio.Event, scope: anyio.CancelScope
+    ) -> None:
         """One stream for every container of this session; reopened if the engine drops it."""
         since = time.time() - 1.0
-        async with self.tracked():
-            with self._events_scope:
-                await self._read_events(engine, ready, since)
+        try:
+            async with self.tracked():
+                with scope:
+                    await self._read_events(engine, ready, since)
+        finally:
+            ready.set()  # whatever ended the follower, nobody waits on it any more
 
     async def _read_events(self, engine: Engine, ready: anyio.Event, since: float) -> None:
         troubled = False
@@ -234,7 +252,8 @@ class DockerBackend(Backend):
             else:
                 runtime.release()
                 await anyio.to_thread.run_sync(self.foreign.mark_released, runtime.store)
-        self._events_scope.cancel()
+        for scope in self._events_scopes.values():
+            scope.cancel()
         await self.foreign.aclose()
         with anyio.CancelScope(shield=True):
             if self._busy:

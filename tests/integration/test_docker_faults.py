@@ -1,0 +1,99 @@
+"""The docker backend under engine faults: every wait bounded, every cancel carried out.
+
+Each fault is injected for real on an engine the test started itself
+(``private_engines``): frozen with SIGSTOP, killed, restarted. The shared
+engines of ``scripts/docker-engines`` are only ever used, never stopped.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from supervisor import AppDef, AppState, Role, Supervisor
+
+from .docker_engines import IMAGE, leftovers, remove_leftovers
+from .private_engines import PrivateEngine, containers, private_dockerd, private_podman
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.docker]
+
+IGNORES_TERM = (
+    "import signal, time, sys\n"
+    "signal.signal(signal.SIGTERM, lambda *a: print('ignored TERM', flush=True))\n"
+    "print('up', flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+def py(name: str, code: str, **kw: Any) -> Role:
+    return Role(name=name, image=IMAGE, entrypoint="python3", args=["-c", code], **kw)
+
+
+@pytest.fixture
+def session() -> str:
+    return f"t{secrets.token_hex(4)}"
+
+
+@pytest.fixture
+def shared(docker_facts: dict[str, Any], session: str, state_dir: Path) -> Iterator[dict[str, str]]:
+    """Both shared engines' hosts; whatever this test's session left on them fails it."""
+    hosts = {name: str(info["host"]) for name, info in docker_facts["engines"].items()}
+    yield hosts
+    left = {name: leftovers(host, session) for name, host in hosts.items()}
+    for host in hosts.values():
+        remove_leftovers(host, session)
+    assert not any(left.values()), f"left behind: {left}"
+
+
+@pytest.fixture
+def podman(session: str, state_dir: Path) -> Iterator[PrivateEngine]:
+    with private_podman(session) as engine:
+        yield engine
+
+
+@pytest.fixture
+def dockerd(docker_facts: dict[str, Any], session: str, state_dir: Path) -> Iterator[PrivateEngine]:
+    with private_dockerd(session, str(docker_facts["engines"]["docker"]["host"])) as engine:
+        yield engine
+
+
+@pytest.fixture(params=["docker", "podman"])
+def private(
+    request: pytest.FixtureRequest, docker_facts: dict[str, Any], session: str, state_dir: Path
+) -> Iterator[PrivateEngine]:
+    """Each test on a private dockerd and on a private Podman API."""
+    if request.param == "podman":
+        with private_podman(session) as engine:
+            yield engine
+    else:
+        with private_dockerd(session, str(docker_facts["engines"]["docker"]["host"])) as engine:
+            yield engine
+
+
+def cfg(host: str, **more: object) -> dict[str, object]:
+    return {"host": host, "stop_grace": 2.0, **more}
+
+
+# ------------------------------------------------------------------ item 6
+@pytest.mark.parametrize("order", [("docker", "podman"), ("podman", "docker")])
+async def test_one_supervisor_submits_to_two_engines(
+    shared: dict[str, str], session: str, order: tuple[str, str]
+) -> None:
+    """Each engine's event follower has its own cancel scope; both apps run to their end."""
+    with anyio.fail_after(120):
+        async with Supervisor(session=session) as sv:
+            handles = [
+                await sv.submit(
+                    AppDef(f"two-{name}", [py("w", "print('hi')")]), "docker", cfg(shared[name])
+                )
+                for name in order
+            ]
+            for handle in handles:
+                status = await sv.wait(handle, timeout=60)
+                assert status.state is AppState.SUCCEEDED, status

@@ -128,7 +128,7 @@ def private_podman(session: str) -> Iterator[PrivateEngine]:
 
 @contextmanager
 def private_dockerd(session: str, shared_host: str) -> Iterator[PrivateEngine]:
-    """A private dockerd (own roots, socket, pid file; no bridge, no iptables) with the test image."""
+    """A private dockerd (own roots, socket, pid file; no bridge, no iptables), test image in."""
     tmp = Path(tempfile.mkdtemp(prefix="sv-dockerd-", dir="/var/tmp"))
     run = Path(tempfile.mkdtemp(prefix="sv-dockerd-", dir="/run"))
     sock = run / "docker.sock"

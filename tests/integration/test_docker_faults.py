@@ -97,3 +97,30 @@ async def test_one_supervisor_submits_to_two_engines(
             for handle in handles:
                 status = await sv.wait(handle, timeout=60)
                 assert status.state is AppState.SUCCEEDED, status
+
+
+async def _final_elsewhere(session: str, handle: str, timeout: float = 60) -> Any:
+    """The app's status as another Supervisor (another process's view) reads it."""
+    async with Supervisor(session=session) as other:
+        return await other.wait(handle, timeout=timeout)
+
+
+# ------------------------------------------------------------------ items 1 and 2
+@pytest.mark.parametrize("name", ["docker", "podman"])
+async def test_cancel_then_leaving_at_once_returns_and_ends_every_container(
+    shared: dict[str, str], session: str, name: str
+) -> None:
+    """The close finishes the cancel (SIGTERM, grace, SIGKILL) while it still hears the
+    engine's exits, records CANCELLED and removes the containers; it returns."""
+    app = AppDef("stubborn", [py("w", IGNORES_TERM, num_replicas=2)])
+    with anyio.fail_after(90):
+        async with Supervisor(session=session) as sv:
+            handle = await sv.submit(app, "docker", cfg(shared[name]))
+            async for line in sv.log_iter(handle, "w", 0, should_tail=True):
+                if line.startswith("up"):
+                    break
+            await sv.cancel(handle)
+    with anyio.fail_after(90):
+        final = await _final_elsewhere(session, handle)
+    assert final.state is AppState.CANCELLED, final
+    assert leftovers(shared[name], session) == []

@@ -19,6 +19,7 @@ What this process follows is heard from one engine event stream per backend.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -44,7 +45,7 @@ from supervisor.backends.docker.engine import (
 from supervisor.backends.docker.foreign import ForeignApps
 from supervisor.backends.docker.options import DOCKER_CAPABILITIES, default_host, docker_run_opts
 from supervisor.backends.docker.request import LABEL, DockerRequest, render
-from supervisor.backends.docker.runtime import DockerRuntime
+from supervisor.backends.docker.runtime import CONFIRM_S, DockerRuntime
 from supervisor.backends.store import AppStore, Index, Owner
 from supervisor.errors import BackendError, SubmitError
 from supervisor.logs import LogSink
@@ -184,10 +185,14 @@ class DockerBackend(Backend):
             try:
                 async with engine.events({LABEL.SESSION: self.context.session}, since) as ev:
                     ready.set()
-                    if troubled:  # back: what was missed meanwhile is replayed from `since`
+                    if troubled:
+                        # Back. An engine that restarted does not replay the exits it
+                        # saw meanwhile: each app asks it how its containers are now.
                         troubled = False
                         for runtime in list(self._runtimes):
-                            runtime.emit_notice("")
+                            if runtime.engine is engine:
+                                runtime.emit_notice("")
+                                runtime.reconcile()
                     async for event in ev:
                         since = float(event.get("timeNano", 0)) / 1e9 or since
                         self._dispatch(event)
@@ -245,19 +250,58 @@ class DockerBackend(Backend):
         return await self.foreign.log_target(handle, role, replica_id)
 
     async def aclose(self) -> None:
-        """Stop following: the containers run on, and another process can pick them up."""
+        """Stop following: the containers run on, and another process can pick them up.
+
+        A stop or cancel in progress is carried out first (SIGTERM, grace,
+        SIGKILL), while this process still hears the exits, within the grace
+        and a bound; what still runs after that gets SIGKILL. Every step is
+        bounded and every app is handled even when one's records cannot be
+        written (a removed log directory, a full disk); such failures are
+        raised together, as one BackendError, once everything is closed.
+        """
+        failures: list[str] = []
+        pending: list[DockerRuntime] = []
         for runtime in list(self._runtimes):
-            if runtime.final:
-                await runtime.cleanup()  # it ended just now: finish its cleanup first
-            else:
-                runtime.release()
-                await anyio.to_thread.run_sync(self.foreign.mark_released, runtime.store)
+            try:
+                if runtime.final:
+                    await runtime.cleanup()  # it ended just now: finish its cleanup first
+                elif await anyio.to_thread.run_sync(runtime.cancel_pending):
+                    pending.append(runtime)
+                else:
+                    await self._release(runtime)
+            except (OSError, BackendError) as e:
+                failures.append(f"{runtime.request.app_id}: {e}")
+        if pending:
+            grace = max(r.request.stop_grace for r in pending)
+            bound = (grace if math.isfinite(grace) else 0.0) + CONFIRM_S
+            with anyio.CancelScope(shield=True), anyio.move_on_after(bound):
+                for runtime in pending:
+                    await runtime.ended.wait()
+            for runtime in pending:
+                if not runtime.ended.is_set():
+                    try:
+                        with anyio.CancelScope(shield=True):
+                            await runtime.kill_all()
+                        await self._release(runtime)
+                    except (OSError, BackendError) as e:
+                        failures.append(f"{runtime.request.app_id}: {e}")
         for scope in self._events_scopes.values():
             scope.cancel()
         await self.foreign.aclose()
-        with anyio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True), anyio.move_on_after(CONFIRM_S):
             if self._busy:
                 await self._idle.wait()
         for engine in self.engines.values():
             await engine.aclose()
-        await self.log_sink.aclose()
+        try:
+            await self.log_sink.aclose()
+        except (OSError, BackendError) as e:
+            failures.append(f"writing the last output: {e}")
+        if failures:
+            raise BackendError(
+                "closing the docker backend: " + "; ".join(failures), transient=False
+            )
+
+    async def _release(self, runtime: DockerRuntime) -> None:
+        runtime.release()
+        await anyio.to_thread.run_sync(self.foreign.mark_released, runtime.store)

@@ -48,6 +48,11 @@ ATTEMPT_FILE = ".docker-attempt.json"
 OUTPUT_COPIED = "output-copied"
 """In the app dir once the ended app's output is all in its files: other processes wait for it."""
 OOM_CODE = 137
+CONFIRM_S = 30.0
+"""How long a stop waits for the engine to confirm an exit after SIGKILL, and how long an
+engine call of a stop is retried (the engine may be away): every wait has a bound."""
+COPY_BOUND_S = 30.0
+"""How long the end of an app waits for the last fetch of a container's output."""
 
 
 def log_sizes(directory: Path) -> dict[str, int]:
@@ -122,6 +127,11 @@ class DockerRuntime(AppRuntime):
         self.final = False
         self._cleanup_lock = anyio.Lock()
         self._cleaned = False
+        self.ended = anyio.Event()
+        """Set once the app's end is fully handled (final state recorded, containers removed)."""
+        self.stopping = 0
+        """Stops in progress: a closing backend lets them finish before it stops following."""
+        self.cancel_recorded = False
 
     # ---------------------------------------------------------------- launch
     async def start(self) -> None:
@@ -378,23 +388,88 @@ class DockerRuntime(AppRuntime):
         slot.exited.set()
 
     # ---------------------------------------------------------------- actions
+    async def _signal(self, cid: str, sig: str) -> None:
+        """Send ``sig``, retried while the engine is away (transient errors) for CONFIRM_S."""
+        last: BackendError | None = None
+        with anyio.move_on_after(CONFIRM_S):
+            while True:
+                try:
+                    await self.engine.kill(cid, sig)
+                    return
+                except BackendError as e:
+                    if not e.transient:
+                        raise
+                    last = e
+                await anyio.sleep(1.0)  # a back-off while the engine is away
+        raise BackendError(
+            f"cannot send {sig} to container {cid[:12]}: {last or 'the engine did not answer'}",
+            transient=True,
+        ) from last
+
     async def _terminate(self, slot: _Slot) -> None:
-        """SIGTERM, then SIGKILL once the grace is over; returns once the exit was reported."""
+        """SIGTERM, then SIGKILL once the grace is over; returns once the exit was reported.
+
+        Bounded: an exit the engine does not confirm within CONFIRM_S of the
+        SIGKILL is looked up on the engine (the event may have been lost while
+        it was away), and a stop that still cannot be confirmed raises.
+        """
         cid, exited = slot.cid, slot.exited
         if cid is None or not slot.running:
             return
-        await self.engine.kill(cid, "SIGTERM")
-        grace = self.request.stop_grace
-        with anyio.move_on_after(grace if math.isfinite(grace) else None):
-            await exited.wait()
-        if not exited.is_set():
-            await self.engine.kill(cid, "SIGKILL")
-            await exited.wait()
+        self.stopping += 1
+        try:
+            await self._signal(cid, "SIGTERM")
+            grace = self.request.stop_grace
+            with anyio.move_on_after(grace if math.isfinite(grace) else None):
+                await exited.wait()
+            if exited.is_set():
+                return
+            await self._signal(cid, "SIGKILL")
+            with anyio.move_on_after(CONFIRM_S / 3):
+                await exited.wait()
+            if not exited.is_set():
+                self.reconcile()  # the engine may have come back without replaying the exit
+                with anyio.move_on_after(CONFIRM_S):
+                    await exited.wait()
+            if not exited.is_set():
+                raise BackendError(
+                    f"the engine did not confirm that container {cid[:12]} stopped",
+                    transient=True,
+                )
+        finally:
+            self.stopping -= 1
+
+    def reconcile(self) -> None:
+        """Ask the engine how every running container is, now: exits it did not announce
+        (it was away, and engines do not replay them) are reported like heard ones."""
+        if not self._closed:
+            self._backend.task_group.start_soon(self._reconcile)
+
+    async def _reconcile(self) -> None:
+        async with self._backend.tracked():
+            for slot in list(self._slots.values()):
+                cid = slot.cid
+                if cid is None or not slot.running or cid in slot.handled:
+                    continue
+                try:
+                    info = await self.engine.inspect(cid)
+                except BackendError:
+                    continue  # still away: the next reconnect asks again
+                state = (info or {}).get("State") or {}
+                if info is None or not state.get("Running", False):
+                    attributes: dict[str, str] = {}
+                    if info is not None and state.get("Status") in ("exited", "stopped"):
+                        attributes = {"exitCode": str(state.get("ExitCode"))}
+                    self.on_event(cid, "die", attributes)
 
     async def stop(self, keys: Sequence[ReplicaKey], reason: str) -> None:
-        async with anyio.create_task_group() as tg:
-            for key in keys:
-                tg.start_soon(self._stop_one, key)
+        self.stopping += 1
+        try:
+            async with anyio.create_task_group() as tg:
+                for key in keys:
+                    tg.start_soon(self._stop_one, key)
+        finally:
+            self.stopping -= 1
 
     async def _stop_one(self, key: ReplicaKey) -> None:
         slot = self._slots[key]
@@ -447,6 +522,27 @@ class DockerRuntime(AppRuntime):
                 if event.name is not None and str(event.name) == CANCEL_REQUEST:
                     self.emit(AppCancelRequested(reason="cancelled by another process"))
 
+    async def record_cancel(self) -> None:
+        """cancel.request in the app dir, before the stop: it outlives this process."""
+        self.cancel_recorded = True
+        try:
+            await anyio.to_thread.run_sync(self.store.request_cancel)
+        except OSError as e:
+            self.emit_notice(f"cannot record the cancel for other processes: {e}")
+
+    def cancel_pending(self) -> bool:
+        """Blocking: a cancel (this process's or another's) or a stop is not carried out yet."""
+        return bool(self.stopping) or self.cancel_recorded or self.store.cancel_path.exists()
+
+    async def kill_all(self) -> None:
+        """The last resort of a closing backend: SIGKILL whatever of this app still runs."""
+        for slot in self._slots.values():
+            if slot.cid is not None and slot.running:
+                try:
+                    await self._signal(slot.cid, "SIGKILL")
+                except BackendError as e:
+                    self.emit_notice(str(e))
+
     # ----------------------------------------------------------------- record
     async def record(
         self, status: AppStatus, transitions: Sequence[Transition], final: bool
@@ -486,32 +582,42 @@ class DockerRuntime(AppRuntime):
                 if self._cleaned:
                     return
                 self._cleaned = True
-                for slot in self._slots.values():
-                    if slot.running:
-                        await slot.exited.wait()
-                for cid in list(self._by_cid):
-                    await self._ended_copy(cid)
-                marked: OSError | None = None
                 try:
-                    await anyio.to_thread.run_sync(
-                        write_json_atomic, self.store.app_dir / OUTPUT_COPIED, {}
-                    )
-                except OSError as e:
-                    marked = e
-                for cid in list(self._by_cid):
-                    await self.engine.remove(cid)
-                await self.engine.remove_network(self.request.network)
-                if marked is not None:
-                    # Other processes then wait for this one to exit before reading to the end.
-                    raise BackendError(
-                        f"cannot mark the app's output complete: {marked}", transient=False
-                    )
+                    await self._cleanup()
+                finally:
+                    self.ended.set()
+
+    async def _cleanup(self) -> None:
+        # Bounded: exits the engine never announces (it went away) must not hold the end.
+        with anyio.move_on_after(CONFIRM_S):
+            for slot in self._slots.values():
+                if slot.running:
+                    await slot.exited.wait()
+        for cid in list(self._by_cid):
+            await self._ended_copy(cid)
+        marked: OSError | None = None
+        try:
+            await anyio.to_thread.run_sync(
+                write_json_atomic, self.store.app_dir / OUTPUT_COPIED, {}
+            )
+        except OSError as e:
+            marked = e
+        for cid in list(self._by_cid):
+            await self.engine.remove(cid)
+        await self.engine.remove_network(self.request.network)
+        if marked is not None:
+            # Other processes then wait for this one to exit before reading to the end.
+            raise BackendError(f"cannot mark the app's output complete: {marked}", transient=False)
 
     async def _ended_copy(self, cid: str) -> None:
-        """Before a container goes: its output must be copied (the engine drops it with it)."""
+        """Before a container goes: its output must be copied (the engine drops it with it).
+
+        Bounded: an engine that stopped answering cannot hold the app's end.
+        """
         ending = self._copies_ending.get(cid)
         if ending is not None:
-            await ending.wait()
+            with anyio.move_on_after(COPY_BOUND_S):
+                await ending.wait()
 
     @property
     def container_ids(self) -> list[str]:

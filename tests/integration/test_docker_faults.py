@@ -7,7 +7,10 @@ engines of ``scripts/docker-engines`` are only ever used, never stopped.
 
 from __future__ import annotations
 
+import os
 import secrets
+import subprocess
+import sys
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +23,8 @@ from supervisor import AppDef, AppState, Role, Supervisor
 
 from .docker_engines import IMAGE, leftovers, remove_leftovers
 from .private_engines import PrivateEngine, containers, private_dockerd, private_podman
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.docker]
 
@@ -123,4 +128,51 @@ async def test_cancel_then_leaving_at_once_returns_and_ends_every_container(
     with anyio.fail_after(90):
         final = await _final_elsewhere(session, handle)
     assert final.state is AppState.CANCELLED, final
+    assert leftovers(shared[name], session) == []
+
+
+def cli(host: str, state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``asupervisor`` as another process runs it."""
+    env = {
+        **os.environ,
+        "ASUPERVISOR_HOME": str(state_dir),
+        "DOCKER_HOST": host,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "supervisor.cli.main", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+async def _until_up(sv: Supervisor, handle: str, replicas: int = 1) -> None:
+    for k in range(replicas):
+        async for line in sv.log_iter(handle, "w", k, should_tail=True):
+            if line.startswith("up"):
+                break
+
+
+@pytest.mark.parametrize("name", ["docker", "podman"])
+async def test_another_process_cancel_then_the_owner_closing_at_once_still_kills(
+    shared: dict[str, str], session: str, name: str, state_dir: Path
+) -> None:
+    """`asupervisor cancel` from another process, then the owner closes within the grace:
+    the SIGKILL step is not lost with the owner; the app ends CANCELLED, nothing runs."""
+    app = AppDef("stubborn", [py("w", IGNORES_TERM, num_replicas=2)])
+    with anyio.fail_after(120):
+        async with Supervisor(session=session) as sv:
+            handle = await sv.submit(app, "docker", cfg(shared[name], stop_grace=5.0))
+            await _until_up(sv, handle, 2)
+            done = await anyio.to_thread.run_sync(cli, shared[name], state_dir, "cancel", handle)
+            assert done.returncode == 0, done.stderr
+        # closed within the 5 s grace of the cancel
+        status = await anyio.to_thread.run_sync(
+            cli, shared[name], state_dir, "status", handle, "--json"
+        )
+    assert status.returncode == 0, status.stderr
+    assert '"CANCELLED"' in status.stdout, status.stdout
     assert leftovers(shared[name], session) == []

@@ -7,7 +7,9 @@ engines of ``scripts/docker-engines`` are only ever used, never stopped.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import secrets
 import subprocess
 import sys
@@ -19,7 +21,7 @@ from typing import Any
 import anyio
 import pytest
 
-from supervisor import AppDef, AppState, Role, Supervisor
+from supervisor import AppDef, AppState, BackendError, Role, Supervisor
 
 from .docker_engines import IMAGE, leftovers, remove_leftovers
 from .private_engines import PrivateEngine, containers, private_dockerd, private_podman
@@ -176,3 +178,57 @@ async def test_another_process_cancel_then_the_owner_closing_at_once_still_kills
     assert status.returncode == 0, status.stderr
     assert '"CANCELLED"' in status.stdout, status.stdout
     assert leftovers(shared[name], session) == []
+
+
+NOISY = (
+    "import sys, time\n"
+    "print('up', flush=True)\n"
+    "for i in range(100000):\n"
+    "    print('x' * 200, i, flush=(i % 100 == 0))\n"
+    "time.sleep(600)\n"
+)
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A real 2 MB tmpfs: a disk that fills."""
+    mount = tmp_path / "tmpfs"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.mark.parametrize("name", ["docker", "podman"])
+@pytest.mark.parametrize("fault", ["removed", "full"])
+async def test_close_returns_when_the_log_directory_is_gone_or_full(
+    shared: dict[str, str], session: str, name: str, fault: str, small_tmpfs: Path
+) -> None:
+    """The backend's close reports what it could not write (one BackendError) and returns:
+    the Supervisor's task group stops whatever the backend's close raised."""
+    log_dir = small_tmpfs / "logs"
+    app = AppDef("diskless", [py("w", NOISY)])
+    raised: list[BaseException] = []
+    with anyio.fail_after(120):
+        try:
+            async with Supervisor(session=session) as sv:
+                handle = await sv.submit(app, "docker", cfg(shared[name], log_dir=str(log_dir)))
+                await _until_up(sv, handle)
+                if fault == "removed":
+                    shutil.rmtree(log_dir)
+                else:
+                    with anyio.fail_after(60):
+                        while shutil.disk_usage(small_tmpfs).free > 64 * 1024:
+                            await anyio.sleep(0.2)
+                    # the state files cannot be rewritten either
+                    filler = small_tmpfs / "filler"
+                    with filler.open("wb") as f, contextlib.suppress(OSError):
+                        f.write(b"0" * (4 << 20))
+        except BackendError as e:
+            raised.append(e)
+    # The containers are this test's own: they run on (durable), so remove them here.
+    remove_leftovers(shared[name], session)
+    if fault == "removed":
+        assert raised, "the records that could not be written are reported"

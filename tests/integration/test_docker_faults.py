@@ -23,7 +23,7 @@ import pytest
 from supervisor import AppDef, AppState, BackendError, Role, Supervisor
 
 from .docker_engines import IMAGE, leftovers, remove_leftovers
-from .private_engines import PrivateEngine, private_dockerd, private_podman
+from .private_engines import PrivateEngine, containers, private_dockerd, private_podman
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -229,3 +229,26 @@ async def test_close_returns_when_the_log_directory_is_gone_or_full(
     remove_leftovers(shared[name], session)
     if fault == "removed":
         assert raised, "the records that could not be written are reported"
+
+
+# ------------------------------------------------------------------ item 5
+async def test_a_cancel_while_podman_is_down_is_retried_until_it_lands(
+    podman: PrivateEngine, session: str
+) -> None:
+    """The engine's API is killed, the cancel is asked, the API comes back 3 s later: the
+    SIGTERM/SIGKILL are retried, the app ends CANCELLED (not UNKNOWN with an internal
+    task-group message), no container runs on, and close returns."""
+    app = AppDef("stubborn", [py("w", IGNORES_TERM, num_replicas=2)])
+    with anyio.fail_after(150):
+        async with Supervisor(session=session) as sv:
+            handle = await sv.submit(app, "docker", cfg(podman.host))
+            await _until_up(sv, handle, 2)
+            podman.kill()
+            await sv.cancel(handle)
+            await anyio.sleep(3.0)
+            await anyio.to_thread.run_sync(podman.start)
+            status = await sv.wait(handle, timeout=90)
+            assert status.state is AppState.CANCELLED, status
+            assert "TaskGroup" not in status.msg, status.msg
+    running = [c for c in containers(podman, session) if c.get("State") == "running"]
+    assert running == []

@@ -85,6 +85,31 @@ def exit_signal(code: int | None) -> str | None:
         return None
 
 
+async def _each(calls: Sequence[Callable[[], Awaitable[None]]]) -> None:
+    """Run ``calls`` at once; their engine failures come out as one BackendError.
+
+    Not as a task group's exception group: the actor tells an engine failure
+    (the app's notice) from a broken supervision by the exception's type.
+    """
+    failures: list[BackendError] = []
+
+    async def one(call: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await call()
+        except BackendError as e:
+            failures.append(e)
+
+    async with anyio.create_task_group() as tg:
+        for call in calls:
+            tg.start_soon(one, call)
+    if len(failures) == 1:
+        raise failures[0]
+    if failures:
+        raise BackendError(
+            "; ".join(str(e) for e in failures), transient=all(e.transient for e in failures)
+        )
+
+
 @dataclass
 class _Copy:
     """Bytes of each stream received from one container, and when its copy ended."""
@@ -465,9 +490,7 @@ class DockerRuntime(AppRuntime):
     async def stop(self, keys: Sequence[ReplicaKey], reason: str) -> None:
         self.stopping += 1
         try:
-            async with anyio.create_task_group() as tg:
-                for key in keys:
-                    tg.start_soon(self._stop_one, key)
+            await _each([partial(self._stop_one, key) for key in keys])
         finally:
             self.stopping -= 1
 
@@ -480,9 +503,7 @@ class DockerRuntime(AppRuntime):
             self.emit(Exited(role=key[0], replica_id=key[1], attempt=slot.attempt, exit_code=None))
 
     async def restart(self, attempts: Sequence[tuple[ReplicaKey, int]], reason: str) -> None:
-        async with anyio.create_task_group() as tg:
-            for key, attempt in attempts:
-                tg.start_soon(self._restart_one, key, attempt)
+        await _each([partial(self._restart_one, key, attempt) for key, attempt in attempts])
 
     async def _restart_one(self, key: ReplicaKey, attempt: int) -> None:
         slot = self._slots[key]

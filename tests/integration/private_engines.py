@@ -163,6 +163,8 @@ def private_dockerd(session: str, shared_host: str) -> Iterator[PrivateEngine]:
             timeout=300,
         )
         save.wait(60)
+        assert save.stdout is not None
+        save.stdout.close()
         yield engine
     finally:
         try:

@@ -252,3 +252,27 @@ async def test_a_cancel_while_podman_is_down_is_retried_until_it_lands(
             assert "TaskGroup" not in status.msg, status.msg
     running = [c for c in containers(podman, session) if c.get("State") == "running"]
     assert running == []
+
+
+# ------------------------------------------------------------------ item 4
+FINISHES = "import time; print('up', flush=True); time.sleep(4); print('done', flush=True)"
+
+
+async def test_exits_while_dockerd_is_dead_are_reconciled_when_it_returns(
+    dockerd: PrivateEngine, session: str
+) -> None:
+    """dockerd is SIGKILLed for 8 s while the containers finish; once its event stream is
+    back the app asks how its containers are: it reaches its final state, ``wait``
+    returns, and its containers and network go."""
+    app = AppDef("outage", [py("w", FINISHES, num_replicas=2)])
+    with anyio.fail_after(240):
+        async with Supervisor(session=session) as sv:
+            handle = await sv.submit(app, "docker", cfg(dockerd.host))
+            await _until_up(sv, handle, 2)
+            dockerd.kill()
+            await anyio.sleep(8.0)
+            await anyio.to_thread.run_sync(dockerd.start)
+            status = await sv.wait(handle, timeout=120)
+            assert status.is_terminal, status
+            assert "TaskGroup" not in status.msg, status.msg
+    assert containers(dockerd, session) == []

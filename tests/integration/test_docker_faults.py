@@ -276,3 +276,54 @@ async def test_exits_while_dockerd_is_dead_are_reconciled_when_it_returns(
             assert status.is_terminal, status
             assert "TaskGroup" not in status.msg, status.msg
     assert containers(dockerd, session) == []
+
+
+# ------------------------------------------------------------------ item 13
+async def test_a_dockerd_restart_is_reconciled_and_loses_no_output(
+    dockerd: PrivateEngine, session: str
+) -> None:
+    """dockerd restarted (SIGTERM, as an init system does; it stops the containers): the
+    app ends FAILED with the containers' real exits, not UNKNOWN with an internal message;
+    no false "output is lost" line; its containers and network go."""
+    app = AppDef("restart", [py("w", "import time; print('up', flush=True); time.sleep(600)")])
+    with anyio.fail_after(240):
+        async with Supervisor(session=session) as sv:
+            handle = await sv.submit(app, "docker", cfg(dockerd.host))
+            await _until_up(sv, handle)
+            await anyio.to_thread.run_sync(dockerd.terminate)
+            await anyio.to_thread.run_sync(dockerd.start)
+            status = await sv.wait(handle, timeout=120)
+            assert status.state is AppState.FAILED, status
+            assert "TaskGroup" not in status.msg, status.msg
+            lines = [line async for line in sv.log_iter(handle, "w", 0)]
+    assert "up\n" in lines, lines
+    assert not any("output is lost" in line for line in lines), lines
+    assert containers(dockerd, session) == []
+
+
+async def test_submits_while_the_engine_is_away_are_retried(
+    podman: PrivateEngine, session: str
+) -> None:
+    """The API is killed while three apps are being submitted and comes back 2 s later:
+    their network and container creates are retried, and every app succeeds."""
+    with anyio.fail_after(180):
+        async with Supervisor(session=session) as sv:
+            first = await sv.submit(
+                AppDef("warm", [py("w", "print(1)")]), "docker", cfg(podman.host)
+            )
+            assert (await sv.wait(first, timeout=60)).state is AppState.SUCCEEDED
+            podman.kill()
+            handles: list[str] = []
+
+            async def submit(n: int) -> None:
+                app = AppDef(f"retry{n}", [py("w", "print('ok')", num_replicas=3)])
+                handles.append(await sv.submit(app, "docker", cfg(podman.host)))
+
+            async with anyio.create_task_group() as tg:
+                for n in range(3):
+                    tg.start_soon(submit, n)
+                await anyio.sleep(2.0)
+                await anyio.to_thread.run_sync(podman.start)
+            for handle in handles:
+                status = await sv.wait(handle, timeout=90)
+                assert status.state is AppState.SUCCEEDED, status

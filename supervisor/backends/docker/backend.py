@@ -45,7 +45,7 @@ from supervisor.backends.docker.engine import (
 from supervisor.backends.docker.foreign import ForeignApps
 from supervisor.backends.docker.options import DOCKER_CAPABILITIES, default_host, docker_run_opts
 from supervisor.backends.docker.request import LABEL, DockerRequest, render
-from supervisor.backends.docker.runtime import CONFIRM_S, DockerRuntime
+from supervisor.backends.docker.runtime import CONFIRM_S, CREATE_CONCURRENCY, DockerRuntime
 from supervisor.backends.store import AppStore, Index, Owner
 from supervisor.errors import BackendError, SubmitError
 from supervisor.logs import LogSink
@@ -78,6 +78,8 @@ class DockerBackend(Backend):
         self._events_scopes: dict[str, anyio.CancelScope] = {}
         """One per engine: a CancelScope serves one ``with`` block, so engines cannot share one."""
         self._busy = 0
+        self.launch_limiter = anyio.CapacityLimiter(CREATE_CONCURRENCY)
+        """Shared by every launch of this backend: a cap on creates in flight across apps."""
         self._idle = anyio.Event()
         self.foreign = ForeignApps(self)
 

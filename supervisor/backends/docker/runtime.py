@@ -43,7 +43,10 @@ __all__ = ["DockerRuntime", "exit_signal"]
 
 CREATE_FAILED_CODE = 127
 CREATE_CONCURRENCY = 8
-"""Engine requests in flight at once while launching an app."""
+"""Engine requests of launches in flight at once, across every app on one backend: an
+engine under load answers a burst of creates slower than its clients wait."""
+LAUNCH_TRIES = 4
+"""Tries of one launch request that failed transiently (back-off 1, 2, 4 s)."""
 ATTEMPT_FILE = ".docker-attempt.json"
 OUTPUT_COPIED = "output-copied"
 """In the app dir once the ended app's output is all in its files: other processes wait for it."""
@@ -165,22 +168,44 @@ class DockerRuntime(AppRuntime):
         created: list[str] = []
         network_made = False
         errors: list[BackendError] = []
-        limit = anyio.CapacityLimiter(CREATE_CONCURRENCY)
+        limit = self._backend.launch_limiter
 
         async def guarded(call: Callable[[], Awaitable[None]]) -> None:
             try:
-                async with limit:
-                    await call()
+                for n in range(LAUNCH_TRIES):
+                    try:
+                        async with limit:
+                            await call()
+                        return
+                    except BackendError as e:
+                        if not e.transient or n == LAUNCH_TRIES - 1:
+                            raise
+                    await anyio.sleep(2.0**n)  # the engine is away or overloaded: back off
             except BackendError as e:
                 errors.append(e)
 
         async def network() -> None:
             nonlocal network_made
-            await self.engine.create_network(req.network_body)
+            if network_made:
+                return
+            try:
+                await self.engine.create_network(req.network_body)
+            except BackendError:
+                # A create that timed out may have been done: it counts if it is there.
+                if not await self._exists("networks", req.network):
+                    raise
             network_made = True
 
         async def create(key: ReplicaKey, slot: _Slot) -> None:
-            cid = await self.engine.create(slot.spec.name, slot.spec.config(0))
+            if slot.cid is not None:
+                return
+            try:
+                cid = await self.engine.create(slot.spec.name, slot.spec.config(0))
+            except BackendError:
+                found = await self._exists("containers", slot.spec.name)
+                if found is None:
+                    raise
+                cid = found
             created.append(cid)
             slot.cid = cid
             self._by_cid[cid] = key
@@ -214,6 +239,22 @@ class DockerRuntime(AppRuntime):
         async with anyio.create_task_group() as tg:
             for key, slot in self._slots.items():
                 tg.start_soon(self._start_container, key, slot)
+
+    async def _exists(self, kind: str, name: str) -> str | None:
+        """The id of this app's container or network named ``name``, if a create made it."""
+        labels = {LABEL.SESSION: self.request.session, LABEL.APP_ID: self.request.app_id}
+        try:
+            if kind == "networks":
+                found = await self.engine.list_networks(labels)
+            else:
+                found = await self.engine.list_containers(labels)
+        except BackendError:
+            return None
+        for item in found:
+            names = [str(n).lstrip("/") for n in item.get("Names") or [item.get("Name")]]
+            if name in names:
+                return str(item.get("Id") or item.get("ID") or "") or None
+        return None
 
     async def _start_container(self, key: ReplicaKey, slot: _Slot) -> None:
         cid = slot.cid
@@ -298,7 +339,7 @@ class DockerRuntime(AppRuntime):
             async with self._backend.tracked():
                 try:
                     if copy is not None:
-                        await self._drain_logs(cid, copy, log)
+                        await self._drain_retrying(cid, copy, log)
                 except BackendError as e:
                     message = f"asupervisor: the rest of this container's output is lost: {e}"
                     sink.write(log, "stderr", f"{message}\n".encode(), time.time())
@@ -317,6 +358,17 @@ class DockerRuntime(AppRuntime):
         for cid in [c for c in self._copies_ending if self._by_cid.get(c) == (role, replica_id)]:
             await self._ended_copy(cid)
 
+    async def _drain_retrying(self, cid: str, copy: _Copy, log: ReplicaLog) -> None:
+        """The engine may be away (a restart): its logs are still there once it is back."""
+        for n in range(LAUNCH_TRIES):
+            try:
+                await self._drain_logs(cid, copy, log)
+                return
+            except BackendError as e:
+                if not e.transient or n == LAUNCH_TRIES - 1:
+                    raise
+            await anyio.sleep(2.0**n)
+
     async def _drain_logs(self, cid: str, copy: _Copy, log: ReplicaLog) -> None:
         """Stop following at once, then fetch whatever the follow stream did not deliver.
 
@@ -330,13 +382,14 @@ class DockerRuntime(AppRuntime):
         """
         copy.scope.cancel()
         await copy.done.wait()
-        seen = dict(copy.received)
+        seen = copy.received  # counts what this fetch adds too: a retry skips it
         got = {"stdout": 0, "stderr": 0}
         sink = self._backend.log_sink
         async for stream, data in self.engine.log_frames(cid, follow=False):
             skip = max(0, min(len(data), seen[stream] - got[stream]))
             got[stream] += len(data)
             if skip < len(data):
+                seen[stream] += len(data) - skip
                 sink.write(log, stream, data[skip:], time.time())
 
     # ----------------------------------------------------------------- events

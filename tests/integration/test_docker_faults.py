@@ -327,3 +327,45 @@ async def test_submits_while_the_engine_is_away_are_retried(
             for handle in handles:
                 status = await sv.wait(handle, timeout=90)
                 assert status.state is AppState.SUCCEEDED, status
+
+
+# ------------------------------------------------------------------ low items
+async def test_a_container_removed_from_outside_keeps_its_137(
+    shared: dict[str, str], session: str
+) -> None:
+    """`docker rm -f` of a replica's container: the replica FAILED with exit 137 (SIGKILL),
+    not "stopped before it ran" with no exit code.
+
+    dockerd only: Podman 4.3 sometimes sends no ``died`` event at all for a container
+    removed by force (its label filter no longer matches a removed container), so nothing
+    tells the follower; that is left open."""
+    name = "docker"
+    from .docker_engines import api, labelled
+
+    app = AppDef("removed", [py("w", "import time; print('up', flush=True); time.sleep(600)")])
+    with anyio.fail_after(120):
+        async with Supervisor(session=session) as sv:
+            handle = await sv.submit(app, "docker", cfg(shared[name]))
+            await _until_up(sv, handle)
+            for c in labelled(shared[name], "containers", f"io.asupervisor.session={session}"):
+                await anyio.to_thread.run_sync(
+                    api, shared[name], "DELETE", f"/containers/{c['Id']}?force=1"
+                )
+            status = await sv.wait(handle, timeout=60)
+    replica = status.replica("w", 0)
+    assert status.state is AppState.FAILED, status
+    assert replica is not None and replica.exit_code == 137, replica
+
+
+@pytest.mark.parametrize("grace", [-1, 1e9])
+async def test_docker_refuses_the_stop_grace_local_refuses(
+    shared: dict[str, str], session: str, grace: float
+) -> None:
+    """One declaration of ``stop_grace`` and its bounds for local and docker."""
+    from supervisor import SpecError
+
+    async with Supervisor(session=session) as sv:
+        for backend, more in (("docker", cfg(shared["docker"])), ("local", {})):
+            with pytest.raises(SpecError) as caught:
+                sv.dryrun(AppDef("g", [py("w", "pass")]), backend, {**more, "stop_grace": grace})
+            assert "stop_grace" in str(caught.value), backend

@@ -434,9 +434,11 @@ class DockerRuntime(AppRuntime):
         labels: Mapping[str, Any] = attributes
         if code is None or code == OOM_CODE or LABEL.ATTEMPT not in attributes:
             info = await self.engine.inspect(cid)
-            state = (info or {}).get("State") or {}
-            labels = ((info or {}).get("Config") or {}).get("Labels") or {}
-            code = _int(state.get("ExitCode"))
+            if info is not None:
+                state = info.get("State") or {}
+                labels = (info.get("Config") or {}).get("Labels") or labels
+                code = _int(state.get("ExitCode"))
+            # else removed already (``docker rm -f``): the event's code is all there is
         # The container knows which attempt it ran, whatever the slot moved on to since.
         attempt = int(labels.get(LABEL.ATTEMPT, attempt))
         msg = ""

@@ -285,19 +285,21 @@ async def test_a_dockerd_restart_is_reconciled_and_loses_no_output(
     """dockerd restarted (SIGTERM, as an init system does; it stops the containers): the
     app ends FAILED with the containers' real exits, not UNKNOWN with an internal message;
     no false "output is lost" line; its containers and network go."""
-    app = AppDef("restart", [py("w", "import time; print('up', flush=True); time.sleep(600)")])
+    code = "import time; print('up', flush=True); time.sleep(600)"
+    app = AppDef("restart", [py("w", code, num_replicas=2)])
     with anyio.fail_after(240):
         async with Supervisor(session=session) as sv:
             handle = await sv.submit(app, "docker", cfg(dockerd.host))
-            await _until_up(sv, handle)
+            await _until_up(sv, handle, 2)
             await anyio.to_thread.run_sync(dockerd.terminate)
             await anyio.to_thread.run_sync(dockerd.start)
             status = await sv.wait(handle, timeout=120)
             assert status.state is AppState.FAILED, status
             assert "TaskGroup" not in status.msg, status.msg
-            lines = [line async for line in sv.log_iter(handle, "w", 0)]
-    assert "up\n" in lines, lines
-    assert not any("output is lost" in line for line in lines), lines
+            for k in (0, 1):
+                lines = [line async for line in sv.log_iter(handle, "w", k)]
+                assert "up\n" in lines, lines
+                assert not any("output is lost" in line for line in lines), lines
     assert containers(dockerd, session) == []
 
 

@@ -44,6 +44,7 @@ __all__ = [
     "RunOpt",
     "RunOpts",
     "parse_cfg_string",
+    "stop_grace_opt",
 ]
 
 #: What a resolved option holds. Lists are stored as tuples so the result stays immutable.
@@ -603,3 +604,21 @@ def parse_cfg_string(text: str, opts: RunOpts) -> dict[str, object]:
     if problems:
         raise SpecError(problems, context=_CONTEXT)
     return out
+
+
+DEFAULT_STOP_GRACE: Final = 5.0
+MAX_STOP_GRACE: Final = 3600.0
+"""An hour: a stop that takes longer is a misconfiguration (1e9 would never SIGKILL)."""
+
+
+def stop_grace_opt(default: float = DEFAULT_STOP_GRACE) -> RunOpt:
+    """The one declaration of ``stop_grace``, with its bounds, for every backend that stops
+    replicas with SIGTERM then SIGKILL."""
+    return RunOpt(
+        name="stop_grace",
+        type=OptType.FLOAT,
+        default=default,
+        help="seconds between SIGTERM and SIGKILL when stopping a replica",
+        minimum=0.0,
+        maximum=MAX_STOP_GRACE,
+    )

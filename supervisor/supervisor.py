@@ -201,10 +201,24 @@ class Supervisor:
                 actor.request_cancel("the supervisor closed")
             for actor in owned:
                 await actor.done.wait()
-            for backend in self._backends.values():
+            try:
+                await self._close_backends()
+            finally:
+                # Whatever a backend's close raised, the task group must stop, or
+                # leaving ``async with`` waits on it forever.
+                if self._tg is not None:
+                    self._tg.cancel_scope.cancel()
+
+    async def _close_backends(self) -> None:
+        """Close every backend, even after one failed; then raise the first failure."""
+        failures: list[Exception] = []
+        for backend in self._backends.values():
+            try:
                 await backend.aclose()
-            if self._tg is not None:
-                self._tg.cancel_scope.cancel()
+            except Exception as e:
+                failures.append(e)
+        if failures:
+            raise failures[0]
 
     def _task_group(self) -> TaskGroup:
         if self._tg is None or self._closed:
@@ -389,6 +403,8 @@ class Supervisor:
         """Ask the app to stop and return at once; repeating it, or a finished app, is fine."""
         actor = self._actors.get(handle)
         if actor is not None:
+            if actor.runtime is not None and not actor.done.is_set():
+                await actor.runtime.record_cancel()  # durable first, then carried out
             actor.request_cancel()
             return
         parsed = parse_handle(handle)

@@ -158,6 +158,14 @@ class AppRuntime(abc.ABC):
     @abc.abstractmethod
     def log_target(self, role: str, replica_id: int) -> LogTarget: ...
 
+    async def record_cancel(self) -> None:  # noqa: B027 - most backends have nothing to record
+        """Keep a cancel where it outlives this process, before it is carried out.
+
+        Durable backends (apps outlive their Supervisor) make the cancel durable
+        here: a Supervisor that closes before the stop is done, or dies, leaves
+        the request for whoever looks next. Others need nothing.
+        """
+
     @abc.abstractmethod
     async def aclose(self) -> None:
         """Release what the runtime holds once the app is terminal."""

@@ -19,6 +19,7 @@ What this process follows is heard from one engine event stream per backend.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -44,7 +45,7 @@ from supervisor.backends.docker.engine import (
 from supervisor.backends.docker.foreign import ForeignApps
 from supervisor.backends.docker.options import DOCKER_CAPABILITIES, default_host, docker_run_opts
 from supervisor.backends.docker.request import LABEL, DockerRequest, render
-from supervisor.backends.docker.runtime import DockerRuntime
+from supervisor.backends.docker.runtime import CONFIRM_S, CREATE_CONCURRENCY, DockerRuntime
 from supervisor.backends.store import AppStore, Index, Owner
 from supervisor.errors import BackendError, SubmitError
 from supervisor.logs import LogSink
@@ -54,6 +55,9 @@ from supervisor.status import AppStatus, DescribeAppResponse, ListAppResponse
 from supervisor.validate import Capabilities
 
 __all__ = ["DockerBackend"]
+
+EVENTS_READY_S = 60.0
+"""How long a launch waits for the engine's event stream to open before failing (transient)."""
 
 
 class DockerBackend(Backend):
@@ -71,8 +75,11 @@ class DockerBackend(Backend):
         self.owner = Owner.current()
         self._runtimes: set[DockerRuntime] = set()
         self._events_ready: dict[str, anyio.Event] = {}
-        self._events_scope = anyio.CancelScope()
+        self._events_scopes: dict[str, anyio.CancelScope] = {}
+        """One per engine: a CancelScope serves one ``with`` block, so engines cannot share one."""
         self._busy = 0
+        self.launch_limiter = anyio.CapacityLimiter(CREATE_CONCURRENCY)
+        """Shared by every launch of this backend: a cap on creates in flight across apps."""
         self._idle = anyio.Event()
         self.foreign = ForeignApps(self)
 
@@ -147,18 +154,32 @@ class DockerBackend(Backend):
 
     # ------------------------------------------------------------------ events
     async def _ensure_events(self, engine: Engine) -> None:
+        """Start following ``engine``'s events once; bounded: a launch never waits forever here."""
         ready = self._events_ready.get(engine.host)
         if ready is None:
             ready = self._events_ready[engine.host] = anyio.Event()
-            self.task_group.start_soon(self._follow_events, engine, ready)
-        await ready.wait()
+            scope = self._events_scopes[engine.host] = anyio.CancelScope()
+            self.task_group.start_soon(self._follow_events, engine, ready, scope)
+        with anyio.move_on_after(EVENTS_READY_S):
+            await ready.wait()
+        if not ready.is_set():
+            raise SubmitError(
+                f"the engine at {engine.host} did not open its event stream within "
+                f"{EVENTS_READY_S:.0f} s",
+                transient=True,
+            )
 
-    async def _follow_events(self, engine: Engine, ready: anyio.Event) -> None:
+    async def _follow_events(
+        self, engine: Engine, ready: anyio.Event, scope: anyio.CancelScope
+    ) -> None:
         """One stream for every container of this session; reopened if the engine drops it."""
         since = time.time() - 1.0
-        async with self.tracked():
-            with self._events_scope:
-                await self._read_events(engine, ready, since)
+        try:
+            async with self.tracked():
+                with scope:
+                    await self._read_events(engine, ready, since)
+        finally:
+            ready.set()  # whatever ended the follower, nobody waits on it any more
 
     async def _read_events(self, engine: Engine, ready: anyio.Event, since: float) -> None:
         troubled = False
@@ -166,10 +187,14 @@ class DockerBackend(Backend):
             try:
                 async with engine.events({LABEL.SESSION: self.context.session}, since) as ev:
                     ready.set()
-                    if troubled:  # back: what was missed meanwhile is replayed from `since`
+                    if troubled:
+                        # Back. An engine that restarted does not replay the exits it
+                        # saw meanwhile: each app asks it how its containers are now.
                         troubled = False
                         for runtime in list(self._runtimes):
-                            runtime.emit_notice("")
+                            if runtime.engine is engine:
+                                runtime.emit_notice("")
+                                runtime.reconcile()
                     async for event in ev:
                         since = float(event.get("timeNano", 0)) / 1e9 or since
                         self._dispatch(event)
@@ -227,18 +252,58 @@ class DockerBackend(Backend):
         return await self.foreign.log_target(handle, role, replica_id)
 
     async def aclose(self) -> None:
-        """Stop following: the containers run on, and another process can pick them up."""
+        """Stop following: the containers run on, and another process can pick them up.
+
+        A stop or cancel in progress is carried out first (SIGTERM, grace,
+        SIGKILL), while this process still hears the exits, within the grace
+        and a bound; what still runs after that gets SIGKILL. Every step is
+        bounded and every app is handled even when one's records cannot be
+        written (a removed log directory, a full disk); such failures are
+        raised together, as one BackendError, once everything is closed.
+        """
+        failures: list[str] = []
+        pending: list[DockerRuntime] = []
         for runtime in list(self._runtimes):
-            if runtime.final:
-                await runtime.cleanup()  # it ended just now: finish its cleanup first
-            else:
-                runtime.release()
-                await anyio.to_thread.run_sync(self.foreign.mark_released, runtime.store)
-        self._events_scope.cancel()
+            try:
+                if runtime.final:
+                    await runtime.cleanup()  # it ended just now: finish its cleanup first
+                elif await anyio.to_thread.run_sync(runtime.cancel_pending):
+                    pending.append(runtime)
+                else:
+                    await self._release(runtime)
+            except (OSError, BackendError) as e:
+                failures.append(f"{runtime.request.app_id}: {e}")
+        if pending:
+            grace = max(r.request.stop_grace for r in pending)
+            bound = (grace if math.isfinite(grace) else 0.0) + CONFIRM_S
+            with anyio.CancelScope(shield=True), anyio.move_on_after(bound):
+                for runtime in pending:
+                    await runtime.ended.wait()
+            for runtime in pending:
+                if not runtime.ended.is_set():
+                    try:
+                        with anyio.CancelScope(shield=True):
+                            await runtime.kill_all()
+                        await self._release(runtime)
+                    except (OSError, BackendError) as e:
+                        failures.append(f"{runtime.request.app_id}: {e}")
+        for scope in self._events_scopes.values():
+            scope.cancel()
         await self.foreign.aclose()
-        with anyio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True), anyio.move_on_after(CONFIRM_S):
             if self._busy:
                 await self._idle.wait()
         for engine in self.engines.values():
             await engine.aclose()
-        await self.log_sink.aclose()
+        try:
+            await self.log_sink.aclose()
+        except (OSError, BackendError) as e:
+            failures.append(f"writing the last output: {e}")
+        if failures:
+            raise BackendError(
+                "closing the docker backend: " + "; ".join(failures), transient=False
+            )
+
+    async def _release(self, runtime: DockerRuntime) -> None:
+        runtime.release()
+        await anyio.to_thread.run_sync(self.foreign.mark_released, runtime.store)

@@ -281,7 +281,19 @@ class Engine:
                     except EOFError:  # asyncio.IncompleteReadError: the stream ended
                         return
                     kind, size = _FRAME.unpack(header)
-                    data = await content.readexactly(size)
+                    if kind > 2 or header[1:4] != b"\0\0\0":
+                        # Podman answers some requests (a container removed meanwhile) with
+                        # plain text: never read it as frames (a bogus size, glued bytes).
+                        raise BackendError(
+                            f"the log stream of container {cid[:12]} is not framed: "
+                            f"{header + await content.read(200)!r}",
+                            transient=False,
+                        )
+                    try:
+                        data = await content.readexactly(size)
+                    except EOFError as e:
+                        msg = f"the log stream of container {cid[:12]} ended inside a frame"
+                        raise BackendError(msg, transient=True) from e
                     stream = _STREAMS.get(kind)
                     if stream is not None:
                         yield stream, data

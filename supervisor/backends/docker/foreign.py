@@ -145,6 +145,9 @@ class ForeignApps:
             if recorded is None:
                 return AppStatus(AppState.SUBMITTED, msg="no state recorded yet")
             return recorded[0]
+        if await anyio.Path(store.cancel_path).exists():
+            # A cancel its owner did not carry out (it closed or died first).
+            return await self._stop_unfollowed(store, app)
         containers = await self.containers(app)
         derived = self._from_containers(app, containers, recorded)
         if derived.is_terminal and containers:
@@ -312,9 +315,16 @@ class ForeignApps:
         status = await self.status(store, app)
         if status.is_terminal:
             return True
+        # Recorded first, whoever carries it out: an owner that closes or dies before
+        # its stop is done leaves the request to the next process that looks.
+        await anyio.to_thread.run_sync(store.request_cancel)
         if await anyio.to_thread.run_sync(self.following, store, app):
-            await anyio.to_thread.run_sync(store.request_cancel)
             return True
+        await self._stop_unfollowed(store, app)
+        return True
+
+    async def _stop_unfollowed(self, store: AppStore, app: dict[str, Any]) -> AppStatus:
+        """Carry out a cancel nobody follows: SIGTERM, grace, SIGKILL; record CANCELLED."""
         engine = self.engine_of(app)
         grace = float(app["request"].get("stop_grace", 5.0))
         live = [c for c in await self.containers(app) if c.get("State") == "running"]
@@ -335,8 +345,7 @@ class ForeignApps:
             for cid in running:
                 tg.start_soon(settle, cid)
         status = self._from_containers(app, await self.containers(app), None)
-        await self.finalize(store, app, status, cancelled=stopped)
-        return True
+        return await self.finalize(store, app, status, cancelled=stopped)
 
     async def wait(self, handle: AppHandle) -> AppStatus | None:
         """Woken by the owner's records (inotify), the owner's death, or a container's exit."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from supervisor.runopts import OptType, RunOpt, RunOpts
+from supervisor.runopts import DEFAULT_STOP_GRACE, OptType, RunOpt, RunOpts, stop_grace_opt
 from supervisor.specs import RetryPolicy
 from supervisor.validate import Capabilities
 
@@ -16,7 +16,6 @@ __all__ = [
     "docker_run_opts",
 ]
 
-DEFAULT_STOP_GRACE = 5.0
 _STANDARD_SOCKETS = (Path("/var/run/docker.sock"), Path("/run/podman/podman.sock"))
 
 DOCKER_CAPABILITIES = Capabilities(
@@ -58,12 +57,7 @@ def docker_run_opts() -> RunOpts:
                 help="directory for logs and state; apps go to {log_dir}/{session}/{app_id} "
                 "(default: <state dir>/logs)",
             ),
-            RunOpt(
-                name="stop_grace",
-                type=OptType.FLOAT,
-                default=DEFAULT_STOP_GRACE,
-                help="seconds between SIGTERM and SIGKILL when stopping a replica",
-            ),
+            stop_grace_opt(),
             RunOpt(
                 name="internal_network",
                 type=OptType.BOOL,

@@ -43,11 +43,19 @@ __all__ = ["DockerRuntime", "exit_signal"]
 
 CREATE_FAILED_CODE = 127
 CREATE_CONCURRENCY = 8
-"""Engine requests in flight at once while launching an app."""
+"""Engine requests of launches in flight at once, across every app on one backend: an
+engine under load answers a burst of creates slower than its clients wait."""
+LAUNCH_TRIES = 4
+"""Tries of one launch request that failed transiently (back-off 1, 2, 4 s)."""
 ATTEMPT_FILE = ".docker-attempt.json"
 OUTPUT_COPIED = "output-copied"
 """In the app dir once the ended app's output is all in its files: other processes wait for it."""
 OOM_CODE = 137
+CONFIRM_S = 30.0
+"""How long a stop waits for the engine to confirm an exit after SIGKILL, and how long an
+engine call of a stop is retried (the engine may be away): every wait has a bound."""
+COPY_BOUND_S = 30.0
+"""How long the end of an app waits for the last fetch of a container's output."""
 
 
 def log_sizes(directory: Path) -> dict[str, int]:
@@ -78,6 +86,31 @@ def exit_signal(code: int | None) -> str | None:
         return signal.Signals(code - 128).name
     except ValueError:
         return None
+
+
+async def _each(calls: Sequence[Callable[[], Awaitable[None]]]) -> None:
+    """Run ``calls`` at once; their engine failures come out as one BackendError.
+
+    Not as a task group's exception group: the actor tells an engine failure
+    (the app's notice) from a broken supervision by the exception's type.
+    """
+    failures: list[BackendError] = []
+
+    async def one(call: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await call()
+        except BackendError as e:
+            failures.append(e)
+
+    async with anyio.create_task_group() as tg:
+        for call in calls:
+            tg.start_soon(one, call)
+    if len(failures) == 1:
+        raise failures[0]
+    if failures:
+        raise BackendError(
+            "; ".join(str(e) for e in failures), transient=all(e.transient for e in failures)
+        )
 
 
 @dataclass
@@ -122,6 +155,11 @@ class DockerRuntime(AppRuntime):
         self.final = False
         self._cleanup_lock = anyio.Lock()
         self._cleaned = False
+        self.ended = anyio.Event()
+        """Set once the app's end is fully handled (final state recorded, containers removed)."""
+        self.stopping = 0
+        """Stops in progress: a closing backend lets them finish before it stops following."""
+        self.cancel_recorded = False
 
     # ---------------------------------------------------------------- launch
     async def start(self) -> None:
@@ -130,22 +168,44 @@ class DockerRuntime(AppRuntime):
         created: list[str] = []
         network_made = False
         errors: list[BackendError] = []
-        limit = anyio.CapacityLimiter(CREATE_CONCURRENCY)
+        limit = self._backend.launch_limiter
 
         async def guarded(call: Callable[[], Awaitable[None]]) -> None:
             try:
-                async with limit:
-                    await call()
+                for n in range(LAUNCH_TRIES):
+                    try:
+                        async with limit:
+                            await call()
+                        return
+                    except BackendError as e:
+                        if not e.transient or n == LAUNCH_TRIES - 1:
+                            raise
+                    await anyio.sleep(2.0**n)  # the engine is away or overloaded: back off
             except BackendError as e:
                 errors.append(e)
 
         async def network() -> None:
             nonlocal network_made
-            await self.engine.create_network(req.network_body)
+            if network_made:
+                return
+            try:
+                await self.engine.create_network(req.network_body)
+            except BackendError:
+                # A create that timed out may have been done: it counts if it is there.
+                if not await self._exists("networks", req.network):
+                    raise
             network_made = True
 
         async def create(key: ReplicaKey, slot: _Slot) -> None:
-            cid = await self.engine.create(slot.spec.name, slot.spec.config(0))
+            if slot.cid is not None:
+                return
+            try:
+                cid = await self.engine.create(slot.spec.name, slot.spec.config(0))
+            except BackendError:
+                found = await self._exists("containers", slot.spec.name)
+                if found is None:
+                    raise
+                cid = found
             created.append(cid)
             slot.cid = cid
             self._by_cid[cid] = key
@@ -179,6 +239,22 @@ class DockerRuntime(AppRuntime):
         async with anyio.create_task_group() as tg:
             for key, slot in self._slots.items():
                 tg.start_soon(self._start_container, key, slot)
+
+    async def _exists(self, kind: str, name: str) -> str | None:
+        """The id of this app's container or network named ``name``, if a create made it."""
+        labels = {LABEL.SESSION: self.request.session, LABEL.APP_ID: self.request.app_id}
+        try:
+            if kind == "networks":
+                found = await self.engine.list_networks(labels)
+            else:
+                found = await self.engine.list_containers(labels)
+        except BackendError:
+            return None
+        for item in found:
+            names = [str(n).lstrip("/") for n in item.get("Names") or [item.get("Name")]]
+            if name in names:
+                return str(item.get("Id") or item.get("ID") or "") or None
+        return None
 
     async def _start_container(self, key: ReplicaKey, slot: _Slot) -> None:
         cid = slot.cid
@@ -263,7 +339,7 @@ class DockerRuntime(AppRuntime):
             async with self._backend.tracked():
                 try:
                     if copy is not None:
-                        await self._drain_logs(cid, copy, log)
+                        await self._drain_retrying(cid, copy, log)
                 except BackendError as e:
                     message = f"asupervisor: the rest of this container's output is lost: {e}"
                     sink.write(log, "stderr", f"{message}\n".encode(), time.time())
@@ -282,6 +358,17 @@ class DockerRuntime(AppRuntime):
         for cid in [c for c in self._copies_ending if self._by_cid.get(c) == (role, replica_id)]:
             await self._ended_copy(cid)
 
+    async def _drain_retrying(self, cid: str, copy: _Copy, log: ReplicaLog) -> None:
+        """The engine may be away (a restart): its logs are still there once it is back."""
+        for n in range(LAUNCH_TRIES):
+            try:
+                await self._drain_logs(cid, copy, log)
+                return
+            except BackendError as e:
+                if not e.transient or n == LAUNCH_TRIES - 1:
+                    raise
+            await anyio.sleep(2.0**n)
+
     async def _drain_logs(self, cid: str, copy: _Copy, log: ReplicaLog) -> None:
         """Stop following at once, then fetch whatever the follow stream did not deliver.
 
@@ -295,13 +382,14 @@ class DockerRuntime(AppRuntime):
         """
         copy.scope.cancel()
         await copy.done.wait()
-        seen = dict(copy.received)
+        seen = copy.received  # counts what this fetch adds too: a retry skips it
         got = {"stdout": 0, "stderr": 0}
         sink = self._backend.log_sink
         async for stream, data in self.engine.log_frames(cid, follow=False):
             skip = max(0, min(len(data), seen[stream] - got[stream]))
             got[stream] += len(data)
             if skip < len(data):
+                seen[stream] += len(data) - skip
                 sink.write(log, stream, data[skip:], time.time())
 
     # ----------------------------------------------------------------- events
@@ -346,9 +434,11 @@ class DockerRuntime(AppRuntime):
         labels: Mapping[str, Any] = attributes
         if code is None or code == OOM_CODE or LABEL.ATTEMPT not in attributes:
             info = await self.engine.inspect(cid)
-            state = (info or {}).get("State") or {}
-            labels = ((info or {}).get("Config") or {}).get("Labels") or {}
-            code = _int(state.get("ExitCode"))
+            if info is not None:
+                state = info.get("State") or {}
+                labels = (info.get("Config") or {}).get("Labels") or labels
+                code = _int(state.get("ExitCode"))
+            # else removed already (``docker rm -f``): the event's code is all there is
         # The container knows which attempt it ran, whatever the slot moved on to since.
         attempt = int(labels.get(LABEL.ATTEMPT, attempt))
         msg = ""
@@ -378,23 +468,86 @@ class DockerRuntime(AppRuntime):
         slot.exited.set()
 
     # ---------------------------------------------------------------- actions
+    async def _signal(self, cid: str, sig: str) -> None:
+        """Send ``sig``, retried while the engine is away (transient errors) for CONFIRM_S."""
+        last: BackendError | None = None
+        with anyio.move_on_after(CONFIRM_S):
+            while True:
+                try:
+                    await self.engine.kill(cid, sig)
+                    return
+                except BackendError as e:
+                    if not e.transient:
+                        raise
+                    last = e
+                await anyio.sleep(1.0)  # a back-off while the engine is away
+        raise BackendError(
+            f"cannot send {sig} to container {cid[:12]}: {last or 'the engine did not answer'}",
+            transient=True,
+        ) from last
+
     async def _terminate(self, slot: _Slot) -> None:
-        """SIGTERM, then SIGKILL once the grace is over; returns once the exit was reported."""
+        """SIGTERM, then SIGKILL once the grace is over; returns once the exit was reported.
+
+        Bounded: an exit the engine does not confirm within CONFIRM_S of the
+        SIGKILL is looked up on the engine (the event may have been lost while
+        it was away), and a stop that still cannot be confirmed raises.
+        """
         cid, exited = slot.cid, slot.exited
         if cid is None or not slot.running:
             return
-        await self.engine.kill(cid, "SIGTERM")
-        grace = self.request.stop_grace
-        with anyio.move_on_after(grace if math.isfinite(grace) else None):
-            await exited.wait()
-        if not exited.is_set():
-            await self.engine.kill(cid, "SIGKILL")
-            await exited.wait()
+        self.stopping += 1
+        try:
+            await self._signal(cid, "SIGTERM")
+            grace = self.request.stop_grace
+            with anyio.move_on_after(grace if math.isfinite(grace) else None):
+                await exited.wait()
+            if exited.is_set():
+                return
+            await self._signal(cid, "SIGKILL")
+            with anyio.move_on_after(CONFIRM_S / 3):
+                await exited.wait()
+            if not exited.is_set():
+                self.reconcile()  # the engine may have come back without replaying the exit
+                with anyio.move_on_after(CONFIRM_S):
+                    await exited.wait()
+            if not exited.is_set():
+                raise BackendError(
+                    f"the engine did not confirm that container {cid[:12]} stopped",
+                    transient=True,
+                )
+        finally:
+            self.stopping -= 1
+
+    def reconcile(self) -> None:
+        """Ask the engine how every running container is, now: exits it did not announce
+        (it was away, and engines do not replay them) are reported like heard ones."""
+        if not self._closed:
+            self._backend.task_group.start_soon(self._reconcile)
+
+    async def _reconcile(self) -> None:
+        async with self._backend.tracked():
+            for slot in list(self._slots.values()):
+                cid = slot.cid
+                if cid is None or not slot.running or cid in slot.handled:
+                    continue
+                try:
+                    info = await self.engine.inspect(cid)
+                except BackendError:
+                    continue  # still away: the next reconnect asks again
+                state = (info or {}).get("State") or {}
+                if info is None or not state.get("Running", False):
+                    attributes: dict[str, str] = {}
+                    if info is not None and state.get("Status") in ("exited", "stopped"):
+                        attributes = {"exitCode": str(state.get("ExitCode"))}
+                    self.on_event(cid, "die", attributes)
 
     async def stop(self, keys: Sequence[ReplicaKey], reason: str) -> None:
-        async with anyio.create_task_group() as tg:
-            for key in keys:
-                tg.start_soon(self._stop_one, key)
+        self.stopping += 1
+        try:
+            await _each([partial(self._stop_one, key) for key in keys])
+        finally:
+            self.stopping -= 1
 
     async def _stop_one(self, key: ReplicaKey) -> None:
         slot = self._slots[key]
@@ -405,9 +558,7 @@ class DockerRuntime(AppRuntime):
             self.emit(Exited(role=key[0], replica_id=key[1], attempt=slot.attempt, exit_code=None))
 
     async def restart(self, attempts: Sequence[tuple[ReplicaKey, int]], reason: str) -> None:
-        async with anyio.create_task_group() as tg:
-            for key, attempt in attempts:
-                tg.start_soon(self._restart_one, key, attempt)
+        await _each([partial(self._restart_one, key, attempt) for key, attempt in attempts])
 
     async def _restart_one(self, key: ReplicaKey, attempt: int) -> None:
         slot = self._slots[key]
@@ -446,6 +597,27 @@ class DockerRuntime(AppRuntime):
             async for event in inotify:
                 if event.name is not None and str(event.name) == CANCEL_REQUEST:
                     self.emit(AppCancelRequested(reason="cancelled by another process"))
+
+    async def record_cancel(self) -> None:
+        """cancel.request in the app dir, before the stop: it outlives this process."""
+        self.cancel_recorded = True
+        try:
+            await anyio.to_thread.run_sync(self.store.request_cancel)
+        except OSError as e:
+            self.emit_notice(f"cannot record the cancel for other processes: {e}")
+
+    def cancel_pending(self) -> bool:
+        """Blocking: a cancel (this process's or another's) or a stop is not carried out yet."""
+        return bool(self.stopping) or self.cancel_recorded or self.store.cancel_path.exists()
+
+    async def kill_all(self) -> None:
+        """The last resort of a closing backend: SIGKILL whatever of this app still runs."""
+        for slot in self._slots.values():
+            if slot.cid is not None and slot.running:
+                try:
+                    await self._signal(slot.cid, "SIGKILL")
+                except BackendError as e:
+                    self.emit_notice(str(e))
 
     # ----------------------------------------------------------------- record
     async def record(
@@ -486,32 +658,42 @@ class DockerRuntime(AppRuntime):
                 if self._cleaned:
                     return
                 self._cleaned = True
-                for slot in self._slots.values():
-                    if slot.running:
-                        await slot.exited.wait()
-                for cid in list(self._by_cid):
-                    await self._ended_copy(cid)
-                marked: OSError | None = None
                 try:
-                    await anyio.to_thread.run_sync(
-                        write_json_atomic, self.store.app_dir / OUTPUT_COPIED, {}
-                    )
-                except OSError as e:
-                    marked = e
-                for cid in list(self._by_cid):
-                    await self.engine.remove(cid)
-                await self.engine.remove_network(self.request.network)
-                if marked is not None:
-                    # Other processes then wait for this one to exit before reading to the end.
-                    raise BackendError(
-                        f"cannot mark the app's output complete: {marked}", transient=False
-                    )
+                    await self._cleanup()
+                finally:
+                    self.ended.set()
+
+    async def _cleanup(self) -> None:
+        # Bounded: exits the engine never announces (it went away) must not hold the end.
+        with anyio.move_on_after(CONFIRM_S):
+            for slot in self._slots.values():
+                if slot.running:
+                    await slot.exited.wait()
+        for cid in list(self._by_cid):
+            await self._ended_copy(cid)
+        marked: OSError | None = None
+        try:
+            await anyio.to_thread.run_sync(
+                write_json_atomic, self.store.app_dir / OUTPUT_COPIED, {}
+            )
+        except OSError as e:
+            marked = e
+        for cid in list(self._by_cid):
+            await self.engine.remove(cid)
+        await self.engine.remove_network(self.request.network)
+        if marked is not None:
+            # Other processes then wait for this one to exit before reading to the end.
+            raise BackendError(f"cannot mark the app's output complete: {marked}", transient=False)
 
     async def _ended_copy(self, cid: str) -> None:
-        """Before a container goes: its output must be copied (the engine drops it with it)."""
+        """Before a container goes: its output must be copied (the engine drops it with it).
+
+        Bounded: an engine that stopped answering cannot hold the app's end.
+        """
         ending = self._copies_ending.get(cid)
         if ending is not None:
-            await ending.wait()
+            with anyio.move_on_after(COPY_BOUND_S):
+                await ending.wait()
 
     @property
     def container_ids(self) -> list[str]:

@@ -41,7 +41,14 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.backends.base import DryrunContext, Request
-from supervisor.runopts import OptType, ResolvedCfg, RunOpt, RunOpts
+from supervisor.runopts import (
+    DEFAULT_STOP_GRACE,
+    OptType,
+    ResolvedCfg,
+    RunOpt,
+    RunOpts,
+    stop_grace_opt,
+)
 from supervisor.specs import AppDef, macros
 
 __all__ = [
@@ -55,8 +62,6 @@ __all__ = [
 ]
 
 RANK0_ENV = "TORCHX_RANK0_HOST"
-DEFAULT_STOP_GRACE = 5.0
-MAX_STOP_GRACE = 3600.0
 #: Replicas one role may ask for unless ``cfg max_replicas_per_role`` says more: each is
 #: a process on this machine, and a typo like ``10**6`` would otherwise spend a minute
 #: and most of a GiB rendering the dry run alone.
@@ -86,14 +91,7 @@ def local_run_opts() -> RunOpts:
                 help="give each replica asking for GPUs its own contiguous block of devices "
                 "through CUDA_VISIBLE_DEVICES, when enough exist",
             ),
-            RunOpt(
-                name="stop_grace",
-                type=OptType.FLOAT,
-                default=DEFAULT_STOP_GRACE,
-                help="seconds between SIGTERM and SIGKILL when stopping a replica",
-                minimum=0.0,
-                maximum=MAX_STOP_GRACE,
-            ),
+            stop_grace_opt(),
             RunOpt(
                 name="max_replicas_per_role",
                 type=OptType.INT,

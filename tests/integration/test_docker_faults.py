@@ -27,7 +27,7 @@ from .private_engines import PrivateEngine, containers, private_dockerd, private
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.docker]
+pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.docker, pytest.mark.faults]
 
 IGNORES_TERM = (
     "import signal, time, sys\n"

@@ -103,3 +103,47 @@ async def test_controller_restart_causes_no_false_terminal_state(
     assert seen_states <= {AppState.RUNNING, AppState.SUCCEEDED}
     assert any("squeue failed" in m for m in seen_msgs), seen_msgs
     assert "squeue failed" not in final.msg
+
+
+async def _down_for_a_moment(node: str) -> None:
+    """The node DOWN (Slurm fails and requeues what runs there), then back at once."""
+    try:
+        await anyio.run_process(
+            ["scontrol", "update", f"nodename={node}", "state=down", "reason=asupervisor-test"]
+        )
+        await anyio.sleep(2)
+    finally:
+        await anyio.run_process(
+            ["scontrol", "update", f"nodename={node}", "state=resume"], check=False
+        )
+
+
+async def test_the_leaders_node_failing_under_two_replicas_is_one_requeue(
+    cluster: dict[str, object], state_dir: Path
+) -> None:
+    """Issue 19 item 7. Slurm 22.05 requeues a het job whose leader's node fails only half
+    way: the leader waits again while its sibling shows FAILED (JobLaunchFailure) on the old
+    attempt, for ever. That sibling is not a failure, the backend completes the requeue (and
+    never cancels the job), and the app ends after one restart."""
+    role = Role(name="w", entrypoint=PY, args=["-c", SLOW_FIRST], max_retries=1, num_replicas=2)
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(AppDef(name="leaderfail", roles=[role]), "slurm")
+
+        with anyio.fail_after(60):
+            running = set()
+            async for t in sv.watch(handle):
+                if t.role is not None and t.dest == "RUNNING":
+                    running.add(t.replica_id)
+                if len(running) == 2:
+                    break
+        status = sv.status(handle)
+        assert status is not None
+        leader = status.replica("w", 0).hostname  # type: ignore[union-attr]  # het group 0
+        assert leader in {"n1", "n2", "n3"}
+        await _down_for_a_moment(leader)
+        final = await sv.wait(handle, timeout=150)
+        history = [t async for t in sv.watch(handle)]
+    assert final.state is AppState.SUCCEEDED, final
+    assert final.num_restarts == 1
+    assert [r.restarts for r in final.roles[0].replicas] == [1, 1]
+    assert not any(t.dest in ("FAILED", "CANCELLED") for t in history), history

@@ -96,6 +96,39 @@ def test_node_failure_with_requeue_is_a_restart_not_a_failure() -> None:
     assert ("RUNNING", "PENDING") in app_path and app_path[-1] == ("RUNNING", "SUCCEEDED")
 
 
+def test_a_component_ended_by_its_leaders_requeue_is_part_of_that_requeue() -> None:
+    # Seen on 22.05 when the node of a het job's leader goes DOWN: the leader is back in
+    # the queue with the count bumped, its sibling shows FAILED (JobLaunchFailure) on the
+    # old count until someone completes the requeue; then both run attempt 1.
+    def half(sibling: str) -> JobView:
+        return _job(
+            JobRecord(10, 10, 0, "PENDING", restart_cnt=1, started=300, requeue=True),
+            JobRecord(11, 10, 1, sibling, nodes="n2", reason="JobLaunchFailure",
+                      started=100, requeue=True),
+        )  # fmt: skip
+
+    translator = ViewTranslator(10, KEYS)
+    translator.events(_view("RUNNING", started=100, requeue=True))
+    translator.events(half("COMPLETING"))
+    assert translator.incomplete_requeue == 0  # still tearing down: nothing to complete yet
+    translator.events(half("FAILED"))
+    assert translator.incomplete_requeue == 1
+    views = [
+        _view("RUNNING", started=100, requeue=True),
+        half("COMPLETING"),
+        half("FAILED"),
+        half("FAILED"),
+        _view("PENDING", restart=1, started=300, requeue=True),
+        _view("RUNNING", restart=1, started=310, requeue=True),
+        _view("COMPLETED", restart=1, started=310, requeue=True),
+    ]
+    fsm, mail = _run(views, max_retries=1)  # a failure counted as well would fail the app
+    assert fsm.state is AppState.SUCCEEDED, fsm.snapshot()
+    assert fsm.num_restarts == 1
+    assert [r.restarts for r in fsm.snapshot().roles[0].replicas] == [1, 1]
+    assert not any(isinstance(m, AppCancelRequested) for m in mail)
+
+
 def test_failed_replica_is_blamed_not_the_ones_killed_with_it() -> None:
     comps = (
         JobRecord(10, 10, 0, "FAILED", signal=15, nodes="n1"),

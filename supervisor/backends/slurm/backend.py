@@ -20,6 +20,7 @@ from typing import Any
 import anyio
 
 from supervisor.backends.base import (
+    AppNotice,
     AppRuntime,
     Backend,
     BackendContext,
@@ -45,7 +46,7 @@ from supervisor.backends.slurm.states import Meaning, meaning_of
 from supervisor.backends.slurm.translate import Mail, ViewTranslator, signal_name
 from supervisor.backends.slurm.transport import AccountingDisabled, CliTransport, SlurmTransport
 from supervisor.backends.store import AppStore, Index, Owner, _read_json
-from supervisor.errors import Problem, SpecError, SubmitError
+from supervisor.errors import BackendError, Problem, SpecError, SubmitError
 from supervisor.events import Exited, ReplicaKey, Submitted
 from supervisor.fsm.rules import derive_app_state
 from supervisor.fsm.states import AppState, ReplicaState
@@ -65,6 +66,10 @@ from supervisor.validate import Capabilities
 __all__ = ["SlurmBackend"]
 
 IGNORE_FILE = ".asupervisorignore"
+
+_COMPLETE_TRIES = 10
+_COMPLETE_RECHECK_S = 15.0
+"""How often a requeue Slurm left half done is completed (the job's view is checked in between)."""
 
 _REPLICA_STATE = {
     Meaning.QUEUED: ReplicaState.PENDING,
@@ -100,6 +105,7 @@ class SlurmRuntime(AppRuntime):
         # (read off the loop): a queue keeps the events in the order Slurm gave them.
         self._mail, self._mailbox = anyio.create_memory_object_stream[list[Mail]](1000)
         backend.context.task_group.start_soon(self._deliver)
+        self._completing = 0  # the requeue (restart count) whose completion was asked for
 
     def on_view(self, view: JobView) -> None:
         """The poller's listener: runs on the loop, never blocks."""
@@ -109,11 +115,41 @@ class SlurmRuntime(AppRuntime):
             # A controller that lost its state reuses job ids: this is someone else's job.
             view = JobView(view.job_id, (), "gone", f"job id {self.job_id} now names another job")
         mail = self.translator.events(view)
+        requeued_to = self.translator.incomplete_requeue
+        if requeued_to > self._completing and not self.translator.stopping:
+            self._completing = requeued_to
+            self._backend.context.task_group.start_soon(self._complete_requeue, requeued_to)
         if any(_failed(m) for m in mail):
             self._mail.send_nowait(mail)
             return
         for event in mail:
             self.emit(event)
+
+    async def _complete_requeue(self, requeued_to: int) -> None:
+        """Finish the requeue Slurm left half done, so the job can run again (never cancel it).
+
+        Retried (transient errors) while the job still needs it; a transport that
+        cannot do it ends the app's supervision with the reason: the job would
+        otherwise wait in the queue for ever.
+        """
+        delay = 1.0
+        for _ in range(_COMPLETE_TRIES):
+            if self.translator.incomplete_requeue != requeued_to or self.translator.stopping:
+                return
+            try:
+                await self._backend.transport.complete_requeue(self.job_id)
+            except BackendError as e:
+                if not e.transient:
+                    self.emit(AppNotice(message=str(e), fatal=True))
+                    return
+                self.emit(AppNotice(message=f"completing Slurm's requeue failed, retrying: {e}"))
+            else:
+                self._backend.poller.poke()
+                # Asked again only if the job still shows ended components well after:
+                # a second requeue of a job that started meanwhile would cut its run short.
+                delay = _COMPLETE_RECHECK_S
+            await anyio.sleep(delay)
+            delay = min(delay * 2, _COMPLETE_RECHECK_S)
 
     async def _deliver(self) -> None:
         """Failures of a view, with the error file each replica wrote (as locally).

@@ -69,6 +69,18 @@ class SlurmTransport(abc.ABC):
     @abc.abstractmethod
     async def requeue(self, job_id: int) -> None: ...
 
+    async def complete_requeue(self, job_id: int) -> None:
+        """Put back in the queue the components Slurm left ended when it requeued the job.
+
+        22.05 requeues a het job whose leader's node failed only half way: the
+        leader waits (Reason=Resources) for ever beside its ended components.
+        """
+        raise BackendError(
+            f"job {job_id} was requeued by Slurm with some of its components left ended, "
+            f"and the {self.kind} transport cannot requeue them: the job cannot start again",
+            transient=False,
+        )
+
     @abc.abstractmethod
     async def facts(self) -> ClusterFacts: ...
 
@@ -142,6 +154,15 @@ class CliTransport(SlurmTransport):
 
     async def requeue(self, job_id: int) -> None:
         await self._run("scontrol", "requeue", str(job_id))
+
+    async def complete_requeue(self, job_id: int) -> None:
+        try:
+            await self._run("scontrol", "requeue", str(job_id))
+        except BackendError as e:
+            # scontrol requeues every ended component, then reports the one already
+            # waiting (the leader) as an error: that is the requeue done.
+            if "pending execution" not in str(e):
+                raise
 
     async def facts(self) -> ClusterFacts:
         version_text = await self._run("sinfo", "--version")

@@ -147,3 +147,24 @@ async def test_the_leaders_node_failing_under_two_replicas_is_one_requeue(
     assert final.num_restarts == 1
     assert [r.restarts for r in final.roles[0].replicas] == [1, 1]
     assert not any(t.dest in ("FAILED", "CANCELLED") for t in history), history
+
+
+@pytest.mark.timeout(300)  # Slurm ends the job a minute in, and the retry queues again
+async def test_a_time_limit_hit_with_a_retry_left_is_retried_and_ends(
+    cluster: dict[str, object], state_dir: Path
+) -> None:
+    """Issue 19 item 8: a job killed at its (1-minute) time limit ran no more of its batch
+    script, so nothing requeued it; the retry requeues it from here, and the app ends. Another
+    process sees the same end."""
+    role = Role(name="w", entrypoint=PY, args=["-c", SLOW_FIRST], max_retries=1)
+    app = AppDef(name="timeout", roles=[role])
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app, "slurm", cfg={"time": "1"})
+        final = await sv.wait(handle, timeout=240)
+        history = [t async for t in sv.watch(handle)]
+    assert final.state is AppState.SUCCEEDED, final
+    assert final.num_restarts == 1
+    assert [t.trigger for t in history if t.role == "w"].count("restart") == 1, history
+    async with Supervisor(session="svc") as other:
+        seen = await other.describe(handle)
+    assert seen is not None and seen.state is AppState.SUCCEEDED, seen

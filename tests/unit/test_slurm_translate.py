@@ -129,6 +129,17 @@ def test_a_component_ended_by_its_leaders_requeue_is_part_of_that_requeue() -> N
     assert not any(isinstance(m, AppCancelRequested) for m in mail)
 
 
+def test_a_job_slurm_ended_itself_is_over_one_its_script_requeued_is_not() -> None:
+    translator = ViewTranslator(10, KEYS)
+    translator.events(_view("RUNNING", started=100))
+    assert not translator.ended
+    translator.events(_view("TIMEOUT", started=100, reason="TimeLimit"))
+    assert translator.ended  # the batch script was killed: only a requeue from outside retries
+    translator = ViewTranslator(10, KEYS)
+    translator.events(_view("NODE_FAIL", requeue=True))
+    assert not translator.ended  # Slurm requeues it itself
+
+
 def test_failed_replica_is_blamed_not_the_ones_killed_with_it() -> None:
     comps = (
         JobRecord(10, 10, 0, "FAILED", signal=15, nodes="n1"),

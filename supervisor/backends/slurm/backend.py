@@ -204,11 +204,34 @@ class SlurmRuntime(AppRuntime):
         self._backend.poller.poke()
 
     async def restart(self, attempts: Sequence[tuple[ReplicaKey, int]], reason: str) -> None:
-        # The batch script requeues a failed run itself while SLURM_RESTART_COUNT is
-        # below the job's max_retries (so retries go on with nobody following): asking
-        # again here would requeue, and so cut short, the next run.
-        if any(attempt > self.request.max_retries for _, attempt in attempts):
-            await self._backend.transport.requeue(self.job_id)
+        """Run the job again, unless its batch script already did.
+
+        The batch script requeues a failed run itself while SLURM_RESTART_COUNT is
+        below the job's max_retries (so retries go on with nobody following): asking
+        again then would requeue, and so cut short, the next run. But a job Slurm
+        ended itself (a time limit, a node failure without requeue) ran no more of its
+        script: it is over, and only a requeue from here retries it. When that cannot
+        be done, the retry fails with the reason instead of waiting for ever.
+        """
+        beyond_script = any(attempt > self.request.max_retries for _, attempt in attempts)
+        if beyond_script or self.translator.ended:
+            try:
+                await self._backend.transport.requeue(self.job_id)
+            except BackendError as e:
+                if e.transient:
+                    raise
+                for (role, k), attempt in attempts:
+                    self.emit(
+                        Exited(
+                            role=role,
+                            replica_id=k,
+                            attempt=attempt,
+                            exit_code=None,
+                            msg=f"{role}/{k}: the retry ({reason}) could not be made: {e}",
+                        )
+                    )
+                return
+            self.translator.ended = False
         self._backend.poller.poke()
 
     async def record(

@@ -56,6 +56,9 @@ class ViewTranslator:
         # leader's node failed, on 22.05): the job cannot start until someone
         # completes the requeue. The restart count the job was requeued to, or 0.
         self.incomplete_requeue = 0
+        # The latest view shows the whole job over: nothing (the batch script included)
+        # will put it back in the queue, so a retry must requeue it from outside.
+        self.ended = False
 
     def events(self, view: JobView) -> list[Mail]:
         if view.where == "error":
@@ -78,6 +81,7 @@ class ViewTranslator:
         )
         casualties = {c.het_offset for c in ordered if _casualty(c, requeued_to)}
         self.incomplete_requeue = requeued_to if casualties else 0
+        self.ended = not casualties and all(_over(c) for c in ordered)
         for comp in ordered:
             out.extend(self._events(comp, comp.het_offset in casualties))
         if _log.isEnabledFor(logging.DEBUG):
@@ -201,3 +205,10 @@ def _casualty(comp: JobRecord, requeued_to: int) -> bool:
     meaning = meaning_of(comp.state)
     ended = meaning in (Meaning.FAILED, Meaning.CANCELLED, Meaning.SUCCEEDED)
     return ended and comp.requeue and comp.restart_cnt < requeued_to
+
+
+def _over(comp: JobRecord) -> bool:
+    """The component ended and Slurm will not requeue it by itself."""
+    if comp.requeue and comp.state in ("NODE_FAIL", "PREEMPTED"):
+        return False
+    return meaning_of(comp.state) in (Meaning.SUCCEEDED, Meaning.FAILED, Meaning.CANCELLED)

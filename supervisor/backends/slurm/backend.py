@@ -69,6 +69,8 @@ IGNORE_FILE = ".asupervisorignore"
 
 _COMPLETE_TRIES = 10
 _COMPLETE_RECHECK_S = 15.0
+_CANCEL_CONFIRM_S = 10.0
+"""How long a sent cancel may take to show in Slurm before it is sent again."""
 """How often a requeue Slurm left half done is completed (the job's view is checked in between)."""
 
 _REPLICA_STATE = {
@@ -106,6 +108,7 @@ class SlurmRuntime(AppRuntime):
         self._mail, self._mailbox = anyio.create_memory_object_stream[list[Mail]](1000)
         backend.context.task_group.start_soon(self._deliver)
         self._completing = 0  # the requeue (restart count) whose completion was asked for
+        self._over = anyio.Event()  # a view showed the job over (or gone): a cancel is confirmed
 
     def on_view(self, view: JobView) -> None:
         """The poller's listener: runs on the loop, never blocks."""
@@ -115,6 +118,8 @@ class SlurmRuntime(AppRuntime):
             # A controller that lost its state reuses job ids: this is someone else's job.
             view = JobView(view.job_id, (), "gone", f"job id {self.job_id} now names another job")
         mail = self.translator.events(view)
+        if self.translator.ended or view.where == "gone":
+            self._over.set()
         requeued_to = self.translator.incomplete_requeue
         if requeued_to > self._completing and not self.translator.stopping:
             self._completing = requeued_to
@@ -197,11 +202,30 @@ class SlurmRuntime(AppRuntime):
         return [self.store.read_error_file(f) if f else "" for f in files]
 
     async def stop(self, keys: Sequence[ReplicaKey], reason: str) -> None:
+        """Cancel the whole job (Slurm cannot stop one component), durably.
+
+        The cancel is recorded in the app's directory before it is sent, and sent
+        again (a controller or slurmrestd away, a cancel Slurm did not act on)
+        until a view shows the job over; it ends with this runtime at the latest.
+        """
         if self.translator.stopping:
             return
-        self.translator.stopping = True  # the whole job goes: Slurm cannot stop one component
-        await self._backend.transport.cancel(self.job_id)
-        self._backend.poller.poke()
+        self.translator.stopping = True
+        await anyio.to_thread.run_sync(self.store.request_cancel)
+        delay = 1.0
+        while not self._over.is_set():
+            try:
+                await self._backend.transport.cancel(self.job_id)
+            except BackendError as e:
+                if not e.transient:
+                    raise
+                self.emit(AppNotice(message=f"the cancel is not delivered yet, retrying: {e}"))
+            else:
+                self._backend.poller.poke()
+                delay = _CANCEL_CONFIRM_S  # sent: give Slurm time to act before asking again
+            with anyio.move_on_after(delay):
+                await self._over.wait()
+            delay = min(delay * 2, _CANCEL_CONFIRM_S)
 
     async def restart(self, attempts: Sequence[tuple[ReplicaKey, int]], reason: str) -> None:
         """Run the job again, unless its batch script already did.
@@ -414,9 +438,11 @@ class SlurmBackend(Backend):
         return out
 
     async def cancel(self, handle: AppHandle) -> bool:
+        """Recorded first (a supervising process, or a later status, sends it again), then sent."""
         found = await self._found(handle)
         if found is None:
             return False
+        await anyio.to_thread.run_sync(found[0].request_cancel)
         await self.transport.cancel(int(found[1]["job_id"]))
         self.poller.poke()
         return True

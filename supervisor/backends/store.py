@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import socket
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -132,6 +133,10 @@ class AppStore:
                 made.add(d.parent)
             os.mkdir(d)
         self.write_app(app_record)
+
+    def release(self) -> None:
+        """Remove the app directory of a launch that started nothing, so its id is free again."""
+        shutil.rmtree(self.app_dir, ignore_errors=True)
 
     def write_app(self, app_record: Mapping[str, Any]) -> None:
         write_json_atomic(self.app_dir / "app.json", app_record)

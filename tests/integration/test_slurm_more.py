@@ -12,7 +12,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from supervisor import AppDef, AppState, AppStatus, Role, Supervisor
+from supervisor import AppDef, AppState, AppStatus, Role, SubmitError, Supervisor
 from supervisor.backends.slurm import SlurmBackend
 from supervisor.backends.slurm.poller import PollerSettings
 
@@ -69,6 +69,35 @@ async def test_job_dir_runs_in_a_snapshot_of_the_workspace(
     assert line == f"{job_dir} ['.asupervisorignore', 'train.py']\n"
     (workspace / "train.py").write_text("changed after submission")
     assert (job_dir / "train.py").read_text().startswith("import os")
+
+
+async def test_a_refused_submit_leaves_nothing_and_its_app_id_can_be_used_again(
+    cluster: dict[str, object], state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 19 item 12 (sbatch refuses the job) and issue 17 item 7 (job_dir exists): a launch
+    that started nothing releases its app id and leaves no app directory (nor a job_dir)."""
+    monkeypatch.chdir(tmp_path)
+    app = AppDef(name="again", roles=[Role(name="r", entrypoint="true")])
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    async with Supervisor(session="svc") as sv:
+        await sv.prepare("slurm")
+        refused = sv.dryrun(app, "slurm", {"partition": "nosuchpartition"}, app_id="fixed-1")
+        with pytest.raises(SubmitError, match=r"(?i)partition"):
+            await sv.schedule(refused)
+        assert not (state_dir / "logs" / "svc" / "fixed-1").exists()
+        job_dir = tmp_path / "fresh"
+        refused = sv.dryrun(app, "slurm", {"job_dir": str(taken)}, app_id="fixed-1")
+        with pytest.raises(SubmitError, match="exists"):
+            await sv.schedule(refused)
+        assert not (state_dir / "logs" / "svc" / "fixed-1").exists()
+        assert taken.is_dir()  # not ours: left as it was
+        handle = await sv.schedule(
+            sv.dryrun(app, "slurm", {"job_dir": str(job_dir)}, app_id="fixed-1")
+        )
+        final = await sv.wait(handle, timeout=90)
+    assert handle == "slurm://svc/fixed-1"
+    assert final.state is AppState.SUCCEEDED, final
 
 
 def _cli(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:

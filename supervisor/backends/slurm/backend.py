@@ -14,6 +14,7 @@ import dataclasses
 import os
 import shutil
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -329,16 +330,31 @@ class SlurmBackend(Backend):
             "job_id": None,
         }
         dirs = [Path(r.log_dir) for r in request.replicas]
+        await anyio.to_thread.run_sync(store.create, dirs, record)
+        # Until sbatch takes the job, nothing runs: a launch that fails leaves nothing
+        # behind (the app id stays free for a retry), the job directory it made included.
+        snapshot_made = False
         try:
-            await anyio.to_thread.run_sync(store.create, dirs, record)
-            await anyio.to_thread.run_sync(ship_pump, Path(pump_path(request.app_dir)))
-            if request.job_dir is not None:
-                await anyio.to_thread.run_sync(
-                    _snapshot, Path(request.source_dir), Path(request.job_dir)
-                )
-        except OSError as e:
-            raise SubmitError(f"cannot prepare {request.app_dir}: {e}", transient=False) from e
-        job_id = await self.transport.submit(request.script, request.workdir)
+            try:
+                await anyio.to_thread.run_sync(ship_pump, Path(pump_path(request.app_dir)))
+                if request.job_dir is not None:
+                    await anyio.to_thread.run_sync(
+                        _snapshot, Path(request.source_dir), Path(request.job_dir)
+                    )
+                    snapshot_made = True
+            except OSError as e:
+                raise SubmitError(f"cannot prepare {request.app_dir}: {e}", transient=False) from e
+            job_id = await self.transport.submit(request.script, request.workdir)
+        except SubmitError:
+            # A SubmitError says Slurm certainly took no job (an unanswered sbatch is
+            # another BackendError: the job may exist, so its directory stays).
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(store.release)
+                if snapshot_made and request.job_dir is not None:
+                    await anyio.to_thread.run_sync(
+                        partial(shutil.rmtree, request.job_dir, ignore_errors=True)
+                    )
+            raise
         record["job_id"] = job_id
         await anyio.to_thread.run_sync(store.write_app, record)
         await anyio.to_thread.run_sync(

@@ -430,6 +430,8 @@ class RestTransport(SlurmTransport):
                 benign=frozenset({_JOB_HELD}),
             )
         except BackendError as e:
+            if isinstance(e.__cause__, (TimeoutError, httpx.TimeoutException)):
+                raise BackendError(f"{e}; the job may exist", transient=True) from e
             raise SubmitError(str(e), transient=e.transient) from e
         job_id = data.get("job_id")
         if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id <= 0:

@@ -53,7 +53,9 @@ class SlurmTransport(abc.ABC):
         self.calls: Counter[str] = Counter()
 
     @abc.abstractmethod
-    async def submit(self, script: str, workdir: str) -> int: ...
+    async def submit(self, script: str, workdir: str) -> int:
+        """The new job's id; SubmitError when Slurm certainly took no job, another
+        BackendError when that is unknown (no answer in time: the job may exist)."""
 
     @abc.abstractmethod
     async def queue(self) -> list[JobRecord]:
@@ -128,6 +130,8 @@ class CliTransport(SlurmTransport):
                 "sbatch", "--parsable", f"--chdir={workdir}", stdin=script.encode()
             )
         except BackendError as e:
+            if isinstance(e.__cause__, TimeoutError):
+                raise BackendError(f"{e}; the job may exist", transient=True) from e
             raise SubmitError(str(e), transient=e.transient) from e
         try:
             return int(out.strip().split(";")[0])

@@ -6,6 +6,7 @@ runs on, and a killed and restarted slurmctld.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -19,6 +20,7 @@ from supervisor import AppDef, AppState, Role, Supervisor
 from supervisor.backends.slurm import SlurmBackend
 from supervisor.backends.slurm.poller import PollerSettings
 
+from . import fake_slurm
 from .slurm_cluster import SCRIPT, ensure_cluster, until_running
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slurm]
@@ -168,3 +170,68 @@ async def test_a_time_limit_hit_with_a_retry_left_is_retried_and_ends(
     async with Supervisor(session="svc") as other:
         seen = await other.describe(handle)
     assert seen is not None and seen.state is AppState.SUCCEEDED, seen
+
+
+async def _job_id(state_dir: Path, handle: str) -> int:
+    app_dir = state_dir / "logs" / "svc" / handle.rsplit("/", 1)[1]
+    return int(json.loads(await anyio.Path(app_dir / "app.json").read_text())["job_id"])
+
+
+async def test_a_job_the_controller_forgot_ends_with_what_its_replicas_recorded(
+    cluster: dict[str, object], state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 19 item 10, forgotten job. A fake squeue/sacct (``fake_slurm``) lies about this
+    test's job only: killing slurmctld's state would forget every other user's jobs too.
+    squeue stops listing the job while accounting still calls it RUNNING; once that lasts
+    the app ends with what its replica's own exit record says, not RUNNING for ever."""
+    fakes = fake_slurm.install(tmp_path / "fakebin")
+    monkeypatch.setenv("PATH", fake_slurm.path_with(fakes))
+    fast = partial(
+        SlurmBackend, poller=PollerSettings(fast=0.5, slow=1.0, running=0.5, forgotten=3.0)
+    )
+    role = Role(name="w", entrypoint=PY, args=["-c", "import time; time.sleep(4)"])
+    async with Supervisor(session="svc", backends={"slurm": fast}) as sv:
+        handle = await sv.submit(AppDef(name="forgotten", roles=[role]), "slurm")
+        with anyio.fail_after(60):
+            await until_running(sv, handle)
+        fake_slurm.lie_about(fakes, await _job_id(state_dir, handle), "forget")
+        final = await sv.wait(handle, timeout=60)
+    assert final.state is AppState.SUCCEEDED, final  # its exit record says 0
+    replica = final.replica("w", 0)
+    assert replica is not None and "forgot" in replica.msg, final
+
+
+async def test_a_reused_job_id_is_never_shown_nor_cancelled_as_ours(
+    cluster: dict[str, object], state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 19 item 10, reused id. The fake squeue (``fake_slurm``) shows this test's job id
+    with another job's comment and name, as a controller that lost its state and handed the
+    id out again would; the fake scancel records what it is asked. The app does not take
+    that job for its own, and neither this process's cancel nor another's scancels it."""
+    fakes = fake_slurm.install(tmp_path / "fakebin")
+    monkeypatch.setenv("PATH", fake_slurm.path_with(fakes))
+    fast = partial(SlurmBackend, poller=PollerSettings(fast=0.5, slow=1.0, running=0.5))
+    role = Role(name="w", entrypoint="sleep", args=["300"])
+    async with Supervisor(session="svc", backends={"slurm": fast}) as sv:
+        handle = await sv.submit(AppDef(name="reused", roles=[role]), "slurm")
+        with anyio.fail_after(60):
+            await until_running(sv, handle)
+        job_id = await _job_id(state_dir, handle)
+        fake_slurm.lie_about(fakes, job_id, "reuse")
+        with anyio.fail_after(30):
+            async for t in sv.watch(handle):
+                if t.role is None and t.dest == "UNKNOWN":
+                    break
+        status = sv.status(handle)
+        assert status is not None, handle
+        replica = status.replica("w", 0)
+        assert replica is not None and "now names another job" in replica.msg, status
+        async with Supervisor(session="svc") as other:
+            seen = await other.describe(handle)
+            assert seen is not None and seen.state is AppState.UNKNOWN, seen
+            await other.cancel(handle)
+        await sv.cancel(handle)
+        await anyio.sleep(3)
+        assert not [c for c in fake_slurm.cancels(fakes) if str(job_id) in c.split()]
+    fake_slurm.lie_about(fakes, job_id, "")
+    await anyio.run_process(["scancel", str(job_id)])  # this test's own job, for real

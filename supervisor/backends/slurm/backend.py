@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import time
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
@@ -31,6 +32,7 @@ from supervisor.backends.base import (
     Request,
 )
 from supervisor.backends.slurm.capabilities import SLURM_CAPABILITIES
+from supervisor.backends.slurm.identity import JobIdentity
 from supervisor.backends.slurm.options import check_slurm_cfg, slurm_run_opts
 from supervisor.backends.slurm.poller import JobView, PollerSettings, SlurmPoller
 from supervisor.backends.slurm.records import latest_per_component
@@ -48,7 +50,7 @@ from supervisor.backends.slurm.translate import Mail, ViewTranslator, signal_nam
 from supervisor.backends.slurm.transport import AccountingDisabled, CliTransport, SlurmTransport
 from supervisor.backends.store import AppStore, Index, Owner, _read_json
 from supervisor.errors import BackendError, Problem, SpecError, SubmitError
-from supervisor.events import Exited, ReplicaKey, Submitted
+from supervisor.events import Exited, Lost, ReplicaKey, Submitted
 from supervisor.fsm.rules import derive_app_state
 from supervisor.fsm.states import AppState, ReplicaState
 from supervisor.logs.pump import EXIT_FILE
@@ -86,11 +88,18 @@ _REPLICA_STATE = {
 
 class SlurmRuntime(AppRuntime):
     def __init__(
-        self, backend: SlurmBackend, request: SlurmRequest, job_id: int, sink: EventSink
+        self,
+        backend: SlurmBackend,
+        request: SlurmRequest,
+        job_id: int,
+        sink: EventSink,
+        identity: JobIdentity,
     ) -> None:
         self._backend = backend
         self.request = request
         self.job_id = job_id
+        self.identity = identity
+        self.foreign = False  # the job id now names another job: never cancel it for us
         self.emit = sink
         self.store = AppStore(Path(request.app_dir))
         self.translator = ViewTranslator(
@@ -113,13 +122,18 @@ class SlurmRuntime(AppRuntime):
 
     def on_view(self, view: JobView) -> None:
         """The poller's listener: runs on the loop, never blocks."""
-        tag = owner_comment(self.request.session, self.request.app_id, None)
-        ours = (tag, tag + " ")
-        if any(c.comment and not c.comment.startswith(ours) for c in view.components):
+        if self.foreign or not self.identity.owns_all(view.components):
             # A controller that lost its state reuses job ids: this is someone else's job.
+            self.foreign = True
             view = JobView(view.job_id, (), "gone", f"job id {self.job_id} now names another job")
         mail = self.translator.events(view)
-        if self.translator.ended or view.where == "gone":
+        if view.where == "gone":
+            self.translator.ended = True  # nothing will run it again: a retry must requeue
+            self._over.set()
+            # What the replicas' own exit records say is the truth; the rest is unknown.
+            self._mail.send_nowait(mail)
+            return
+        if self.translator.ended:
             self._over.set()
         requeued_to = self.translator.incomplete_requeue
         if requeued_to > self._completing and not self.translator.stopping:
@@ -165,6 +179,7 @@ class SlurmRuntime(AppRuntime):
         """
         async with self._mail, self._mailbox:
             async for mail in self._mailbox:
+                mail = await self._settle_lost(mail)
                 exits = [m for m in mail if isinstance(m, Exited)]
                 ended = await anyio.to_thread.run_sync(self._read_exits, exits)
                 in_order = sorted(zip(ended, exits, strict=True), key=lambda pair: pair[0][0])
@@ -179,6 +194,21 @@ class SlurmRuntime(AppRuntime):
                     if isinstance(m, Exited) and error:
                         m = dataclasses.replace(m, structured_error_msg=error)
                     self.emit(m)
+
+    async def _settle_lost(self, mail: list[Mail]) -> list[Mail]:
+        """A replica Slurm lost that recorded its own exit for this attempt ended so."""
+        lost = [m for m in mail if isinstance(m, Lost)]
+        if not lost:
+            return mail
+        probes = [Exited(role=m.role, replica_id=m.replica_id, attempt=m.attempt, exit_code=None)
+                  for m in lost]  # fmt: skip
+        ended = await anyio.to_thread.run_sync(self._read_exits, probes)
+        known: dict[int, Mail] = {
+            id(m): _with_code(dataclasses.replace(p, msg=m.reason), code)
+            for m, p, (_, code) in zip(lost, probes, ended, strict=True)
+            if code is not None
+        }
+        return [known.get(id(m), m) for m in mail]
 
     def _read_exits(self, exits: list[Exited]) -> list[tuple[float, int | None]]:
         """(when it ended, its exit code) per replica, from its pump's record of this attempt.
@@ -214,7 +244,7 @@ class SlurmRuntime(AppRuntime):
         self.translator.stopping = True
         await anyio.to_thread.run_sync(self.store.request_cancel)
         delay = 1.0
-        while not self._over.is_set():
+        while not self._over.is_set() and not self.foreign:
             try:
                 await self._backend.transport.cancel(self.job_id)
             except BackendError as e:
@@ -344,6 +374,11 @@ class SlurmBackend(Backend):
                     snapshot_made = True
             except OSError as e:
                 raise SubmitError(f"cannot prepare {request.app_dir}: {e}", transient=False) from e
+            identity = JobIdentity(
+                owner_comment(request.session, request.app_id, None),
+                request.job_names,
+                time.time(),
+            )
             job_id = await self.transport.submit(request.script, request.workdir)
         except SubmitError:
             # A SubmitError says Slurm certainly took no job (an unanswered sbatch is
@@ -356,11 +391,12 @@ class SlurmBackend(Backend):
                     )
             raise
         record["job_id"] = job_id
+        record["identity"] = identity.to_json()
         await anyio.to_thread.run_sync(store.write_app, record)
         await anyio.to_thread.run_sync(
             self.index.add, request.session, request.app_id, store.app_dir
         )
-        runtime = SlurmRuntime(self, request, job_id, sink)
+        runtime = SlurmRuntime(self, request, job_id, sink, identity)
         for role, k in runtime.translator.keys:
             sink(Submitted(role=role, replica_id=k))
         self.poller.track(job_id, runtime.on_view)
@@ -389,6 +425,9 @@ class SlurmBackend(Backend):
                 accounted = []
                 gone += ": it left the controller and this cluster keeps no accounting"
             records = [r for r in accounted if r.het_job_id == job_id]
+        if not _identity_of(app).owns_all(records):
+            records = []
+            gone = f"job id {job_id} now names another job"
         definition = AppDef.from_json(app["app"])
         by_offset = {r.het_offset: r for r in records}
         found: dict[ReplicaKey, ReplicaStatus] = {}
@@ -459,8 +498,11 @@ class SlurmBackend(Backend):
         if found is None:
             return False
         await anyio.to_thread.run_sync(found[0].request_cancel)
-        await self.transport.cancel(int(found[1]["job_id"]))
-        self.poller.poke()
+        job_id = int(found[1]["job_id"])
+        live = [r for r in await self.transport.queue() if r.het_job_id == job_id]
+        if live and _identity_of(found[1]).owns_all(live):
+            await self.transport.cancel(job_id)  # never a job that only has the app's old id
+            self.poller.poke()
         return True
 
     def make_log_target(self, store: AppStore, role: str, replica_id: int) -> LogTarget:
@@ -496,6 +538,11 @@ def _with_code(event: Exited, returncode: int) -> Exited:
 
 def _failed(mail: Mail) -> bool:
     return isinstance(mail, Exited) and (bool(mail.exit_code) or mail.signal is not None)
+
+
+def _identity_of(app: dict[str, Any]) -> JobIdentity:
+    tag = owner_comment(str(app["request"]["session"]), str(app["request"]["app_id"]), None)
+    return JobIdentity.from_json(app.get("identity"), tag)
 
 
 def transport_from_env() -> SlurmTransport:

@@ -32,6 +32,7 @@ class JobRecord:
     source: str = "squeue"
     requeue: bool = False  # Slurm will put the job back in the queue after a node failure
     started: int = 0  # epoch seconds the current (or last) run began; 0 if unknown
+    submitted: int = 0  # epoch seconds the job was submitted; 0 if unknown
 
 
 def _first(value: Any) -> str:
@@ -103,6 +104,7 @@ def from_squeue(job: Mapping[str, Any]) -> JobRecord:
         source="squeue",
         requeue=job.get("requeue") is True,
         started=_int(job.get("start_time")),
+        submitted=_int(job.get("submit_time")),
     )
 
 
@@ -129,6 +131,7 @@ def from_sacct(job: Mapping[str, Any]) -> JobRecord:
         name=str(job.get("name") or ""),
         source="sacct",
         started=_int((job.get("time") or {}).get("start")),
+        submitted=_int((job.get("time") or {}).get("submission")),
     )
 
 

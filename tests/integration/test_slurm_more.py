@@ -202,3 +202,16 @@ async def test_a_waiting_app_says_why_and_its_cancel_records_no_start(
             assert "app:PENDING" in seen and "app:CANCELLED" in seen, seen
     finally:
         await anyio.run_process(["scancel", blocker], check=False)
+
+
+async def test_the_cluster_facts_are_asked_once_for_many_submits_at_once(
+    cluster: dict[str, object], state_dir: Path
+) -> None:
+    """Issue 19 (low): 20 submits preparing at the same time ask sinfo twice, not 40 times."""
+    async with Supervisor(session="svc") as sv:
+        async with anyio.create_task_group() as tg:
+            for _ in range(20):
+                tg.start_soon(sv.prepare, "slurm")
+        await sv.prepare("slurm")
+        calls = sv.statistics()["slurm"]
+    assert calls["calls_sinfo"] == 2, calls  # its version, and its partitions

@@ -70,6 +70,8 @@ __all__ = ["SlurmBackend"]
 
 IGNORE_FILE = ".asupervisorignore"
 
+FACTS_TTL_S = 600.0
+"""How long the cluster's facts (version, partitions' memory) are used before asked again."""
 _COMPLETE_TRIES = 10
 _COMPLETE_RECHECK_S = 15.0
 _CANCEL_CONFIRM_S = 10.0
@@ -321,6 +323,8 @@ class SlurmBackend(Backend):
         self.index = Index(context.state_dir, "slurm")
         self.owner = Owner.current()
         self.facts: ClusterFacts | None = None
+        self._facts_lock = anyio.Lock()
+        self._facts_at = 0.0
 
     @classmethod
     def run_opts(cls) -> RunOpts:
@@ -331,8 +335,13 @@ class SlurmBackend(Backend):
         return SLURM_CAPABILITIES
 
     async def prepare(self) -> None:
-        if self.facts is None:
-            self.facts = await self.transport.facts()
+        """Learn the cluster's facts once, however many submits ask at the same time;
+        asked again after FACTS_TTL_S (partitions may change while a service runs)."""
+        async with self._facts_lock:
+            fresh = anyio.current_time() - self._facts_at < FACTS_TTL_S
+            if self.facts is None or not fresh:
+                self.facts = await self.transport.facts()
+                self._facts_at = anyio.current_time()
 
     def statistics(self) -> dict[str, Any]:
         return self.poller.statistics()

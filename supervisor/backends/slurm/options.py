@@ -90,6 +90,13 @@ def check_slurm_cfg(cfg: ResolvedCfg) -> None:
                     f"unknown {', '.join(map(repr, unknown))}; use {', '.join(sorted(MAIL_TYPES))}",
                 )
             )
+    for key in ("comment", "mail-user", "job_dir", "log_dir"):
+        value = cfg.get_str(key)
+        if value is not None and any(not c.isprintable() for c in value):
+            # A newline would end the #SBATCH line and start another one in the script.
+            problems.append(
+                Problem(f"cfg.{key}", f"{value!r} has a newline or other control character")
+            )
     for key in ("partition", "qos", "account", "constraint"):
         value = cfg.get_str(key)
         if value is not None and (not value or any(c.isspace() for c in value)):

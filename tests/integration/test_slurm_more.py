@@ -215,3 +215,17 @@ async def test_the_cluster_facts_are_asked_once_for_many_submits_at_once(
         await sv.prepare("slurm")
         calls = sv.statistics()["slurm"]
     assert calls["calls_sinfo"] == 2, calls  # its version, and its partitions
+
+
+async def test_sbatch_variables_of_the_submitter_do_not_override_run_options(
+    cluster: dict[str, object], state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 17 item 7: SBATCH_* in the submitting environment beat #SBATCH lines in sbatch;
+    our sbatch calls run without them, so the app's own options hold."""
+    monkeypatch.setenv("SBATCH_PARTITION", "nosuchpartition")
+    monkeypatch.setenv("SBATCH_TIMELIMIT", "0:01")
+    role = Role(name="r", entrypoint=PY, args=["-c", "import time; time.sleep(3)"])
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(AppDef(name="env", roles=[role]), "slurm", {"partition": "debug"})
+        final = await sv.wait(handle, timeout=90)
+    assert final.state is AppState.SUCCEEDED, final

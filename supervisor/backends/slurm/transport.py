@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import json
+import os
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -90,6 +91,17 @@ class SlurmTransport(abc.ABC):
         """Release connections, if the transport holds any."""
 
 
+def _environment(tool: str) -> dict[str, str] | None:
+    """sbatch's environment without the submitter's ``SBATCH_*`` variables.
+
+    sbatch takes them over the script's ``#SBATCH`` lines, so a stray
+    ``SBATCH_PARTITION`` would silently beat the app's run options.
+    """
+    if tool != "sbatch":
+        return None
+    return {k: v for k, v in os.environ.items() if not k.startswith("SBATCH_")}
+
+
 def _transient(text: str) -> bool:
     lowered = text.lower()
     return any(hint in lowered for hint in _TRANSIENT_HINTS)
@@ -104,7 +116,9 @@ class CliTransport(SlurmTransport):
         self.calls[tool] += 1
         try:
             with anyio.fail_after(CALL_TIMEOUT):
-                done = await anyio.run_process([tool, *args], input=stdin, check=False)
+                done = await anyio.run_process(
+                    [tool, *args], input=stdin, check=False, env=_environment(tool)
+                )
         except TimeoutError as e:
             raise BackendError(
                 f"{tool} did not answer in {CALL_TIMEOUT:.0f} s", transient=True

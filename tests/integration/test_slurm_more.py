@@ -229,3 +229,32 @@ async def test_sbatch_variables_of_the_submitter_do_not_override_run_options(
         handle = await sv.submit(AppDef(name="env", roles=[role]), "slurm", {"partition": "debug"})
         final = await sv.wait(handle, timeout=90)
     assert final.state is AppState.SUCCEEDED, final
+
+
+async def test_each_replica_of_a_multi_node_group_reports_its_own_node(
+    cluster: dict[str, object], state_dir: Path
+) -> None:
+    """Issue 17 item 7: a role of 2 nodes x 1 task is one het group whose node list is
+    ``n[1-2]``; each replica's host is the node it ran on, here and in another process."""
+    role = Role(
+        name="g",
+        entrypoint=PY,
+        args=["-c", "import os, time; print(os.environ['SLURMD_NODENAME']); time.sleep(8)"],
+        num_replicas=2,
+        metadata={"asupervisor/procs_per_node": 1},
+    )
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(AppDef(name="nodes", roles=[role]), "slurm")
+        with anyio.fail_after(60):
+            await until_running(sv, handle)
+        async with Supervisor(session="svc") as other:
+            seen = await other.describe(handle)
+        final = await sv.wait(handle, timeout=60)
+        ran_on = [
+            "".join([x async for x in sv.log_iter(handle, "g", k, streams="stdout")]).strip()
+            for k in (0, 1)
+        ]
+    hosts = [r.hostname for r in final.roles[0].replicas]
+    assert hosts == ran_on and len(set(hosts)) == 2, (hosts, ran_on)
+    assert seen is not None
+    assert [r.hostname for r in seen.roles_statuses[0].replicas] == ran_on, seen

@@ -11,7 +11,13 @@ import asyncio
 
 from supervisor.backends.base import AppCancelRequested, AppNotice
 from supervisor.backends.slurm.poller import JobView
-from supervisor.backends.slurm.records import JobRecord, from_sacct, from_squeue
+from supervisor.backends.slurm.records import (
+    JobRecord,
+    expand_hostlist,
+    from_sacct,
+    from_squeue,
+    hosts_of_tasks,
+)
 from supervisor.backends.slurm.translate import Mail, ViewTranslator
 from supervisor.events import ReplicaEvent
 from supervisor.fsm.app import AppFSM, RoleSpec
@@ -293,6 +299,17 @@ def test_a_group_of_tasks_gives_each_replica_the_components_state() -> None:
         ("Started", ("trainer", 0)),
         ("Started", ("trainer", 1)),
     ]
+    # Each task reports its own node, not the group's list (issue 17 item 7).
+    assert [getattr(e, "hostname", None) for e in events] == ["n1", "n2"]
+
+
+def test_node_lists_expand_to_each_tasks_node() -> None:
+    assert expand_hostlist("n[1-3,5],gpu[08-10],login") == [
+        "n1", "n2", "n3", "n5", "gpu08", "gpu09", "gpu10", "login",
+    ]  # fmt: skip
+    assert hosts_of_tasks("n[1-2]", 4) == ["n1", "n1", "n2", "n2"]
+    assert hosts_of_tasks("n3", 1) == ["n3"]
+    assert hosts_of_tasks("n[1-3]", 4) == ["n[1-3]"] * 4  # does not divide: the list as given
 
 
 def test_the_pending_reason_is_shown_while_the_app_waits() -> None:

@@ -35,7 +35,7 @@ from supervisor.backends.slurm.capabilities import SLURM_CAPABILITIES
 from supervisor.backends.slurm.identity import JobIdentity
 from supervisor.backends.slurm.options import check_slurm_cfg, slurm_run_opts
 from supervisor.backends.slurm.poller import JobView, PollerSettings, SlurmPoller
-from supervisor.backends.slurm.records import latest_per_component
+from supervisor.backends.slurm.records import hosts_of_tasks, latest_per_component
 from supervisor.backends.slurm.script import (
     ClusterFacts,
     SlurmRequest,
@@ -445,12 +445,13 @@ class SlurmBackend(Backend):
             meaning = meaning_of(rec.state) if rec else None
             state = _REPLICA_STATE[meaning] if meaning else ReplicaState.UNKNOWN
             waiting = state is ReplicaState.PENDING and rec and rec.reason not in ("", "None")
-            for role, k in keys:
+            hosts = hosts_of_tasks(rec.nodes, len(keys)) if rec else [""] * len(keys)
+            for (role, k), host in zip(keys, hosts, strict=True):
                 found[(role, k)] = ReplicaStatus(
                     id=k,
                     state=state,
                     role=role,
-                    hostname=rec.nodes if rec else "",
+                    hostname=host,
                     exit_code=rec.exit_code if rec else None,
                     signal=signal_name(rec.signal) if rec else None,
                     restarts=rec.restart_cnt if rec else 0,

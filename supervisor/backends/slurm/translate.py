@@ -9,7 +9,7 @@ from typing import Any
 
 from supervisor.backends.base import AppCancelRequested, AppNotice
 from supervisor.backends.slurm.poller import JobView
-from supervisor.backends.slurm.records import JobRecord
+from supervisor.backends.slurm.records import JobRecord, hosts_of_tasks
 from supervisor.backends.slurm.states import Meaning, meaning_of
 from supervisor.events import Exited, Lost, Queued, ReplicaEvent, ReplicaKey, Requeued, Started
 
@@ -100,11 +100,15 @@ class ViewTranslator:
         if comp.het_offset >= len(self.groups):
             return [AppNotice(message=f"job {comp.job_id} has an unexpected component")]
         out: list[Mail] = []
-        for key in self.groups[comp.het_offset]:
-            out.extend(self._replica_events(comp, key, casualty))
+        group = self.groups[comp.het_offset]
+        # Each task's own node, not the group's whole list.
+        for key, host in zip(group, hosts_of_tasks(comp.nodes, len(group)), strict=True):
+            out.extend(self._replica_events(comp, key, casualty, host))
         return out
 
-    def _replica_events(self, comp: JobRecord, key: ReplicaKey, casualty: bool) -> list[Mail]:
+    def _replica_events(
+        self, comp: JobRecord, key: ReplicaKey, casualty: bool, host: str
+    ) -> list[Mail]:
         role, k = key
         meaning = meaning_of(comp.state)
         if comp.requeue and comp.state in ("NODE_FAIL", "PREEMPTED"):
@@ -160,9 +164,9 @@ class ViewTranslator:
         if meaning is Meaning.QUEUED:
             out.append(Queued(**base, reason=comp.reason))
         elif meaning is Meaning.RUNNING:
-            out.append(Started(**base, hostname=comp.nodes))
+            out.append(Started(**base, hostname=host))
         elif meaning is Meaning.SUCCEEDED:
-            out.append(Started(**base, hostname=comp.nodes))
+            out.append(Started(**base, hostname=host))
             out.append(Exited(**base, exit_code=0))
         elif meaning in (Meaning.FAILED, Meaning.CANCELLED):
             if meaning is Meaning.CANCELLED and not self.stopping and not self._external_cancel:
@@ -178,7 +182,7 @@ class ViewTranslator:
             # A job cancelled while it waited has nodes in some views (those it was about
             # to get): it never ran, so no start is reported for it.
             if comp.nodes and (meaning is Meaning.FAILED or seen_running):
-                out.append(Started(**base, hostname=comp.nodes))
+                out.append(Started(**base, hostname=host))
             out.append(
                 Exited(
                     **base,

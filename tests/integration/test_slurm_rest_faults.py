@@ -137,3 +137,23 @@ async def test_a_cancel_sent_while_slurmrestd_is_away_is_delivered_when_it_retur
         final = await sv.wait(handle, timeout=60)
     assert final.state is AppState.CANCELLED, final
     assert await _slurm_state(job_id) in ("", "CANCELLED", "COMPLETING")
+
+
+async def test_a_socket_users_launch_failure_says_who_runs_the_job(
+    cluster: dict[str, Any], state_dir: Path
+) -> None:
+    """Issue 17 item 7: over a rest_auth/local socket jobs run as slurmrestd's user, who cannot
+    enter this test's root-only state directory: Slurm says only JobLaunchFailure, the app's
+    status says why. (The cluster's own socket: only submitting to it, as any client does.)"""
+    rest = cluster["rest"]
+    transport = RestTransport(socket=str(rest["socket"]), api_version=str(rest["api_version"]))
+    backend = partial(SlurmBackend, transport=transport)
+    role = Role(name="w", entrypoint="true")
+    async with Supervisor(session="svc", backends={"slurm": backend}) as sv:
+        handle = await sv.submit(AppDef(name="denied", roles=[role]), "slurm")
+        final = await sv.wait(handle, timeout=60)
+    assert final.state is AppState.FAILED, final
+    replica = final.replica("w", 0)
+    assert replica is not None
+    assert "JobLaunchFailure" in replica.msg and str(rest["socket_user"]) in replica.msg, final
+    assert str(state_dir) in replica.msg, final

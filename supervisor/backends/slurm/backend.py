@@ -187,6 +187,13 @@ class SlurmRuntime(AppRuntime):
                 in_order = sorted(zip(ended, exits, strict=True), key=lambda pair: pair[0][0])
                 exits = [m if code is None else _with_code(m, code) for (_, code), m in in_order]
                 failed = [m for m in exits if _failed(m)]
+                if any(_LAUNCH_FAILURE in m.msg for m in failed):
+                    hint = await self._backend.transport.launch_failure_hint(
+                        self.request.workdir, self.request.app_dir
+                    )
+                    if hint:
+                        exits = [_hinted(m, hint) for m in exits]
+                        failed = [m for m in exits if _failed(m)]
                 errors = await anyio.to_thread.run_sync(self._read_errors, failed)
                 found = dict(zip([id(m) for m in failed], errors, strict=True))
                 # Exits last, the first to end first: the FSM takes the first failure
@@ -544,6 +551,16 @@ def _with_code(event: Exited, returncode: int) -> Exited:
     """The replica's own exit status (negative: the signal that killed it)."""
     name = signal_name(-returncode) if returncode < 0 else None
     return dataclasses.replace(event, exit_code=returncode, signal=name)
+
+
+_LAUNCH_FAILURE = "JobLaunchFailure"
+
+
+def _hinted(event: Exited, hint: str) -> Exited:
+    """A launch failure with what may explain it (Slurm says no more)."""
+    if _LAUNCH_FAILURE not in event.msg:
+        return event
+    return dataclasses.replace(event, msg=f"{event.msg}: {hint}")
 
 
 def _failed(mail: Mail) -> bool:

@@ -72,6 +72,10 @@ class SlurmTransport(abc.ABC):
     @abc.abstractmethod
     async def requeue(self, job_id: int) -> None: ...
 
+    async def launch_failure_hint(self, workdir: str, app_dir: str) -> str:
+        """Why a job may fail to launch on this transport ("" when nothing is known)."""
+        return ""
+
     async def complete_requeue(self, job_id: int) -> None:
         """Put back in the queue the components Slurm left ended when it requeued the job.
 

@@ -27,6 +27,7 @@ from supervisor import AppDef, AppState, Role, Supervisor
 from supervisor.backends.slurm import SlurmBackend
 from supervisor.backends.slurm.poller import PollerSettings
 from supervisor.backends.slurm.rest import RestTransport
+from supervisor.errors import BackendError
 
 from .slurm_cluster import ensure_cluster, until, until_running
 
@@ -105,6 +106,11 @@ async def restd(cluster: dict[str, Any]) -> AsyncIterator[PrivateRestd]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+async def _job_id(state_dir: Path, handle: str) -> int:
+    app_dir = state_dir / "logs" / "svc" / handle.rsplit("/", 1)[1]
+    return int(json.loads(await anyio.Path(app_dir / "app.json").read_text())["job_id"])
+
+
 async def _slurm_state(job_id: int) -> str:
     done = await anyio.run_process(["squeue", "-h", "-j", str(job_id), "-o", "%T"], check=False)
     return done.stdout.decode().strip()
@@ -125,7 +131,7 @@ async def test_a_cancel_sent_while_slurmrestd_is_away_is_delivered_when_it_retur
         with anyio.fail_after(60):
             await until_running(sv, handle)
         app_dir = state_dir / "logs" / "svc" / handle.rsplit("/", 1)[1]
-        job_id = int(json.loads(await anyio.Path(app_dir / "app.json").read_text())["job_id"])
+        job_id = await _job_id(state_dir, handle)
         await restd.stop()
         await sv.cancel(handle)
         await until(lambda: anyio.Path(app_dir / "cancel.request").exists(), bool, 10, "the record")
@@ -157,3 +163,36 @@ async def test_a_socket_users_launch_failure_says_who_runs_the_job(
     assert replica is not None
     assert "JobLaunchFailure" in replica.msg and str(rest["socket_user"]) in replica.msg, final
     assert str(state_dir) in replica.msg, final
+
+
+@pytest.mark.timeout(180)
+async def test_another_process_s_cancel_while_slurmrestd_is_away_is_sent_again_later(
+    restd: PrivateRestd, state_dir: Path
+) -> None:
+    """Issue 19 item 9, from another process: the cancel is recorded even though it cannot
+    be sent, the caller is told so, and the next look at the app (once slurmrestd is back)
+    sends it again."""
+
+    def backend() -> Any:
+        return partial(SlurmBackend, transport=restd.transport())
+
+    role = Role(name="w", entrypoint="sleep", args=["300"])
+    async with Supervisor(session="svc", backends={"slurm": backend()}) as sv:
+        handle = await sv.submit(AppDef(name="later", roles=[role]), "slurm")
+        with anyio.fail_after(60):
+            await until_running(sv, handle)
+        job_id = await _job_id(state_dir, handle)
+    await restd.stop()
+    async with Supervisor(session="svc", backends={"slurm": backend()}) as other:
+        with pytest.raises(BackendError, match="the cancel is recorded"):
+            await other.cancel(handle)
+    assert await _slurm_state(job_id) == "RUNNING"
+    await restd.start()
+    async with Supervisor(session="svc", backends={"slurm": backend()}) as later:
+
+        async def state() -> AppState | None:
+            seen = await later.describe(handle)
+            return seen.state if seen is not None else None
+
+        await until(state, lambda s: s is AppState.CANCELLED, 60, "the recorded cancel")
+    assert await _slurm_state(job_id) in ("", "CANCELLED", "COMPLETING")

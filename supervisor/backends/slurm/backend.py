@@ -156,7 +156,8 @@ class SlurmRuntime(AppRuntime):
         """
         delay = 1.0
         for _ in range(_COMPLETE_TRIES):
-            if self.translator.incomplete_requeue != requeued_to or self.translator.stopping:
+            done = self.translator.incomplete_requeue != requeued_to or self.translator.stopping
+            if done or self._backend.closing:
                 return
             try:
                 await self._backend.transport.complete_requeue(self.job_id)
@@ -253,7 +254,7 @@ class SlurmRuntime(AppRuntime):
         self.translator.stopping = True
         await anyio.to_thread.run_sync(self.store.request_cancel)
         delay = 1.0
-        while not self._over.is_set() and not self.foreign:
+        while not (self._over.is_set() or self.foreign or self._backend.closing):
             try:
                 await self._backend.transport.cancel(self.job_id)
             except BackendError as e:
@@ -331,6 +332,7 @@ class SlurmBackend(Backend):
         self.owner = Owner.current()
         self.facts: ClusterFacts | None = None
         self._facts_lock = anyio.Lock()
+        self.closing = False
         self._facts_at = 0.0
 
     @classmethod
@@ -484,7 +486,18 @@ class SlurmBackend(Backend):
         """The supervising actor's final record when there is one (it saw the error files and
         the root cause), else what Slurm says now."""
         final = await anyio.to_thread.run_sync(store.read_final_status)
-        return final if final is not None else await self._status_of(app)
+        if final is not None:
+            return final
+        live = await self._status_of(app)
+        if not live.is_settled and await anyio.Path(store.cancel_path).exists():
+            # A recorded cancel the job does not show yet (sent while Slurm or slurmrestd
+            # was away): whoever looks next sends it again.
+            try:
+                await self.transport.cancel(int(app["job_id"]))
+            except BackendError as e:
+                note = f"a recorded cancel is not delivered yet: {e}"
+                live = dataclasses.replace(live, msg="; ".join(m for m in (live.msg, note) if m))
+        return live
 
     async def describe(self, handle: AppHandle) -> DescribeAppResponse | None:
         found = await self._found(handle)
@@ -516,10 +529,16 @@ class SlurmBackend(Backend):
             return False
         await anyio.to_thread.run_sync(found[0].request_cancel)
         job_id = int(found[1]["job_id"])
-        live = [r for r in await self.transport.queue() if r.het_job_id == job_id]
-        if live and _identity_of(found[1]).owns_all(live):
-            await self.transport.cancel(job_id)  # never a job that only has the app's old id
-            self.poller.poke()
+        try:
+            live = [r for r in await self.transport.queue() if r.het_job_id == job_id]
+            if live and _identity_of(found[1]).owns_all(live):
+                await self.transport.cancel(job_id)  # never a job that only has the app's id
+                self.poller.poke()
+        except BackendError as e:
+            raise BackendError(
+                f"{e}; the cancel is recorded, and the next status of the app sends it again",
+                transient=e.transient,
+            ) from e
         return True
 
     def make_log_target(self, store: AppStore, role: str, replica_id: int) -> LogTarget:
@@ -543,6 +562,7 @@ class SlurmBackend(Backend):
         return self.make_log_target(found[0], role, replica_id)
 
     async def aclose(self) -> None:
+        self.closing = True  # a cancel or requeue still being retried stops asking
         await self.poller.aclose()
         await self.transport.aclose()
 

@@ -12,6 +12,7 @@ import signal
 import sys
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -19,6 +20,7 @@ import pytest
 from supervisor import AppDef, AppState, Role, Supervisor
 from supervisor.backends.slurm import SlurmBackend
 from supervisor.backends.slurm.poller import PollerSettings
+from supervisor.backends.slurm.rest import RestTransport
 
 from . import fake_slurm
 from .slurm_cluster import SCRIPT, ensure_cluster, until_running
@@ -170,6 +172,34 @@ async def test_a_time_limit_hit_with_a_retry_left_is_retried_and_ends(
     async with Supervisor(session="svc") as other:
         seen = await other.describe(handle)
     assert seen is not None and seen.state is AppState.SUCCEEDED, seen
+
+
+@pytest.mark.timeout(300)
+async def test_a_time_limit_hit_over_slurmrestd_fails_saying_the_retry_cannot_be_made(
+    cluster: dict[str, object], state_dir: Path
+) -> None:
+    """Issue 19 item 8 over slurmrestd (JWT endpoint, used as a client only): v0.0.38 has no
+    requeue, so the retry fails with the reason instead of leaving the app PENDING; another
+    process sees FAILED too."""
+    rest = cluster["rest"]
+    assert isinstance(rest, dict)
+    if not rest.get("jwt_token"):
+        pytest.skip("slurmrestd has no JWT endpoint here")
+
+    def backend() -> Any:
+        url, token = str(rest["jwt_url"]), str(rest["jwt_token"])
+        transport = RestTransport(url=url, token=token, user="root")
+        return partial(SlurmBackend, transport=transport)
+
+    role = Role(name="w", entrypoint=PY, args=["-c", SLOW_FIRST], max_retries=1)
+    async with Supervisor(session="svc", backends={"slurm": backend()}) as sv:
+        handle = await sv.submit(AppDef(name="timeout", roles=[role]), "slurm", cfg={"time": "1"})
+        final = await sv.wait(handle, timeout=240)
+    assert final.state is AppState.FAILED, final
+    assert "could not be made" in final.msg and "requeue" in final.msg, final
+    async with Supervisor(session="svc", backends={"slurm": backend()}) as other:
+        seen = await other.describe(handle)
+    assert seen is not None and seen.state is AppState.FAILED, seen
 
 
 async def _job_id(state_dir: Path, handle: str) -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import socket
 import stat
 import tempfile
@@ -381,6 +382,10 @@ class AppStore:
         except (FileNotFoundError, NotADirectoryError):
             return False
         return True
+
+    def release(self) -> None:
+        """Remove the app directory of a launch that started nothing, so its id is free again."""
+        shutil.rmtree(self.app_dir, ignore_errors=True)
 
     def write_app(self, app_record: Mapping[str, Any]) -> None:
         write_json_atomic(self.app_dir / "app.json", app_record)

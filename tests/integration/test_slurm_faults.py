@@ -6,11 +6,13 @@ runs on, and a killed and restarted slurmctld.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -18,7 +20,9 @@ import pytest
 from supervisor import AppDef, AppState, Role, Supervisor
 from supervisor.backends.slurm import SlurmBackend
 from supervisor.backends.slurm.poller import PollerSettings
+from supervisor.backends.slurm.rest import RestTransport
 
+from . import fake_slurm
 from .slurm_cluster import SCRIPT, ensure_cluster, until_running
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slurm, pytest.mark.faults]
@@ -103,3 +107,161 @@ async def test_controller_restart_causes_no_false_terminal_state(
     assert seen_states <= {AppState.RUNNING, AppState.SUCCEEDED}
     assert any("squeue failed" in m for m in seen_msgs), seen_msgs
     assert "squeue failed" not in final.msg
+
+
+async def _down_for_a_moment(node: str) -> None:
+    """The node DOWN (Slurm fails and requeues what runs there), then back at once."""
+    try:
+        await anyio.run_process(
+            ["scontrol", "update", f"nodename={node}", "state=down", "reason=asupervisor-test"]
+        )
+        await anyio.sleep(2)
+    finally:
+        await anyio.run_process(
+            ["scontrol", "update", f"nodename={node}", "state=resume"], check=False
+        )
+
+
+async def test_the_leaders_node_failing_under_two_replicas_is_one_requeue(
+    cluster: dict[str, object], state_dir: Path
+) -> None:
+    """Issue 19 item 7. Slurm 22.05 requeues a het job whose leader's node fails only half
+    way: the leader waits again while its sibling shows FAILED (JobLaunchFailure) on the old
+    attempt, for ever. That sibling is not a failure, the backend completes the requeue (and
+    never cancels the job), and the app ends after one restart."""
+    role = Role(name="w", entrypoint=PY, args=["-c", SLOW_FIRST], max_retries=1, num_replicas=2)
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(AppDef(name="leaderfail", roles=[role]), "slurm")
+
+        with anyio.fail_after(60):
+            running = set()
+            async for t in sv.watch(handle):
+                if t.role is not None and t.dest == "RUNNING":
+                    running.add(t.replica_id)
+                if len(running) == 2:
+                    break
+        status = sv.status(handle)
+        assert status is not None
+        leader = status.replica("w", 0).hostname  # type: ignore[union-attr]  # het group 0
+        assert leader in {"n1", "n2", "n3"}
+        await _down_for_a_moment(leader)
+        final = await sv.wait(handle, timeout=150)
+        history = [t async for t in sv.watch(handle)]
+    assert final.state is AppState.SUCCEEDED, final
+    assert final.num_restarts == 1
+    assert [r.restarts for r in final.roles[0].replicas] == [1, 1]
+    assert not any(t.dest in ("FAILED", "CANCELLED") for t in history), history
+
+
+@pytest.mark.timeout(300)  # Slurm ends the job a minute in, and the retry queues again
+async def test_a_time_limit_hit_with_a_retry_left_is_retried_and_ends(
+    cluster: dict[str, object], state_dir: Path
+) -> None:
+    """Issue 19 item 8: a job killed at its (1-minute) time limit ran no more of its batch
+    script, so nothing requeued it; the retry requeues it from here, and the app ends. Another
+    process sees the same end."""
+    role = Role(name="w", entrypoint=PY, args=["-c", SLOW_FIRST], max_retries=1)
+    app = AppDef(name="timeout", roles=[role])
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app, "slurm", cfg={"time": "1"})
+        final = await sv.wait(handle, timeout=240)
+        history = [t async for t in sv.watch(handle)]
+    assert final.state is AppState.SUCCEEDED, final
+    assert final.num_restarts == 1
+    assert [t.trigger for t in history if t.role == "w"].count("restart") == 1, history
+    async with Supervisor(session="svc") as other:
+        seen = await other.describe(handle)
+    assert seen is not None and seen.state is AppState.SUCCEEDED, seen
+
+
+@pytest.mark.timeout(300)
+async def test_a_time_limit_hit_over_slurmrestd_fails_saying_the_retry_cannot_be_made(
+    cluster: dict[str, object], state_dir: Path
+) -> None:
+    """Issue 19 item 8 over slurmrestd (JWT endpoint, used as a client only): v0.0.38 has no
+    requeue, so the retry fails with the reason instead of leaving the app PENDING; another
+    process sees FAILED too."""
+    rest = cluster["rest"]
+    assert isinstance(rest, dict)
+    if not rest.get("jwt_token"):
+        pytest.skip("slurmrestd has no JWT endpoint here")
+
+    def backend() -> Any:
+        url, token = str(rest["jwt_url"]), str(rest["jwt_token"])
+        transport = RestTransport(url=url, token=token, user="root")
+        return partial(SlurmBackend, transport=transport)
+
+    role = Role(name="w", entrypoint=PY, args=["-c", SLOW_FIRST], max_retries=1)
+    async with Supervisor(session="svc", backends={"slurm": backend()}) as sv:
+        handle = await sv.submit(AppDef(name="timeout", roles=[role]), "slurm", cfg={"time": "1"})
+        final = await sv.wait(handle, timeout=240)
+    assert final.state is AppState.FAILED, final
+    assert "could not be made" in final.msg and "requeue" in final.msg, final
+    async with Supervisor(session="svc", backends={"slurm": backend()}) as other:
+        seen = await other.describe(handle)
+    assert seen is not None and seen.state is AppState.FAILED, seen
+
+
+async def _job_id(state_dir: Path, handle: str) -> int:
+    app_dir = state_dir / "logs" / "svc" / handle.rsplit("/", 1)[1]
+    return int(json.loads(await anyio.Path(app_dir / "app.json").read_text())["job_id"])
+
+
+async def test_a_job_the_controller_forgot_ends_with_what_its_replicas_recorded(
+    cluster: dict[str, object], state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 19 item 10, forgotten job. A fake squeue/sacct (``fake_slurm``) lies about this
+    test's job only: killing slurmctld's state would forget every other user's jobs too.
+    squeue stops listing the job while accounting still calls it RUNNING; once that lasts
+    the app ends with what its replica's own exit record says, not RUNNING for ever."""
+    fakes = fake_slurm.install(tmp_path / "fakebin")
+    monkeypatch.setenv("PATH", fake_slurm.path_with(fakes))
+    fast = partial(
+        SlurmBackend, poller=PollerSettings(fast=0.5, slow=1.0, running=0.5, forgotten=3.0)
+    )
+    role = Role(name="w", entrypoint=PY, args=["-c", "import time; time.sleep(4)"])
+    async with Supervisor(session="svc", backends={"slurm": fast}) as sv:
+        handle = await sv.submit(AppDef(name="forgotten", roles=[role]), "slurm")
+        with anyio.fail_after(60):
+            await until_running(sv, handle)
+        fake_slurm.lie_about(fakes, await _job_id(state_dir, handle), "forget")
+        final = await sv.wait(handle, timeout=60)
+    assert final.state is AppState.SUCCEEDED, final  # its exit record says 0
+    replica = final.replica("w", 0)
+    assert replica is not None and "forgot" in replica.msg, final
+
+
+async def test_a_reused_job_id_is_never_shown_nor_cancelled_as_ours(
+    cluster: dict[str, object], state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 19 item 10, reused id. The fake squeue (``fake_slurm``) shows this test's job id
+    with another job's comment and name, as a controller that lost its state and handed the
+    id out again would; the fake scancel records what it is asked. The app does not take
+    that job for its own, and neither this process's cancel nor another's scancels it."""
+    fakes = fake_slurm.install(tmp_path / "fakebin")
+    monkeypatch.setenv("PATH", fake_slurm.path_with(fakes))
+    fast = partial(SlurmBackend, poller=PollerSettings(fast=0.5, slow=1.0, running=0.5))
+    role = Role(name="w", entrypoint="sleep", args=["300"])
+    async with Supervisor(session="svc", backends={"slurm": fast}) as sv:
+        handle = await sv.submit(AppDef(name="reused", roles=[role]), "slurm")
+        with anyio.fail_after(60):
+            await until_running(sv, handle)
+        job_id = await _job_id(state_dir, handle)
+        fake_slurm.lie_about(fakes, job_id, "reuse")
+        with anyio.fail_after(30):
+            async for t in sv.watch(handle):
+                if t.role is None and t.dest == "UNKNOWN":
+                    break
+        status = sv.status(handle)
+        assert status is not None, handle
+        replica = status.replica("w", 0)
+        assert replica is not None and "now names another job" in replica.msg, status
+        async with Supervisor(session="svc") as other:
+            seen = await other.describe(handle)
+            assert seen is not None and seen.state is AppState.UNKNOWN, seen
+            await other.cancel(handle)
+        await sv.cancel(handle)
+        await anyio.sleep(3)
+        assert not [c for c in fake_slurm.cancels(fakes) if str(job_id) in c.split()]
+    fake_slurm.lie_about(fakes, job_id, "")
+    await anyio.run_process(["scancel", str(job_id)])  # this test's own job, for real

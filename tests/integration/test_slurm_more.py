@@ -12,7 +12,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from supervisor import AppDef, AppState, AppStatus, Role, Supervisor
+from supervisor import AppDef, AppState, AppStatus, Role, SubmitError, Supervisor
 from supervisor.backends.slurm import SlurmBackend
 from supervisor.backends.slurm.poller import PollerSettings
 
@@ -69,6 +69,35 @@ async def test_job_dir_runs_in_a_snapshot_of_the_workspace(
     assert line == f"{job_dir} ['.asupervisorignore', 'train.py']\n"
     (workspace / "train.py").write_text("changed after submission")
     assert (job_dir / "train.py").read_text().startswith("import os")
+
+
+async def test_a_refused_submit_leaves_nothing_and_its_app_id_can_be_used_again(
+    cluster: dict[str, object], state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 19 item 12 (sbatch refuses the job) and issue 17 item 7 (job_dir exists): a launch
+    that started nothing releases its app id and leaves no app directory (nor a job_dir)."""
+    monkeypatch.chdir(tmp_path)
+    app = AppDef(name="again", roles=[Role(name="r", entrypoint="true")])
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    async with Supervisor(session="svc") as sv:
+        await sv.prepare("slurm")
+        refused = sv.dryrun(app, "slurm", {"partition": "nosuchpartition"}, app_id="fixed-1")
+        with pytest.raises(SubmitError, match=r"(?i)partition"):
+            await sv.schedule(refused)
+        assert not (state_dir / "logs" / "svc" / "fixed-1").exists()
+        job_dir = tmp_path / "fresh"
+        refused = sv.dryrun(app, "slurm", {"job_dir": str(taken)}, app_id="fixed-1")
+        with pytest.raises(SubmitError, match="exists"):
+            await sv.schedule(refused)
+        assert not (state_dir / "logs" / "svc" / "fixed-1").exists()
+        assert taken.is_dir()  # not ours: left as it was
+        handle = await sv.schedule(
+            sv.dryrun(app, "slurm", {"job_dir": str(job_dir)}, app_id="fixed-1")
+        )
+        final = await sv.wait(handle, timeout=90)
+    assert handle == "slurm://svc/fixed-1"
+    assert final.state is AppState.SUCCEEDED, final
 
 
 def _cli(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -173,3 +202,59 @@ async def test_a_waiting_app_says_why_and_its_cancel_records_no_start(
             assert "app:PENDING" in seen and "app:CANCELLED" in seen, seen
     finally:
         await anyio.run_process(["scancel", blocker], check=False)
+
+
+async def test_the_cluster_facts_are_asked_once_for_many_submits_at_once(
+    cluster: dict[str, object], state_dir: Path
+) -> None:
+    """Issue 19 (low): 20 submits preparing at the same time ask sinfo twice, not 40 times."""
+    async with Supervisor(session="svc") as sv:
+        async with anyio.create_task_group() as tg:
+            for _ in range(20):
+                tg.start_soon(sv.prepare, "slurm")
+        await sv.prepare("slurm")
+        calls = sv.statistics()["slurm"]
+    assert calls["calls_sinfo"] == 2, calls  # its version, and its partitions
+
+
+async def test_sbatch_variables_of_the_submitter_do_not_override_run_options(
+    cluster: dict[str, object], state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 17 item 7: SBATCH_* in the submitting environment beat #SBATCH lines in sbatch;
+    our sbatch calls run without them, so the app's own options hold."""
+    monkeypatch.setenv("SBATCH_PARTITION", "nosuchpartition")
+    monkeypatch.setenv("SBATCH_TIMELIMIT", "0:01")
+    role = Role(name="r", entrypoint=PY, args=["-c", "import time; time.sleep(3)"])
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(AppDef(name="env", roles=[role]), "slurm", {"partition": "debug"})
+        final = await sv.wait(handle, timeout=90)
+    assert final.state is AppState.SUCCEEDED, final
+
+
+async def test_each_replica_of_a_multi_node_group_reports_its_own_node(
+    cluster: dict[str, object], state_dir: Path
+) -> None:
+    """Issue 17 item 7: a role of 2 nodes x 1 task is one het group whose node list is
+    ``n[1-2]``; each replica's host is the node it ran on, here and in another process."""
+    role = Role(
+        name="g",
+        entrypoint=PY,
+        args=["-c", "import os, time; print(os.environ['SLURMD_NODENAME']); time.sleep(8)"],
+        num_replicas=2,
+        metadata={"asupervisor/procs_per_node": 1},
+    )
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(AppDef(name="nodes", roles=[role]), "slurm")
+        with anyio.fail_after(60):
+            await until_running(sv, handle)
+        async with Supervisor(session="svc") as other:
+            seen = await other.describe(handle)
+        final = await sv.wait(handle, timeout=60)
+        ran_on = [
+            "".join([x async for x in sv.log_iter(handle, "g", k, streams="stdout")]).strip()
+            for k in (0, 1)
+        ]
+    hosts = [r.hostname for r in final.roles[0].replicas]
+    assert hosts == ran_on and len(set(hosts)) == 2, (hosts, ran_on)
+    assert seen is not None
+    assert [r.hostname for r in seen.roles_statuses[0].replicas] == ran_on, seen

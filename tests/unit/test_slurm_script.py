@@ -164,6 +164,17 @@ def test_cfg_problems_name_the_fields() -> None:
     assert set(err.value.fields) == {"cfg.time", "cfg.mail-type", "cfg.partition"}
 
 
+def test_a_newline_in_a_free_text_option_is_refused_naming_it() -> None:
+    # Rendered into the batch script, it would end the #SBATCH line (issue 19, low).
+    cfg = slurm_run_opts().resolve(
+        {"comment": "run 1\n#SBATCH --exclusive", "mail-user": "me@example.com\n", "time": "5"}
+    )
+    with pytest.raises(SpecError) as err:
+        check_slurm_cfg(cfg)
+    assert set(err.value.fields) == {"cfg.comment", "cfg.mail-user"}
+    check_slurm_cfg(slurm_run_opts().resolve({"comment": "two words", "mail-user": "a@b.c"}))
+
+
 def test_retry_policies_other_than_application_are_not_whole_job() -> None:
     # Whole-job requeue is the only retry Slurm does: the backend's capabilities say so.
     from supervisor.backends.slurm.capabilities import SLURM_CAPABILITIES

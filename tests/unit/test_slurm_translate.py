@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from supervisor.backends.base import AppCancelRequested, AppNotice
 from supervisor.backends.slurm.poller import JobView
-from supervisor.backends.slurm.records import JobRecord, from_sacct, from_squeue
+from supervisor.backends.slurm.records import (
+    JobRecord,
+    expand_hostlist,
+    from_sacct,
+    from_squeue,
+    hosts_of_tasks,
+)
 from supervisor.backends.slurm.translate import Mail, ViewTranslator
 from supervisor.events import ReplicaEvent
 from supervisor.fsm.app import AppFSM, RoleSpec
@@ -89,6 +95,50 @@ def test_node_failure_with_requeue_is_a_restart_not_a_failure() -> None:
     assert replica is not None and replica.restarts == 1
     app_path = [(t.source, t.dest) for t in fsm.history if t.role is None]
     assert ("RUNNING", "PENDING") in app_path and app_path[-1] == ("RUNNING", "SUCCEEDED")
+
+
+def test_a_component_ended_by_its_leaders_requeue_is_part_of_that_requeue() -> None:
+    # Seen on 22.05 when the node of a het job's leader goes DOWN: the leader is back in
+    # the queue with the count bumped, its sibling shows FAILED (JobLaunchFailure) on the
+    # old count until someone completes the requeue; then both run attempt 1.
+    def half(sibling: str) -> JobView:
+        return _job(
+            JobRecord(10, 10, 0, "PENDING", restart_cnt=1, started=300, requeue=True),
+            JobRecord(11, 10, 1, sibling, nodes="n2", reason="JobLaunchFailure",
+                      started=100, requeue=True),
+        )  # fmt: skip
+
+    translator = ViewTranslator(10, KEYS)
+    translator.events(_view("RUNNING", started=100, requeue=True))
+    translator.events(half("COMPLETING"))
+    assert translator.incomplete_requeue == 0  # still tearing down: nothing to complete yet
+    translator.events(half("FAILED"))
+    assert translator.incomplete_requeue == 1
+    views = [
+        _view("RUNNING", started=100, requeue=True),
+        half("COMPLETING"),
+        half("FAILED"),
+        half("FAILED"),
+        _view("PENDING", restart=1, started=300, requeue=True),
+        _view("RUNNING", restart=1, started=310, requeue=True),
+        _view("COMPLETED", restart=1, started=310, requeue=True),
+    ]
+    fsm, mail = _run(views, max_retries=1)  # a failure counted as well would fail the app
+    assert fsm.state is AppState.SUCCEEDED, fsm.snapshot()
+    assert fsm.num_restarts == 1
+    assert [r.restarts for r in fsm.snapshot().roles[0].replicas] == [1, 1]
+    assert not any(isinstance(m, AppCancelRequested) for m in mail)
+
+
+def test_a_job_slurm_ended_itself_is_over_one_its_script_requeued_is_not() -> None:
+    translator = ViewTranslator(10, KEYS)
+    translator.events(_view("RUNNING", started=100))
+    assert not translator.ended
+    translator.events(_view("TIMEOUT", started=100, reason="TimeLimit"))
+    assert translator.ended  # the batch script was killed: only a requeue from outside retries
+    translator = ViewTranslator(10, KEYS)
+    translator.events(_view("NODE_FAIL", requeue=True))
+    assert not translator.ended  # Slurm requeues it itself
 
 
 def test_failed_replica_is_blamed_not_the_ones_killed_with_it() -> None:
@@ -244,6 +294,17 @@ def test_a_group_of_tasks_gives_each_replica_the_components_state() -> None:
         ("Started", ("trainer", 0)),
         ("Started", ("trainer", 1)),
     ]
+    # Each task reports its own node, not the group's list (issue 17 item 7).
+    assert [getattr(e, "hostname", None) for e in events] == ["n1", "n2"]
+
+
+def test_node_lists_expand_to_each_tasks_node() -> None:
+    assert expand_hostlist("n[1-3,5],gpu[08-10],login") == [
+        "n1", "n2", "n3", "n5", "gpu08", "gpu09", "gpu10", "login",
+    ]  # fmt: skip
+    assert hosts_of_tasks("n[1-2]", 4) == ["n1", "n1", "n2", "n2"]
+    assert hosts_of_tasks("n3", 1) == ["n3"]
+    assert hosts_of_tasks("n[1-3]", 4) == ["n[1-3]"] * 4  # does not divide: the list as given
 
 
 def test_the_pending_reason_is_shown_while_the_app_waits() -> None:

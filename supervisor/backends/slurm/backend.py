@@ -13,13 +13,16 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import anyio
 
 from supervisor.backends.base import (
+    AppNotice,
     AppRuntime,
     Backend,
     BackendContext,
@@ -30,9 +33,10 @@ from supervisor.backends.base import (
 )
 from supervisor.backends.listing import list_indexed
 from supervisor.backends.slurm.capabilities import SLURM_CAPABILITIES
+from supervisor.backends.slurm.identity import JobIdentity
 from supervisor.backends.slurm.options import check_slurm_cfg, slurm_run_opts
 from supervisor.backends.slurm.poller import JobView, PollerSettings, SlurmPoller
-from supervisor.backends.slurm.records import latest_per_component
+from supervisor.backends.slurm.records import hosts_of_tasks, latest_per_component
 from supervisor.backends.slurm.script import (
     ClusterFacts,
     SlurmRequest,
@@ -55,8 +59,8 @@ from supervisor.backends.store import (
     _read_json,
     damaged_status,
 )
-from supervisor.errors import DamagedRecordError, Problem, SpecError, SubmitError
-from supervisor.events import Exited, ReplicaKey, Submitted
+from supervisor.errors import BackendError, DamagedRecordError, Problem, SpecError, SubmitError
+from supervisor.events import Exited, Lost, ReplicaKey, Submitted
 from supervisor.fsm.rules import derive_app_state
 from supervisor.fsm.states import AppState, ReplicaState
 from supervisor.logs.pump import EXIT_FILE
@@ -76,6 +80,14 @@ __all__ = ["SlurmBackend"]
 
 IGNORE_FILE = ".asupervisorignore"
 
+FACTS_TTL_S = 600.0
+"""How long the cluster's facts (version, partitions' memory) are used before asked again."""
+_COMPLETE_TRIES = 10
+_COMPLETE_RECHECK_S = 15.0
+_CANCEL_CONFIRM_S = 10.0
+"""How long a sent cancel may take to show in Slurm before it is sent again."""
+"""How often a requeue Slurm left half done is completed (the job's view is checked in between)."""
+
 _REPLICA_STATE = {
     Meaning.QUEUED: ReplicaState.PENDING,
     Meaning.REQUEUED: ReplicaState.PENDING,
@@ -88,11 +100,18 @@ _REPLICA_STATE = {
 
 class SlurmRuntime(AppRuntime):
     def __init__(
-        self, backend: SlurmBackend, request: SlurmRequest, job_id: int, sink: EventSink
+        self,
+        backend: SlurmBackend,
+        request: SlurmRequest,
+        job_id: int,
+        sink: EventSink,
+        identity: JobIdentity,
     ) -> None:
         self._backend = backend
         self.request = request
         self.job_id = job_id
+        self.identity = identity
+        self.foreign = False  # the job id now names another job: never cancel it for us
         self.emit = sink
         self.store = AppStore(Path(request.app_dir))
         self.translator = ViewTranslator(
@@ -110,20 +129,60 @@ class SlurmRuntime(AppRuntime):
         # (read off the loop): a queue keeps the events in the order Slurm gave them.
         self._mail, self._mailbox = anyio.create_memory_object_stream[list[Mail]](1000)
         backend.context.task_group.start_soon(self._deliver)
+        self._completing = 0  # the requeue (restart count) whose completion was asked for
+        self._over = anyio.Event()  # a view showed the job over (or gone): a cancel is confirmed
 
     def on_view(self, view: JobView) -> None:
         """The poller's listener: runs on the loop, never blocks."""
-        tag = owner_comment(self.request.session, self.request.app_id, None)
-        ours = (tag, tag + " ")
-        if any(c.comment and not c.comment.startswith(ours) for c in view.components):
+        if self.foreign or not self.identity.owns_all(view.components):
             # A controller that lost its state reuses job ids: this is someone else's job.
+            self.foreign = True
             view = JobView(view.job_id, (), "gone", f"job id {self.job_id} now names another job")
         mail = self.translator.events(view)
+        if view.where == "gone":
+            self.translator.ended = True  # nothing will run it again: a retry must requeue
+            self._over.set()
+            # What the replicas' own exit records say is the truth; the rest is unknown.
+            self._mail.send_nowait(mail)
+            return
+        if self.translator.ended:
+            self._over.set()
+        requeued_to = self.translator.incomplete_requeue
+        if requeued_to > self._completing and not self.translator.stopping:
+            self._completing = requeued_to
+            self._backend.context.task_group.start_soon(self._complete_requeue, requeued_to)
         if any(_failed(m) for m in mail):
             self._mail.send_nowait(mail)
             return
         for event in mail:
             self.emit(event)
+
+    async def _complete_requeue(self, requeued_to: int) -> None:
+        """Finish the requeue Slurm left half done, so the job can run again (never cancel it).
+
+        Retried (transient errors) while the job still needs it; a transport that
+        cannot do it ends the app's supervision with the reason: the job would
+        otherwise wait in the queue for ever.
+        """
+        delay = 1.0
+        for _ in range(_COMPLETE_TRIES):
+            done = self.translator.incomplete_requeue != requeued_to or self.translator.stopping
+            if done or self._backend.closing:
+                return
+            try:
+                await self._backend.transport.complete_requeue(self.job_id)
+            except BackendError as e:
+                if not e.transient:
+                    self.emit(AppNotice(message=str(e), fatal=True))
+                    return
+                self.emit(AppNotice(message=f"completing Slurm's requeue failed, retrying: {e}"))
+            else:
+                self._backend.poller.poke()
+                # Asked again only if the job still shows ended components well after:
+                # a second requeue of a job that started meanwhile would cut its run short.
+                delay = _COMPLETE_RECHECK_S
+            await anyio.sleep(delay)
+            delay = min(delay * 2, _COMPLETE_RECHECK_S)
 
     async def _deliver(self) -> None:
         """Failures of a view, with the error file each replica wrote (as locally).
@@ -133,11 +192,19 @@ class SlurmRuntime(AppRuntime):
         """
         async with self._mail, self._mailbox:
             async for mail in self._mailbox:
+                mail = await self._settle_lost(mail)
                 exits = [m for m in mail if isinstance(m, Exited)]
                 ended = await anyio.to_thread.run_sync(self._read_exits, exits)
                 in_order = sorted(zip(ended, exits, strict=True), key=lambda pair: pair[0][0])
                 exits = [m if code is None else _with_code(m, code) for (_, code), m in in_order]
                 failed = [m for m in exits if _failed(m)]
+                if any(_LAUNCH_FAILURE in m.msg for m in failed):
+                    hint = await self._backend.transport.launch_failure_hint(
+                        self.request.workdir, self.request.app_dir
+                    )
+                    if hint:
+                        exits = [_hinted(m, hint) for m in exits]
+                        failed = [m for m in exits if _failed(m)]
                 errors = await anyio.to_thread.run_sync(self._read_errors, failed)
                 found = dict(zip([id(m) for m in failed], errors, strict=True))
                 # Exits last, the first to end first: the FSM takes the first failure
@@ -147,6 +214,21 @@ class SlurmRuntime(AppRuntime):
                     if isinstance(m, Exited) and error:
                         m = dataclasses.replace(m, structured_error_msg=error)
                     self.emit(m)
+
+    async def _settle_lost(self, mail: list[Mail]) -> list[Mail]:
+        """A replica Slurm lost that recorded its own exit for this attempt ended so."""
+        lost = [m for m in mail if isinstance(m, Lost)]
+        if not lost:
+            return mail
+        probes = [Exited(role=m.role, replica_id=m.replica_id, attempt=m.attempt, exit_code=None)
+                  for m in lost]  # fmt: skip
+        ended = await anyio.to_thread.run_sync(self._read_exits, probes)
+        known: dict[int, Mail] = {
+            id(m): _with_code(dataclasses.replace(p, msg=m.reason), code)
+            for m, p, (_, code) in zip(lost, probes, ended, strict=True)
+            if code is not None
+        }
+        return [known.get(id(m), m) for m in mail]
 
     def _read_exits(self, exits: list[Exited]) -> list[tuple[float, int | None]]:
         """(when it ended, its exit code) per replica, from its pump's record of this attempt.
@@ -171,18 +253,60 @@ class SlurmRuntime(AppRuntime):
         return [self.store.read_error_file(f) if f else "" for f in files]
 
     async def stop(self, keys: Sequence[ReplicaKey], reason: str) -> None:
+        """Cancel the whole job (Slurm cannot stop one component), durably.
+
+        The cancel is recorded in the app's directory before it is sent, and sent
+        again (a controller or slurmrestd away, a cancel Slurm did not act on)
+        until a view shows the job over; it ends with this runtime at the latest.
+        """
         if self.translator.stopping:
             return
-        self.translator.stopping = True  # the whole job goes: Slurm cannot stop one component
-        await self._backend.transport.cancel(self.job_id)
-        self._backend.poller.poke()
+        self.translator.stopping = True
+        await anyio.to_thread.run_sync(self.store.request_cancel)
+        delay = 1.0
+        while not (self._over.is_set() or self.foreign or self._backend.closing):
+            try:
+                await self._backend.transport.cancel(self.job_id)
+            except BackendError as e:
+                if not e.transient:
+                    raise
+                self.emit(AppNotice(message=f"the cancel is not delivered yet, retrying: {e}"))
+            else:
+                self._backend.poller.poke()
+                delay = _CANCEL_CONFIRM_S  # sent: give Slurm time to act before asking again
+            with anyio.move_on_after(delay):
+                await self._over.wait()
+            delay = min(delay * 2, _CANCEL_CONFIRM_S)
 
     async def restart(self, attempts: Sequence[tuple[ReplicaKey, int]], reason: str) -> None:
-        # The batch script requeues a failed run itself while SLURM_RESTART_COUNT is
-        # below the job's max_retries (so retries go on with nobody following): asking
-        # again here would requeue, and so cut short, the next run.
-        if any(attempt > self.request.max_retries for _, attempt in attempts):
-            await self._backend.transport.requeue(self.job_id)
+        """Run the job again, unless its batch script already did.
+
+        The batch script requeues a failed run itself while SLURM_RESTART_COUNT is
+        below the job's max_retries (so retries go on with nobody following): asking
+        again then would requeue, and so cut short, the next run. But a job Slurm
+        ended itself (a time limit, a node failure without requeue) ran no more of its
+        script: it is over, and only a requeue from here retries it. When that cannot
+        be done, the retry fails with the reason instead of waiting for ever.
+        """
+        beyond_script = any(attempt > self.request.max_retries for _, attempt in attempts)
+        if beyond_script or self.translator.ended:
+            try:
+                await self._backend.transport.requeue(self.job_id)
+            except BackendError as e:
+                if e.transient:
+                    raise
+                for (role, k), attempt in attempts:
+                    self.emit(
+                        Exited(
+                            role=role,
+                            replica_id=k,
+                            attempt=attempt,
+                            exit_code=None,
+                            msg=f"{role}/{k}: the retry ({reason}) could not be made: {e}",
+                        )
+                    )
+                return
+            self.translator.ended = False
         self._backend.poller.poke()
 
     async def record(
@@ -217,6 +341,9 @@ class SlurmBackend(Backend):
         self.index = Index(context.state_dir, "slurm")
         self.owner = Owner.current()
         self.facts: ClusterFacts | None = None
+        self._facts_lock = anyio.Lock()
+        self.closing = False
+        self._facts_at = 0.0
 
     @classmethod
     def run_opts(cls) -> RunOpts:
@@ -227,8 +354,13 @@ class SlurmBackend(Backend):
         return SLURM_CAPABILITIES
 
     async def prepare(self) -> None:
-        if self.facts is None:
-            self.facts = await self.transport.facts()
+        """Learn the cluster's facts once, however many submits ask at the same time;
+        asked again after FACTS_TTL_S (partitions may change while a service runs)."""
+        async with self._facts_lock:
+            fresh = anyio.current_time() - self._facts_at < FACTS_TTL_S
+            if self.facts is None or not fresh:
+                self.facts = await self.transport.facts()
+                self._facts_at = anyio.current_time()
 
     def statistics(self) -> dict[str, Any]:
         return self.poller.statistics()
@@ -260,22 +392,43 @@ class SlurmBackend(Backend):
             "job_id": None,
         }
         dirs = [Path(r.log_dir) for r in request.replicas]
+        await anyio.to_thread.run_sync(store.create, dirs, record)
+        # Until sbatch takes the job, nothing runs: a launch that fails leaves nothing
+        # behind (the app id stays free for a retry), the job directory it made included.
+        snapshot_made = False
         try:
-            await anyio.to_thread.run_sync(store.create, dirs, record)
-            await anyio.to_thread.run_sync(ship_pump, Path(pump_path(request.app_dir)))
-            if request.job_dir is not None:
-                await anyio.to_thread.run_sync(
-                    _snapshot, Path(request.source_dir), Path(request.job_dir)
-                )
-        except OSError as e:
-            raise SubmitError(f"cannot prepare {request.app_dir}: {e}", transient=False) from e
-        job_id = await self.transport.submit(request.script, request.workdir)
+            try:
+                await anyio.to_thread.run_sync(ship_pump, Path(pump_path(request.app_dir)))
+                if request.job_dir is not None:
+                    await anyio.to_thread.run_sync(
+                        _snapshot, Path(request.source_dir), Path(request.job_dir)
+                    )
+                    snapshot_made = True
+            except OSError as e:
+                raise SubmitError(f"cannot prepare {request.app_dir}: {e}", transient=False) from e
+            identity = JobIdentity(
+                owner_comment(request.session, request.app_id, None),
+                request.job_names,
+                time.time(),
+            )
+            job_id = await self.transport.submit(request.script, request.workdir)
+        except SubmitError:
+            # A SubmitError says Slurm certainly took no job (an unanswered sbatch is
+            # another BackendError: the job may exist, so its directory stays).
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(store.release)
+                if snapshot_made and request.job_dir is not None:
+                    await anyio.to_thread.run_sync(
+                        partial(shutil.rmtree, request.job_dir, ignore_errors=True)
+                    )
+            raise
         record["job_id"] = job_id
+        record["identity"] = identity.to_json()
         await anyio.to_thread.run_sync(store.write_app, record)
         await anyio.to_thread.run_sync(
             self.index.add, request.session, request.app_id, store.app_dir
         )
-        runtime = SlurmRuntime(self, request, job_id, sink)
+        runtime = SlurmRuntime(self, request, job_id, sink, identity)
         for role, k in runtime.translator.keys:
             sink(Submitted(role=role, replica_id=k))
         self.poller.track(job_id, runtime.on_view)
@@ -333,6 +486,9 @@ class SlurmBackend(Backend):
                 accounted = []
                 gone += ": it left the controller and this cluster keeps no accounting"
             records = [r for r in accounted if r.het_job_id == job_id]
+        if not _identity_of(app).owns_all(records):
+            records = []
+            gone = f"job id {job_id} now names another job"
         definition = AppDef.from_json(app["app"])
         by_offset = {r.het_offset: r for r in records}
         found: dict[ReplicaKey, ReplicaStatus] = {}
@@ -347,12 +503,13 @@ class SlurmBackend(Backend):
             meaning = meaning_of(rec.state) if rec else None
             state = _REPLICA_STATE[meaning] if meaning else ReplicaState.UNKNOWN
             waiting = state is ReplicaState.PENDING and rec and rec.reason not in ("", "None")
-            for role, k in keys:
+            hosts = hosts_of_tasks(rec.nodes, len(keys)) if rec else [""] * len(keys)
+            for (role, k), host in zip(keys, hosts, strict=True):
                 found[(role, k)] = ReplicaStatus(
                     id=k,
                     state=state,
                     role=role,
-                    hostname=rec.nodes if rec else "",
+                    hostname=host,
                     exit_code=rec.exit_code if rec else None,
                     signal=signal_name(rec.signal) if rec else None,
                     restarts=rec.restart_cnt if rec else 0,
@@ -381,7 +538,18 @@ class SlurmBackend(Backend):
             final = await anyio.to_thread.run_sync(store.read_final_status)
         except DamagedRecordError as e:
             return damaged_status(e, AppDef.from_json(app["app"]).roles)
-        return final if final is not None else await self._status_of(app)
+        if final is not None:
+            return final
+        live = await self._status_of(app)
+        if not live.is_settled and await anyio.Path(store.cancel_path).exists():
+            # A recorded cancel the job does not show yet (sent while Slurm or slurmrestd
+            # was away): whoever looks next sends it again.
+            try:
+                await self.transport.cancel(int(app["job_id"]))
+            except BackendError as e:
+                note = f"a recorded cancel is not delivered yet: {e}"
+                live = dataclasses.replace(live, msg="; ".join(m for m in (live.msg, note) if m))
+        return live
 
     async def describe(self, handle: AppHandle) -> DescribeAppResponse | None:
         found = await self._found(handle)
@@ -408,11 +576,22 @@ class SlurmBackend(Backend):
         return await list_indexed(self.index, "slurm", one)
 
     async def cancel(self, handle: AppHandle) -> bool:
+        """Recorded first (a supervising process, or a later status, sends it again), then sent."""
         found = await self._found(handle)
         if found is None:
             return False
-        await self.transport.cancel(int(found[1]["job_id"]))
-        self.poller.poke()
+        await anyio.to_thread.run_sync(found[0].request_cancel)
+        job_id = int(found[1]["job_id"])
+        try:
+            live = [r for r in await self.transport.queue() if r.het_job_id == job_id]
+            if live and _identity_of(found[1]).owns_all(live):
+                await self.transport.cancel(job_id)  # never a job that only has the app's id
+                self.poller.poke()
+        except BackendError as e:
+            raise BackendError(
+                f"{e}; the cancel is recorded, and the next status of the app sends it again",
+                transient=e.transient,
+            ) from e
         return True
 
     def make_log_target(self, store: AppStore, role: str, replica_id: int) -> LogTarget:
@@ -436,6 +615,7 @@ class SlurmBackend(Backend):
         return self.make_log_target(found[0], role, replica_id)
 
     async def aclose(self) -> None:
+        self.closing = True  # a cancel or requeue still being retried stops asking
         await self.poller.aclose()
         await self.transport.aclose()
 
@@ -446,8 +626,23 @@ def _with_code(event: Exited, returncode: int) -> Exited:
     return dataclasses.replace(event, exit_code=returncode, signal=name)
 
 
+_LAUNCH_FAILURE = "JobLaunchFailure"
+
+
+def _hinted(event: Exited, hint: str) -> Exited:
+    """A launch failure with what may explain it (Slurm says no more)."""
+    if _LAUNCH_FAILURE not in event.msg:
+        return event
+    return dataclasses.replace(event, msg=f"{event.msg}: {hint}")
+
+
 def _failed(mail: Mail) -> bool:
     return isinstance(mail, Exited) and (bool(mail.exit_code) or mail.signal is not None)
+
+
+def _identity_of(app: dict[str, Any]) -> JobIdentity:
+    tag = owner_comment(str(app["request"]["session"]), str(app["request"]["app_id"]), None)
+    return JobIdentity.from_json(app.get("identity"), tag)
 
 
 def transport_from_env() -> SlurmTransport:

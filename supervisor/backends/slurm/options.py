@@ -182,6 +182,13 @@ def check_slurm_cfg(cfg: ResolvedCfg) -> None:
                 )
             )
     problems += _check_placement(cfg)
+    for key in ("comment", "mail-user", "job_dir", "log_dir"):
+        value = cfg.get_str(key)
+        if value is not None and any(not c.isprintable() for c in value):
+            # A newline would end the #SBATCH line and start another one in the script.
+            problems.append(
+                Problem(f"cfg.{key}", f"{value!r} has a newline or other control character")
+            )
     for key in ("partition", "qos", "account", "constraint", "reservation"):
         value = cfg.get_str(key)
         if value is not None and (not value or any(c.isspace() for c in value)):

@@ -56,6 +56,9 @@ class PollerSettings:
     running: float = 1.0
     growth: float = 1.5  # how fast the pause grows towards ``slow``
     stall: float = 5.0  # after this long without an answer, say so (the call goes on)
+    # A job accounting calls live but the controller has not listed for this long was
+    # forgotten by it (a controller that lost its state): it ends, never RUNNING for ever.
+    forgotten: float = 120.0
 
 
 class SlurmPoller:
@@ -74,6 +77,7 @@ class SlurmPoller:
         self.accounting: bool | None = None  # unknown until sacct first answers
         self.counters: Counter[str] = Counter()
         self.interval = settings.fast
+        self._unlisted_since: dict[int, float] = {}  # live in accounting, not in the queue
 
     def track(self, job_id: int, listener: Listener) -> None:
         self._listeners[job_id] = listener
@@ -85,6 +89,7 @@ class SlurmPoller:
     def untrack(self, job_id: int) -> None:
         self._listeners.pop(job_id, None)
         self._last.pop(job_id, None)
+        self._unlisted_since.pop(job_id, None)
 
     def poke(self) -> None:
         """Tick now rather than at the end of the current pause."""
@@ -166,6 +171,8 @@ class SlurmPoller:
             for job in found
         }
         missing = [job for job in tracked if job not in found]
+        for job in found:
+            self._unlisted_since.pop(job, None)
         if missing:
             views.update(await self._from_accounting(missing))
         changed = False
@@ -200,7 +207,16 @@ class SlurmPoller:
                 comps = tuple(sorted(found[job], key=lambda r: r.het_offset))
                 if not all(meaning_of(c.state) in _ENDED for c in comps):
                     # A live job the controller does not list: it is restarting, or
-                    # slurmdbd lags. Accounting's older picture must not move it back.
+                    # slurmdbd lags. Accounting's older picture must not move it back,
+                    # unless this lasts: then the controller forgot the job.
+                    since = self._unlisted_since.setdefault(job, anyio.current_time())
+                    if anyio.current_time() - since >= self.settings.forgotten:
+                        views[job] = JobView(
+                            job, (), "gone", f"the controller forgot job {job} (accounting "
+                            f"still says {comps[0].state}; squeue has not listed it for "
+                            f"{self.settings.forgotten:.0f} s)",
+                        )  # fmt: skip
+                        continue
                     views[job] = JobView(
                         job, (), "error", "squeue does not list the job but sacct says it is live"
                     )

@@ -13,7 +13,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["JobRecord", "from_sacct", "from_squeue", "latest_per_component"]
+__all__ = [
+    "JobRecord",
+    "expand_hostlist",
+    "from_sacct",
+    "from_squeue",
+    "hosts_of_tasks",
+    "latest_per_component",
+]
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,7 @@ class JobRecord:
     source: str = "squeue"
     requeue: bool = False  # Slurm will put the job back in the queue after a node failure
     started: int = 0  # epoch seconds the current (or last) run began; 0 if unknown
+    submitted: int = 0  # epoch seconds the job was submitted; 0 if unknown
 
 
 def _first(value: Any) -> str:
@@ -103,6 +111,7 @@ def from_squeue(job: Mapping[str, Any]) -> JobRecord:
         source="squeue",
         requeue=job.get("requeue") is True,
         started=_int(job.get("start_time")),
+        submitted=_int(job.get("submit_time")),
     )
 
 
@@ -129,6 +138,7 @@ def from_sacct(job: Mapping[str, Any]) -> JobRecord:
         name=str(job.get("name") or ""),
         source="sacct",
         started=_int((job.get("time") or {}).get("start")),
+        submitted=_int((job.get("time") or {}).get("submission")),
     )
 
 
@@ -140,3 +150,43 @@ def latest_per_component(records: list[JobRecord]) -> list[JobRecord]:
         if key not in latest or record.started >= latest[key].started:
             latest[key] = record
     return list(latest.values())
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Slurm's compact node list (``n[1-3,5],gpu[01-02]``) as one name per node.
+
+    An item this does not understand (several bracket groups) is kept whole.
+    """
+    items, depth, start = [], 0, 0
+    for i, c in enumerate(text):
+        depth += (c == "[") - (c == "]")
+        if c == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    hosts: list[str] = []
+    for item in filter(None, (x.strip() for x in items)):
+        prefix, bracket, rest = item.partition("[")
+        ranges, closed, suffix = rest.partition("]")
+        if not bracket or not closed or "[" in suffix:
+            hosts.append(item)
+            continue
+        try:
+            for part in ranges.split(","):
+                low, dash, high = part.partition("-")
+                width = len(low)
+                for n in range(int(low), int(high if dash else low) + 1):
+                    hosts.append(f"{prefix}{n:0{width}d}{suffix}")
+        except ValueError:
+            hosts.append(item)
+    return hosts
+
+
+def hosts_of_tasks(nodes: str, tasks: int) -> list[str]:
+    """The node each of a component's ``tasks`` runs on, in task order (block placement,
+    as the script's ``--ntasks-per-node`` gives it); the whole list where it does not divide."""
+    hosts = expand_hostlist(nodes)
+    if tasks <= 1 or not hosts or tasks % len(hosts):
+        return [nodes] * tasks
+    per_node = tasks // len(hosts)
+    return [hosts[i // per_node] for i in range(tasks)]

@@ -28,6 +28,7 @@ parses both. What differs from the CLI, found against a real slurmrestd:
 from __future__ import annotations
 
 import os
+import pwd
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -431,6 +432,8 @@ class RestTransport(SlurmTransport):
                 benign=frozenset({_JOB_HELD}),
             )
         except BackendError as e:
+            if isinstance(e.__cause__, (TimeoutError, httpx.TimeoutException)):
+                raise BackendError(f"{e}; the job may exist", transient=True) from e
             raise SubmitError(str(e), transient=e.transient) from e
         job_id = data.get("job_id")
         if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id <= 0:
@@ -490,6 +493,15 @@ class RestTransport(SlurmTransport):
             transient=False,
         )
 
+    async def launch_failure_hint(self, workdir: str, app_dir: str) -> str:
+        if self.socket is None or self._token is not None:
+            return ""
+        user = await anyio.to_thread.run_sync(_owner, self.socket)
+        return (
+            f"jobs sent over the socket {self.socket} (rest_auth/local) run as slurmrestd's "
+            f"own user {user}, who must be able to enter {workdir} and write to {app_dir}"
+        )
+
     async def ping(self) -> list[dict[str, Any]]:
         """The controllers' answers to ``/ping`` (``hostname``, ``ping`` "UP", ``mode``)."""
         data = await self._request("ping", "GET", self._path("slurm", "ping"))
@@ -546,6 +558,18 @@ def facts_from_rest(partitions: Mapping[str, Any], nodes: Mapping[str, Any]) -> 
         for name in node.get("partitions") or []:
             memory[str(name)] = min(value, memory.get(str(name), value))
     return ClusterFacts(version=version, default_partition=default, real_memory_mb=memory)
+
+
+def _owner(path: str) -> str:
+    """The user owning ``path`` (slurmrestd's own user, for its socket)."""
+    try:
+        uid = os.stat(path).st_uid
+    except OSError:
+        return "(unknown: the socket cannot be read)"
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
 
 
 def _dicts(value: Any) -> list[dict[str, Any]]:

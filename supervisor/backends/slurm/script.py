@@ -164,6 +164,14 @@ class SlurmRequest(Request):
     def __str__(self) -> str:
         return self.script
 
+    @property
+    def job_names(self) -> tuple[str, ...]:
+        """The name of each het component, as the script sets it (``--job-name``)."""
+        return tuple(
+            next((d.partition("=")[2] for d in g.directives if d.startswith("--job-name=")), "")
+            for g in self.groups
+        )
+
     def to_json(self) -> dict[str, Any]:
         return {
             **super().to_json(),

@@ -9,7 +9,7 @@ from typing import Any
 
 from supervisor.backends.base import AppCancelRequested, AppNotice
 from supervisor.backends.slurm.poller import JobView
-from supervisor.backends.slurm.records import JobRecord
+from supervisor.backends.slurm.records import JobRecord, hosts_of_tasks
 from supervisor.backends.slurm.states import Meaning, meaning_of
 from supervisor.events import Exited, Lost, Queued, ReplicaEvent, ReplicaKey, Requeued, Started
 
@@ -52,6 +52,13 @@ class ViewTranslator:
         self.stopping = False
         self._external_cancel = False
         self._noticed = False
+        # Slurm requeued the job but left some components ended (a het job whose
+        # leader's node failed, on 22.05): the job cannot start until someone
+        # completes the requeue. The restart count the job was requeued to, or 0.
+        self.incomplete_requeue = 0
+        # The latest view shows the whole job over: nothing (the batch script included)
+        # will put it back in the queue, so a retry must requeue it from outside.
+        self.ended = False
 
     def events(self, view: JobView) -> list[Mail]:
         if view.where == "error":
@@ -69,8 +76,14 @@ class ViewTranslator:
         # Real failures first: with kill-on-bad-exit the others were killed *because*
         # of them, and the FSM attributes the app's failure to the first it hears of.
         ordered = sorted(view.components, key=lambda c: (c.signal is not None, c.het_offset))
+        requeued_to = max(
+            (c.restart_cnt for c in ordered if meaning_of(c.state) in _WAITING), default=0
+        )
+        casualties = {c.het_offset for c in ordered if _casualty(c, requeued_to)}
+        self.incomplete_requeue = requeued_to if casualties else 0
+        self.ended = not casualties and all(_over(c) for c in ordered)
         for comp in ordered:
-            out.extend(self._events(comp))
+            out.extend(self._events(comp, comp.het_offset in casualties))
         if _log.isEnabledFor(logging.DEBUG):
             # Slurm reports states, not changes: this trace is what explains a count.
             _log.debug(
@@ -82,20 +95,28 @@ class ViewTranslator:
             )
         return out
 
-    def _events(self, comp: JobRecord) -> list[Mail]:
+    def _events(self, comp: JobRecord, casualty: bool = False) -> list[Mail]:
         """Every replica of a component lives its state (a group's tasks share one allocation)."""
         if comp.het_offset >= len(self.groups):
             return [AppNotice(message=f"job {comp.job_id} has an unexpected component")]
         out: list[Mail] = []
-        for key in self.groups[comp.het_offset]:
-            out.extend(self._replica_events(comp, key))
+        group = self.groups[comp.het_offset]
+        # Each task's own node, not the group's whole list.
+        for key, host in zip(group, hosts_of_tasks(comp.nodes, len(group)), strict=True):
+            out.extend(self._replica_events(comp, key, casualty, host))
         return out
 
-    def _replica_events(self, comp: JobRecord, key: ReplicaKey) -> list[Mail]:
+    def _replica_events(
+        self, comp: JobRecord, key: ReplicaKey, casualty: bool, host: str
+    ) -> list[Mail]:
         role, k = key
         meaning = meaning_of(comp.state)
         if comp.requeue and comp.state in ("NODE_FAIL", "PREEMPTED"):
             meaning = Meaning.REQUEUED  # Slurm puts such a job back in the queue itself
+        if casualty:
+            # Ended by the requeue of its job, on an older attempt: part of that one
+            # requeue, never a failure of its own (see _casualty).
+            meaning = Meaning.REQUEUED
         if meaning is None:
             return [
                 AppNotice(message=f"Slurm reports state {comp.state!r}, unknown to asupervisor")
@@ -143,9 +164,9 @@ class ViewTranslator:
         if meaning is Meaning.QUEUED:
             out.append(Queued(**base, reason=comp.reason))
         elif meaning is Meaning.RUNNING:
-            out.append(Started(**base, hostname=comp.nodes))
+            out.append(Started(**base, hostname=host))
         elif meaning is Meaning.SUCCEEDED:
-            out.append(Started(**base, hostname=comp.nodes))
+            out.append(Started(**base, hostname=host))
             out.append(Exited(**base, exit_code=0))
         elif meaning in (Meaning.FAILED, Meaning.CANCELLED):
             if meaning is Meaning.CANCELLED and not self.stopping and not self._external_cancel:
@@ -162,7 +183,7 @@ class ViewTranslator:
             # A job cancelled while it waited has nodes in some views (those it was about
             # to get): it never ran, so no start is reported for it.
             if comp.nodes and (meaning is Meaning.FAILED or seen_running):
-                out.append(Started(**base, hostname=comp.nodes))
+                out.append(Started(**base, hostname=host))
             out.append(
                 Exited(
                     **base,
@@ -173,3 +194,26 @@ class ViewTranslator:
                 )
             )
         return out
+
+
+_WAITING = (Meaning.QUEUED, Meaning.REQUEUED)
+
+
+def _casualty(comp: JobRecord, requeued_to: int) -> bool:
+    """A component that ended on an attempt before the one its job was requeued to.
+
+    Seen on 22.05 when the node of a het job's leader fails: the leader goes
+    back to the queue (restart count 1) while the other components show
+    FAILED (JobLaunchFailure) with the old count. Their end is the requeue's
+    doing; the job's next run includes them once the requeue is completed.
+    """
+    meaning = meaning_of(comp.state)
+    ended = meaning in (Meaning.FAILED, Meaning.CANCELLED, Meaning.SUCCEEDED)
+    return ended and comp.requeue and comp.restart_cnt < requeued_to
+
+
+def _over(comp: JobRecord) -> bool:
+    """The component ended and Slurm will not requeue it by itself."""
+    if comp.requeue and comp.state in ("NODE_FAIL", "PREEMPTED"):
+        return False
+    return meaning_of(comp.state) in (Meaning.SUCCEEDED, Meaning.FAILED, Meaning.CANCELLED)

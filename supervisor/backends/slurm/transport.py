@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import json
+import os
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -53,7 +54,9 @@ class SlurmTransport(abc.ABC):
         self.calls: Counter[str] = Counter()
 
     @abc.abstractmethod
-    async def submit(self, script: str, workdir: str) -> int: ...
+    async def submit(self, script: str, workdir: str) -> int:
+        """The new job's id; SubmitError when Slurm certainly took no job, another
+        BackendError when that is unknown (no answer in time: the job may exist)."""
 
     @abc.abstractmethod
     async def queue(self) -> list[JobRecord]:
@@ -68,6 +71,22 @@ class SlurmTransport(abc.ABC):
 
     @abc.abstractmethod
     async def requeue(self, job_id: int) -> None: ...
+
+    async def launch_failure_hint(self, workdir: str, app_dir: str) -> str:
+        """Why a job may fail to launch on this transport ("" when nothing is known)."""
+        return ""
+
+    async def complete_requeue(self, job_id: int) -> None:
+        """Put back in the queue the components Slurm left ended when it requeued the job.
+
+        22.05 requeues a het job whose leader's node failed only half way: the
+        leader waits (Reason=Resources) for ever beside its ended components.
+        """
+        raise BackendError(
+            f"job {job_id} was requeued by Slurm with some of its components left ended, "
+            f"and the {self.kind} transport cannot requeue them: the job cannot start again",
+            transient=False,
+        )
 
     @abc.abstractmethod
     async def hold(self, job_id: int) -> None:
@@ -84,6 +103,17 @@ class SlurmTransport(abc.ABC):
         """Release connections, if the transport holds any."""
 
 
+def _environment(tool: str) -> dict[str, str] | None:
+    """sbatch's environment without the submitter's ``SBATCH_*`` variables.
+
+    sbatch takes them over the script's ``#SBATCH`` lines, so a stray
+    ``SBATCH_PARTITION`` would silently beat the app's run options.
+    """
+    if tool != "sbatch":
+        return None
+    return {k: v for k, v in os.environ.items() if not k.startswith("SBATCH_")}
+
+
 def _transient(text: str) -> bool:
     lowered = text.lower()
     return any(hint in lowered for hint in _TRANSIENT_HINTS)
@@ -98,7 +128,9 @@ class CliTransport(SlurmTransport):
         self.calls[tool] += 1
         try:
             with anyio.fail_after(CALL_TIMEOUT):
-                done = await anyio.run_process([tool, *args], input=stdin, check=False)
+                done = await anyio.run_process(
+                    [tool, *args], input=stdin, check=False, env=_environment(tool)
+                )
         except TimeoutError as e:
             raise BackendError(
                 f"{tool} did not answer in {CALL_TIMEOUT:.0f} s", transient=True
@@ -124,6 +156,8 @@ class CliTransport(SlurmTransport):
                 "sbatch", "--parsable", f"--chdir={workdir}", stdin=script.encode()
             )
         except BackendError as e:
+            if isinstance(e.__cause__, TimeoutError):
+                raise BackendError(f"{e}; the job may exist", transient=True) from e
             raise SubmitError(str(e), transient=e.transient) from e
         try:
             return int(out.strip().split(";")[0])
@@ -158,6 +192,15 @@ class CliTransport(SlurmTransport):
 
     async def release(self, job_id: int) -> None:
         await self._run("scontrol", "release", str(job_id))
+
+    async def complete_requeue(self, job_id: int) -> None:
+        try:
+            await self._run("scontrol", "requeue", str(job_id))
+        except BackendError as e:
+            # scontrol requeues every ended component, then reports the one already
+            # waiting (the leader) as an error: that is the requeue done.
+            if "pending execution" not in str(e):
+                raise
 
     async def facts(self) -> ClusterFacts:
         version_text = await self._run("sinfo", "--version")

@@ -1,6 +1,6 @@
 """Run the benchmark cases and write their results as JSON.
 
-    bench/.venv/bin/python -m bench.run [--quick] [--cases wait,submit,supervise,logs,slurm,docker]
+    bench/.venv/bin/python -m bench.run [--quick] [--cases wait,submit,...,loop_lag]
 
 Normally started by ``bash scripts/bench``, which also builds ``bench/.venv``
 and renders the report. Writes ``bench/results/<date>.json`` and
@@ -32,7 +32,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import case_docker, case_logs, case_slurm, case_submit, case_supervise, case_wait
+from bench import (
+    case_docker,
+    case_logs,
+    case_loop_lag,
+    case_slurm,
+    case_submit,
+    case_supervise,
+    case_wait,
+)
 from bench.util import REPO, Json, log, machine_info, write_json
 
 RESULTS = REPO / "bench" / "results"
@@ -44,6 +52,7 @@ CASES: dict[str, Callable[[dict[str, Any]], Json]] = {
     "logs": case_logs.run_case,
     "slurm": case_slurm.run_case,
     "docker": case_docker.run_case,
+    "loop_lag": case_loop_lag.run_case,
 }
 
 FULL: dict[str, dict[str, Any]] = {
@@ -95,6 +104,13 @@ FULL: dict[str, dict[str, Any]] = {
     "docker": {
         "runs": [(impl, n, 5) for impl in ("asupervisor", "torchx", "docker-py") for n in (1, 10)],
     },
+    # 1,000 replicas started, 100 log followers: about a minute.
+    "loop_lag": {
+        "runs": [("asupervisor", 1000, 3)],
+        "followers": 100,
+        "idle_s": 2.0,
+        "follow_s": 3.0,
+    },
 }
 
 QUICK: dict[str, dict[str, Any]] = {
@@ -137,6 +153,12 @@ QUICK: dict[str, dict[str, Any]] = {
     "slurm": {"ns": [1, 10], "window_s": 10.0, "idle_s": 5.0, "delay_reps": 2},
     "docker": {
         "runs": [(impl, n, 2) for impl in ("asupervisor", "torchx", "docker-py") for n in (1, 10)],
+    },
+    "loop_lag": {
+        "runs": [("asupervisor", 200, 1)],
+        "followers": 20,
+        "idle_s": 1.0,
+        "follow_s": 2.0,
     },
 }
 

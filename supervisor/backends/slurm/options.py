@@ -69,8 +69,19 @@ def slurm_run_opts() -> RunOpts:
                 "(default: <state dir>/logs); must be on a file system the nodes share",
             ),
             RunOpt("requeue_on_failure", b, True, "requeue the whole job while retries remain"),
-        ]
+        ],
+        refused=_REFUSED,
     )
+
+
+_NO_ENV_POLICY = (
+    "a Slurm job's environment is set by the transport, not per app: sbatch (the cli "
+    "transport) exports the submitting process's whole environment (--export=ALL), "
+    "slurmrestd (rest) only PATH and ASUPERVISOR_PYTHON; each replica also gets its "
+    "role's env (see docs/backends/slurm.md)"
+)
+#: Options of the local backend refused here, with why.
+_REFUSED = {"env_policy": _NO_ENV_POLICY, "env_allow": _NO_ENV_POLICY}
 
 
 def check_slurm_cfg(cfg: ResolvedCfg) -> None:

@@ -1,6 +1,6 @@
 """Run the benchmark cases and write their results as JSON.
 
-    bench/.venv/bin/python -m bench.run [--quick] [--cases wait,submit,...,docker,fsm]
+    bench/.venv/bin/python -m bench.run [--quick] [--cases wait,submit,...,docker,fsm,loop_lag]
 
 Normally started by ``bash scripts/bench``, which also builds ``bench/.venv``
 and renders the report. Writes ``bench/results/<date>.json`` and
@@ -36,6 +36,7 @@ from bench import (
     case_docker,
     case_fsm,
     case_logs,
+    case_loop_lag,
     case_slurm,
     case_submit,
     case_supervise,
@@ -53,6 +54,7 @@ CASES: dict[str, Callable[[dict[str, Any]], Json]] = {
     "slurm": case_slurm.run_case,
     "docker": case_docker.run_case,
     "fsm": case_fsm.run_case,
+    "loop_lag": case_loop_lag.run_case,
 }
 
 FULL: dict[str, dict[str, Any]] = {
@@ -108,6 +110,13 @@ FULL: dict[str, dict[str, Any]] = {
     "fsm": {
         "runs": [(impl, n, 7) for impl in case_fsm.IMPLS for n in (1, 10, 100, 1000)],
     },
+    # 1,000 replicas started, 100 log followers: about a minute.
+    "loop_lag": {
+        "runs": [("asupervisor", 1000, 3)],
+        "followers": 100,
+        "idle_s": 2.0,
+        "follow_s": 3.0,
+    },
 }
 
 QUICK: dict[str, dict[str, Any]] = {
@@ -153,6 +162,12 @@ QUICK: dict[str, dict[str, Any]] = {
     },
     "fsm": {
         "runs": [(impl, n, 3) for impl in case_fsm.IMPLS for n in (1, 10, 100, 1000)],
+    },
+    "loop_lag": {
+        "runs": [("asupervisor", 200, 1)],
+        "followers": 20,
+        "idle_s": 1.0,
+        "follow_s": 2.0,
     },
 }
 

@@ -19,7 +19,11 @@ Follows TorchX's ``runopts`` (``add(name, type_, help, default, required)``,
   which keeps the grammar unambiguous (TorchX lets ``,`` do both);
 * a float option never takes ``nan`` or an infinity (a grace period of
   ``inf`` would make every cancel hang), and an int or float option may
-  declare the ``minimum``/``maximum`` it accepts, checked by ``resolve``.
+  declare the ``minimum``/``maximum`` it accepts, checked by ``resolve``;
+* a str option may declare its ``choices`` (checked by ``resolve``, shown in
+  help), and a backend may name options it refuses with the reason
+  (``RunOpts(..., refused={name: why})``), so a user who brings an option
+  from another backend learns why it does not apply here.
 
 Nothing here does I/O or reads the environment.
 """
@@ -157,6 +161,7 @@ class RunOpt:
     required: bool = False
     minimum: float | None = None
     maximum: float | None = None
+    choices: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         field = f"runopts.{self.name}" if isinstance(self.name, str) else "runopts"
@@ -191,6 +196,7 @@ class RunOpt:
                 except _MismatchError as exc:
                     problems.append(Problem(f"{field}.default", str(exc)))
             problems.extend(self._check_bounds(field, kind))
+            problems.extend(self._check_choices(field, kind))
         if not isinstance(self.help, str):
             problems.append(Problem(f"{field}.help", "must be a string"))
         if not isinstance(self.required, bool):
@@ -221,6 +227,29 @@ class RunOpt:
             if message:
                 problems.append(Problem(f"{field}.default", message))
         return problems
+
+    def _check_choices(self, field: str, kind: OptType) -> list[Problem]:
+        if self.choices is None:
+            return []
+        if kind is not OptType.STR:
+            return [Problem(f"{field}.choices", "choices are only for str options")]
+        if (
+            not isinstance(self.choices, tuple)
+            or not self.choices
+            or not all(isinstance(c, str) for c in self.choices)
+        ):
+            return [Problem(f"{field}.choices", "must be a non-empty tuple of strings")]
+        if isinstance(self.default, str):
+            message = self.not_a_choice(self.default)
+            if message:
+                return [Problem(f"{field}.default", message)]
+        return []
+
+    def not_a_choice(self, value: str) -> str | None:
+        """Why ``value`` is not one of ``choices``, or None when it is (or any value goes)."""
+        if self.choices is None or value in self.choices:
+            return None
+        return f"{value!r} is not one of {', '.join(self.choices)}"
 
     def out_of_range(self, value: float) -> str | None:
         """Why ``value`` is outside ``[minimum, maximum]``, or None when it is inside."""
@@ -253,9 +282,9 @@ def _unknown_message(key: str, names: tuple[str, ...]) -> str:
 
 
 def _help_text(opt: RunOpt) -> str:
-    """The help on one line, with the accepted range when the option declares one."""
+    """The help on one line, with the accepted range or choices when the option declares one."""
     text = " ".join(opt.help.split())
-    bounds = opt.range_text()
+    bounds = opt.range_text() or (" | ".join(opt.choices) if opt.choices else "")
     return f"{text} ({bounds})" if bounds else text
 
 
@@ -283,12 +312,15 @@ class RunOpts:
     be a shared constant. Iteration yields ``RunOpt`` in declaration order.
     """
 
-    __slots__ = ("_by_name", "_opts")
+    __slots__ = ("_by_name", "_opts", "_refused")
 
     _opts: tuple[RunOpt, ...]
     _by_name: Mapping[str, RunOpt]
+    _refused: Mapping[str, str]
 
-    def __init__(self, opts: Iterable[RunOpt] = ()) -> None:
+    def __init__(
+        self, opts: Iterable[RunOpt] = (), refused: Mapping[str, str] | None = None
+    ) -> None:
         items = tuple(opts)
         problems: list[Problem] = []
         by_name: dict[str, RunOpt] = {}
@@ -301,10 +333,15 @@ class RunOpts:
                 problems.append(Problem(f"runopts.{opt.name}", "declared more than once"))
             else:
                 by_name[opt.name] = opt
+        refusals = dict(refused or {})
+        for name in refusals:
+            if name in by_name:
+                problems.append(Problem(f"runopts.{name}", "both declared and refused"))
         if problems:
             raise SpecError(problems, context=_DECLARATION_CONTEXT)
         object.__setattr__(self, "_opts", items)
         object.__setattr__(self, "_by_name", by_name)
+        object.__setattr__(self, "_refused", refusals)
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"RunOpts is immutable; use add() to get an extended copy ({name})")
@@ -320,7 +357,9 @@ class RunOpts:
         """A copy with one more option; ``type_`` may be an ``OptType`` or a Python type."""
         kind = type_ if isinstance(type_, OptType) else typing.cast(OptType, type_)
         opt_default = tuple(default) if isinstance(default, list) else default
-        return RunOpts((*self._opts, RunOpt(name, kind, opt_default, help, required)))
+        return RunOpts(
+            (*self._opts, RunOpt(name, kind, opt_default, help, required)), self._refused
+        )
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -367,6 +406,8 @@ class RunOpts:
         return "\n".join(line(row) for row in (header, rule, *rows))
 
     def _unknown(self, key: str) -> str:
+        if key in self._refused:
+            return f"not supported by this backend: {self._refused[key]}"
         return _unknown_message(key, self.names)
 
     def resolve(self, cfg: Mapping[str, object] | None) -> ResolvedCfg:
@@ -414,6 +455,11 @@ class RunOpts:
                 continue
             if isinstance(coerced, int | float) and not isinstance(coerced, bool):
                 message = opt.out_of_range(coerced)
+                if message:
+                    problems.append(Problem(f"cfg.{opt.name}", message))
+                    continue
+            if isinstance(coerced, str):
+                message = opt.not_a_choice(coerced)
                 if message:
                     problems.append(Problem(f"cfg.{opt.name}", message))
                     continue

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from supervisor import AppDef, Resource, Role
 from supervisor.backends.base import DryrunContext
-from supervisor.backends.local.request import local_run_opts, render
+from supervisor.backends.local.request import local_run_opts, render, replica_base_env
+from supervisor.errors import SpecError
 
 CTX = DryrunContext(session="svc", app_id="app-1", cwd="/work/dir", gpu_count=4)
 
@@ -61,3 +64,65 @@ def test_request_layout_env_and_prepend_cwd() -> None:
     assert "prog app-1 TORCHX_RANK0_HOST" in str(request)
     custom = render(app, local_run_opts().resolve({"log_dir": "/elsewhere"}), CTX, Path("/s"))
     assert custom.app_dir == "/elsewhere/svc/app-1"
+
+
+def test_env_policy_is_frozen_in_the_request_and_shown_in_the_dryrun() -> None:
+    one = AppDef(name="e", roles=[Role(name="r", entrypoint="t")])
+    opts = local_run_opts()
+    default = render(one, opts.resolve({}), CTX, Path("/s"))
+    assert (default.env_policy, default.env_allow) == ("inherit", ())
+    allow = render(
+        one, opts.resolve({"env_policy": "allow", "env_allow": ["HOME", "LC_*"]}), CTX, Path("/s")
+    )
+    assert allow.env_allow == ("HOME", "LC_*")
+    assert allow.to_json()["env_policy"] == "allow"
+    assert "only HOME;LC_* of this process's" in str(allow)
+    clean = render(one, opts.resolve({"env_policy": "clean"}), CTX, Path("/s"))
+    assert "PATH=/bin:/usr/bin" in str(clean)
+
+
+def test_replica_base_env_under_each_policy() -> None:
+    environ = {"PATH": "/p", "HOME": "/h", "LC_ALL": "C", "SECRET": "s"}
+    assert replica_base_env("inherit", (), environ) == environ
+    assert replica_base_env("clean", (), environ) == {"PATH": "/bin:/usr/bin"}
+    assert replica_base_env("allow", ("HOME", "LC_*"), environ) == {
+        "HOME": "/h",
+        "LC_ALL": "C",
+        "PATH": "/bin:/usr/bin",
+    }
+    assert replica_base_env("allow", ("PATH",), environ) == {"PATH": "/p"}
+    assert replica_base_env("allow", ("secret",), environ) == {"PATH": "/bin:/usr/bin"}
+
+
+@pytest.mark.parametrize(
+    ("cfg", "fields"),
+    [
+        ({"env_policy": "allow"}, ["cfg.env_allow"]),
+        ({"env_policy": "allow", "env_allow": []}, ["cfg.env_allow"]),
+        ({"env_allow": ["HOME"]}, ["cfg.env_allow"]),
+        ({"env_policy": "clean", "env_allow": ["HOME"]}, ["cfg.env_allow"]),
+        ({"env_policy": "allow", "env_allow": ["OK", "A=B", "sp ace"]}, [
+            "cfg.env_allow[1]", "cfg.env_allow[2]"
+        ]),
+    ],
+)  # fmt: skip
+def test_env_options_that_do_not_fit_name_the_field(
+    cfg: dict[str, object], fields: list[str]
+) -> None:
+    one = AppDef(name="e", roles=[Role(name="r", entrypoint="t")])
+    with pytest.raises(SpecError) as bad:
+        render(one, local_run_opts().resolve(cfg), CTX, Path("/s"))
+    assert [p.field for p in bad.value.problems] == fields
+
+
+@pytest.mark.parametrize("backend", ["docker", "slurm"])
+def test_env_policy_is_refused_elsewhere_with_the_reason(backend: str) -> None:
+    from supervisor.backends.docker.options import docker_run_opts
+    from supervisor.backends.slurm.options import slurm_run_opts
+
+    opts = docker_run_opts() if backend == "docker" else slurm_run_opts()
+    with pytest.raises(SpecError) as bad:
+        opts.resolve({"env_policy": "clean", "env_allow": ["HOME"]})
+    assert [p.field for p in bad.value.problems] == ["cfg.env_policy", "cfg.env_allow"]
+    assert "not supported by this backend" in str(bad.value)
+    assert ("image's ENV" if backend == "docker" else "--export=ALL") in str(bad.value)

@@ -485,3 +485,32 @@ def test_parse_raises_only_spec_error(text: str) -> None:
         assert set(parsed) <= set(OPTS.names)
     if error is not None:
         assert error.problems
+
+
+def test_a_str_option_with_choices_refuses_others_naming_the_field() -> None:
+    opts = RunOpts([RunOpt("mode", OptType.STR, "a", "how", choices=("a", "b"))])
+    assert opts.resolve({"mode": "b"})["mode"] == "b"
+    with pytest.raises(SpecError) as bad:
+        opts.resolve({"mode": "c"})
+    assert [p.field for p in bad.value.problems] == ["cfg.mode"]
+    assert "'c' is not one of a, b" in str(bad.value)
+    assert "a | b" in str(opts)  # the help shows the choices
+
+
+def test_choices_are_checked_at_declaration() -> None:
+    with pytest.raises(SpecError, match=r"runopts\.mode\.default"):
+        RunOpt("mode", OptType.STR, "z", choices=("a", "b"))
+    with pytest.raises(SpecError, match=r"runopts\.n\.choices"):
+        RunOpt("n", OptType.INT, 1, choices=("1",))
+
+
+def test_a_refused_option_says_why_instead_of_unknown() -> None:
+    opts = RunOpts([RunOpt("x", OptType.STR)], refused={"colour": "this backend has none"})
+    with pytest.raises(SpecError) as bad:
+        opts.resolve({"colour": "red"})
+    assert [p.field for p in bad.value.problems] == ["cfg.colour"]
+    assert "not supported by this backend: this backend has none" in str(bad.value)
+    # Kept through add(), and never both declared and refused.
+    assert "this backend has none" in opts.add("y", str, "help")._unknown("colour")
+    with pytest.raises(SpecError, match="both declared and refused"):
+        RunOpts([RunOpt("x", OptType.STR)], refused={"x": "no"})

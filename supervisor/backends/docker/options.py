@@ -65,5 +65,14 @@ def docker_run_opts() -> RunOpts:
                 help="put the app's containers on an internal network (no traffic leaves the "
                 "machine); false lets them reach outside",
             ),
-        ]
+        ],
+        refused=_REFUSED,
     )
+
+
+_NO_HOST_ENV = (
+    "a container never inherits this process's environment: it sees its image's ENV "
+    "and its role's env only (what env_policy=clean gives a local replica)"
+)
+#: Options of the local backend that mean nothing here, with why (see docs/backends/docker.md).
+_REFUSED = {"env_policy": _NO_HOST_ENV, "env_allow": _NO_HOST_ENV}

@@ -156,7 +156,11 @@ class LocalRuntime(AppRuntime):
             # A stop decided before the spawn: nothing starts, the stop is answered here.
             self.emit(Exited(role=key[0], replica_id=key[1], attempt=slot.attempt, exit_code=None))
             return
-        env = {**os.environ, **launch.env, "ASUPERVISOR_ATTEMPT": str(slot.attempt)}
+        env = {
+            **self.request.base_env(os.environ),
+            **launch.env,
+            "ASUPERVISOR_ATTEMPT": str(slot.attempt),
+        }
         if launch.path_prepend:
             env["PATH"] = launch.path_prepend + os.pathsep + env.get("PATH", os.defpath)
         log = self._logs[key]

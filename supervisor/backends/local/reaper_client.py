@@ -3,8 +3,16 @@
 Started lazily with the first replica, so a Supervisor that never launches
 locally costs nothing. One task reads the reaper's messages: spawn replies
 resolve the caller's wait, exit reports fill the replica's ``ExitReport``.
-Writes are a few hundred bytes each and the reaper never stops reading, so
-sending does not wait in practice.
+Sending never blocks the event loop. The socket is a SOCK_SEQPACKET pair, and
+the kernel lets only a few datagrams queue on it (``net.unix.max_dgram_qlen``,
+10 by default): a blocking ``sendmsg`` of 1,000 spawns would stall the host's
+loop for as long as the reaper takes to fork them. So every message goes out
+with ``MSG_DONTWAIT``; once the socket is full, later messages wait in an
+ordered outbox that one writer task drains whenever the loop reports the socket
+writable. A spawner awaits its reply anyway, so the outbox never holds more
+than one spawn per spawner (the backpressure), and order is kept: a message is
+never sent ahead of one posted before it. The output pipes travel with their
+spawn as SCM_RIGHTS and stay open, owned by the spawner, until it is answered.
 
 If the reaper itself dies (killed from outside), the replicas it had are
 killed from here (a pidfd per replica tells which still run) and reported
@@ -23,12 +31,14 @@ import signal
 import socket
 import subprocess
 import sys
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 from anyio.abc import TaskGroup
 
 from supervisor.errors import BackendError
@@ -37,6 +47,7 @@ __all__ = ["ExitReport", "Reaper"]
 
 _SCRIPT = Path(__file__).with_name("reaper.py")
 _MAX_MESSAGE = 1 << 16
+_READ_BATCH = 256  # messages read per wake-up before letting other tasks run
 
 
 @dataclass
@@ -60,6 +71,15 @@ class ExitReport:
     def returncode(self) -> int | None:
         """As ``Popen.returncode``: the exit code, or minus the signal; None if unknown."""
         return None if self.status is None else os.waitstatus_to_exitcode(self.status)
+
+
+@dataclass
+class _Outgoing:
+    """One message waiting for room on the socket, with its fds and the spawn it belongs to."""
+
+    data: bytes
+    ancillary: list[tuple[int, int, array.array[int]]]
+    ident: int | None
 
 
 class _Connection:
@@ -87,35 +107,88 @@ class _Connection:
         self.containment = "starting"
         self.cgroup: str | None = None  # the reaper's cgroup directory, if it made one
         self.dead = False
+        self.outbox: deque[_Outgoing] = deque()
+        self.writable_wanted = anyio.Event()
+        self.queued = 0  # messages that had to wait for room (for tests and statistics)
         self.scope = anyio.CancelScope()
         self.stopped = anyio.Event()
-        task_group.start_soon(self._read)
+        task_group.start_soon(self._run)
 
-    def send(self, msg: Mapping[str, object], fds: Sequence[int] = ()) -> None:
+    def send(
+        self, msg: Mapping[str, object], fds: Sequence[int] = (), *, ident: int | None = None
+    ) -> None:
+        """Send ``msg`` now if the socket takes it, else queue it behind what waits already.
+
+        Never blocks. A message that cannot be sent (the reaper gone, a message
+        too large) answers the spawn ``ident`` with an ``unsent`` reply.
+        """
         if self.dead:
             raise BackendError("the local reaper process has ended", transient=True)
         ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
-        try:
-            self.sock.sendmsg([json.dumps(msg).encode()], ancillary)
-        except OSError as e:
-            raise BackendError(f"cannot reach the local reaper: {e}", transient=True) from e
+        self.outbox.append(_Outgoing(json.dumps(msg).encode(), ancillary, ident))
+        self._flush()
+        if self.outbox:
+            self.queued += 1
+            self.writable_wanted.set()
 
-    async def _read(self) -> None:
+    def _flush(self) -> None:
+        """Send queued messages in order until the socket is full (never waits)."""
+        while self.outbox:
+            out = self.outbox[0]
+            try:
+                self.sock.sendmsg([out.data], out.ancillary, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return
+            except OSError as e:
+                self.outbox.popleft()
+                self._unsent(out, e)
+                continue
+            self.outbox.popleft()
+
+    def _unsent(self, out: _Outgoing, error: OSError) -> None:
+        if out.ident is None:
+            return  # a kill or release: the reaper is gone or going, see _end
+        self.replies[out.ident] = {"op": "unsent", "error": str(error)}
+        event = self.waiting.pop(out.ident, None)
+        if event is not None:
+            event.set()
+
+    async def _write(self) -> None:
+        """Drain the outbox whenever the loop says the socket is writable again."""
+        while True:
+            await self.writable_wanted.wait()
+            self.writable_wanted = anyio.Event()
+            while self.outbox:
+                await anyio.wait_writable(self.sock.fileno())
+                self._flush()
+
+    async def _run(self) -> None:
         try:
             with self.scope:
-                while True:
-                    await anyio.wait_readable(self.sock.fileno())
-                    try:
-                        data = self.sock.recv(_MAX_MESSAGE, socket.MSG_DONTWAIT)
-                    except BlockingIOError:
-                        continue
-                    except OSError:
-                        data = b""
-                    if not data:
-                        break
-                    self._dispatch(json.loads(data))
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._write)
+                    await self._read()
+                    tg.cancel_scope.cancel()
         finally:
             self._end()
+
+    async def _read(self) -> None:
+        while True:
+            await anyio.wait_readable(self.sock.fileno())
+            # Everything already queued, in one wake-up: a burst of 1,000 replies
+            # costs one registration with the loop, not 1,000.
+            for _ in range(_READ_BATCH):
+                try:
+                    data = self.sock.recv(_MAX_MESSAGE, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    break
+                except OSError:
+                    data = b""
+                if not data:
+                    return
+                self._dispatch(json.loads(data))
+            else:
+                await anyio.lowlevel.checkpoint()  # more left: others run first
 
     def _dispatch(self, msg: dict[str, Any]) -> None:
         op = msg["op"]
@@ -143,6 +216,7 @@ class _Connection:
     def _end(self) -> None:
         """The reaper is gone: whatever waits on it is answered, nothing hangs."""
         self.dead = True
+        self.outbox.clear()  # the pipes in it belong to their spawners, answered below
         for event in self.waiting.values():
             event.set()
         self.waiting.clear()
@@ -213,16 +287,19 @@ class Reaper:
             "group": group,
         }
         try:
-            conn.send(msg, (stdout, stderr))
+            conn.send(msg, (stdout, stderr), ident=ident)
         except BackendError:
             conn.waiting.pop(ident, None)
             raise
         # Shielded: a spawn under way must be answered, or its replica would be unknown.
+        # (The pipes it carries stay open meanwhile: they are the caller's until then.)
         with anyio.CancelScope(shield=True):
             await answered.wait()
         reply = conn.replies.pop(ident, None)
         if reply is None:
             raise BackendError("the local reaper ended during a spawn", transient=True)
+        if reply["op"] == "unsent":
+            raise BackendError(f"cannot reach the local reaper: {reply['error']}", transient=True)
         if reply["op"] == "failed":
             code = int(reply["errno"]) or errno.EIO
             raise OSError(code, f"{os.strerror(code)} ({reply['error']})")

@@ -27,6 +27,18 @@ failure is then the role's. A role's ``PATH`` is joined in front of the
 inherited ``PATH`` instead of replacing it (TorchX's ``join_PATH``), after the
 working directory when ``prepend_cwd`` is set.
 
+What the overlay is applied over is the run option ``env_policy``:
+
+* ``inherit`` (the default, as TorchX): the supervising process's whole
+  environment;
+* ``clean``: nothing; the replica sees the variables above, its role's
+  ``env`` and ``PATH=/bin:/usr/bin`` (``os.defpath``; the role's ``PATH`` and
+  ``prepend_cwd`` still go in front), so a secret of the service never
+  reaches it;
+* ``allow``: only the supervising process's variables whose names match one
+  of ``env_allow`` (exact names or shell globs, e.g. ``HOME;LANG;LC_*``);
+  ``PATH`` is the inherited one if allowed, else ``/bin:/usr/bin``.
+
 A relative ``log_dir`` is taken relative to the working directory of the dry
 run and stored absolute, so another process (the CLI elsewhere) finds the app.
 """
@@ -34,13 +46,16 @@ run and stored absolute, so another process (the CLI elsewhere) finds the app.
 from __future__ import annotations
 
 import os
+import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
 from supervisor.backends.base import DryrunContext, Request
+from supervisor.errors import Problem, SpecError
 from supervisor.runopts import (
     DEFAULT_STOP_GRACE,
     OptType,
@@ -52,13 +67,16 @@ from supervisor.runopts import (
 from supervisor.specs import AppDef, macros
 
 __all__ = [
+    "CLEAN_PATH",
     "DEFAULT_MAX_REPLICAS",
+    "ENV_POLICIES",
     "RANK0_ENV",
     "LocalRequest",
     "ReplicaLaunch",
     "join_path",
     "local_run_opts",
     "render",
+    "replica_base_env",
 ]
 
 RANK0_ENV = "TORCHX_RANK0_HOST"
@@ -66,6 +84,12 @@ RANK0_ENV = "TORCHX_RANK0_HOST"
 #: a process on this machine, and a typo like ``10**6`` would otherwise spend a minute
 #: and most of a GiB rendering the dry run alone.
 DEFAULT_MAX_REPLICAS = 1024
+#: What a replica starts from besides its overlay (see the module docstring).
+ENV_POLICIES = ("inherit", "clean", "allow")
+#: The ``PATH`` of a replica whose policy does not pass the inherited one.
+CLEAN_PATH = os.defpath
+# A variable name, or a shell glob over names: letters, digits, '_' and * ? [ ] !.
+_ENV_PATTERN = re.compile(r"[A-Za-z0-9_*?\[\]!]+")
 
 
 def local_run_opts() -> RunOpts:
@@ -93,6 +117,22 @@ def local_run_opts() -> RunOpts:
             ),
             stop_grace_opt(),
             RunOpt(
+                name="env_policy",
+                type=OptType.STR,
+                default="inherit",
+                help="what each replica's environment starts from: inherit (all of this "
+                "process's variables), clean (none; PATH=/bin:/usr/bin) or allow (only "
+                "those env_allow names)",
+                choices=ENV_POLICIES,
+            ),
+            RunOpt(
+                name="env_allow",
+                type=OptType.LIST,
+                default=None,
+                help="with env_policy=allow: the variables passed on, by name or shell "
+                "glob (e.g. HOME;LANG;LC_*)",
+            ),
+            RunOpt(
                 name="max_replicas_per_role",
                 type=OptType.INT,
                 default=DEFAULT_MAX_REPLICAS,
@@ -101,6 +141,56 @@ def local_run_opts() -> RunOpts:
             ),
         ]
     )
+
+
+def check_env_cfg(cfg: ResolvedCfg) -> tuple[str, tuple[str, ...]]:
+    """The policy and allow-list of ``cfg``; SpecError naming the field when they do not fit."""
+    policy = cfg.get_str("env_policy", "inherit")
+    allow = cfg.get_list("env_allow")
+    problems: list[Problem] = []
+    if allow is not None and policy != "allow":
+        problems.append(
+            Problem("cfg.env_allow", f"only used with env_policy=allow (it is {policy})")
+        )
+    if policy == "allow":
+        if not allow:
+            problems.append(
+                Problem(
+                    "cfg.env_allow",
+                    "env_policy=allow needs the names to pass (e.g. HOME;LANG;LC_*); "
+                    "for none at all use env_policy=clean",
+                )
+            )
+        for i, pattern in enumerate(allow or ()):
+            if not _ENV_PATTERN.fullmatch(pattern):
+                problems.append(
+                    Problem(
+                        f"cfg.env_allow[{i}]",
+                        f"{pattern!r} is not a variable name or a glob over names "
+                        "(letters, digits, '_', and * ? [ ] !)",
+                    )
+                )
+    if problems:
+        raise SpecError(problems, context="invalid run options")
+    return policy, tuple(allow or ())
+
+
+def replica_base_env(
+    policy: str, allow: Sequence[str], environ: Mapping[str, str]
+) -> dict[str, str]:
+    """What a replica's environment starts from, before its overlay, under ``policy``.
+
+    ``environ`` is the supervising process's environment (passed in, so this
+    stays pure). Names match case-sensitively, as the kernel compares them.
+    """
+    if policy == "inherit":
+        return dict(environ)
+    if policy == "allow":
+        base = {k: v for k, v in environ.items() if any(fnmatchcase(k, p) for p in allow)}
+    else:
+        base = {}
+    base.setdefault("PATH", CLEAN_PATH)
+    return base
 
 
 def join_path(*parts: str | None) -> str:
@@ -147,12 +237,25 @@ class LocalRequest(Request):
     app_dir: str = ""
     stop_grace: float = DEFAULT_STOP_GRACE
     replicas: tuple[ReplicaLaunch, ...] = field(default_factory=tuple)
+    env_policy: str = "inherit"
+    env_allow: tuple[str, ...] = ()
+
+    def base_env(self, environ: Mapping[str, str]) -> dict[str, str]:
+        """What every replica's environment starts from (``environ``: this process's)."""
+        return replica_base_env(self.env_policy, self.env_allow, environ)
 
     def __str__(self) -> str:
         lines = [
             f"local app {self.app_id} (session {self.session})",
             f"  app dir: {self.app_dir}",
         ]
+        if self.env_policy == "clean":
+            lines.append(f"  environment: only what is shown below, PATH={CLEAN_PATH}")
+        elif self.env_policy == "allow":
+            lines.append(
+                f"  environment: only {';'.join(self.env_allow)} of this process's, "
+                "and what is shown below"
+            )
         for r in self.replicas:
             lines.append(f"  {r.role}/{r.replica_id}: {r.command_line()}")
         return "\n".join(lines)
@@ -163,6 +266,8 @@ class LocalRequest(Request):
             "app_dir": self.app_dir,
             "stop_grace": self.stop_grace,
             "replicas": [r.to_json() for r in self.replicas],
+            "env_policy": self.env_policy,
+            "env_allow": list(self.env_allow),
         }
 
 
@@ -187,6 +292,7 @@ def _gpu_blocks(app: AppDef, gpu_count: int) -> dict[tuple[str, int], str]:
 def render(
     app: AppDef, cfg: ResolvedCfg, ctx: DryrunContext, default_log_dir: Path
 ) -> LocalRequest:
+    env_policy, env_allow = check_env_cfg(cfg)
     # Absolute, so the records point at the same place from any directory.
     log_root = Path(os.path.normpath(Path(ctx.cwd, cfg.get_str("log_dir") or default_log_dir)))
     app_dir = log_root / ctx.session / ctx.app_id
@@ -246,4 +352,6 @@ def render(
         app_dir=str(app_dir),
         stop_grace=cfg.get_float("stop_grace", DEFAULT_STOP_GRACE),
         replicas=tuple(launches),
+        env_policy=env_policy,
+        env_allow=env_allow,
     )

@@ -153,7 +153,8 @@ def slurm_run_opts() -> RunOpts:
                 for kind in DEPENDENCY_KINDS
             ),
             RunOpt("hold", b, False, "submit held: it waits until `asupervisor release HANDLE`"),
-        ]
+        ],
+        refused=_REFUSED,
     )
 
 
@@ -162,6 +163,16 @@ _DEPENDENCY_HELP = {
     "afterok": "start once each has succeeded; never runs if one fails",
     "afterany": "start once each has ended, however",
 }
+
+
+_NO_ENV_POLICY = (
+    "a Slurm job's environment is set by the transport, not per app: sbatch (the cli "
+    "transport) exports the submitting process's whole environment (--export=ALL), "
+    "slurmrestd (rest) only PATH and ASUPERVISOR_PYTHON; each replica also gets its "
+    "role's env (see docs/backends/slurm.md)"
+)
+#: Options of the local backend refused here, with why.
+_REFUSED = {"env_policy": _NO_ENV_POLICY, "env_allow": _NO_ENV_POLICY}
 
 
 def check_slurm_cfg(cfg: ResolvedCfg) -> None:

@@ -1,0 +1,175 @@
+"""Case 8, loop lag: how long the host's event loop stalls while the library works.
+
+A service that embeds the Supervisor shares its event loop with it: every
+millisecond the library holds the loop is a millisecond no request is served.
+A ticker task sleeps 5 ms in a loop and records, for every tick, how much
+later than asked it woke up; the figure is the **worst** such stall in a
+phase. The same child measures three phases, in this order, in one event loop:
+
+* ``idle``: the ticker alone, with the Supervisor open and its reaper warm
+  (what the machine's own noise costs);
+* ``submit``: ``await sv.submit(app, "local")`` of one app of N replicas
+  (``sleep 60``), from the call until it returns with every replica spawned;
+  the app is then cancelled and waited for (not measured);
+* ``follow``: F ``log_iter(..., should_tail=True)`` followers, one per replica
+  of an app whose replicas each print a line every 10 ms for a few seconds,
+  every follower consuming its lines, for the window given.
+
+The target: the worst stall of ``submit`` and of ``follow`` at most 20 ms
+above the worst stall of ``idle`` in the same run. Nothing is asserted; the
+report gives the figures and the verdict.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from bench.util import Json, child_parser, raise_nofile, run_child, scratch, summarize, write_json
+
+PERIOD_S = 0.005
+TARGET_EXCESS_S = 0.020
+PHASES = ("idle", "submit", "follow")
+# A replica that prints a numbered line every 10 ms for about ``$1`` seconds.
+TALKER = 'for i in $(seq 1 $(( $1 * 100 ))); do echo "line $i"; sleep 0.01; done'
+
+
+class Ticker:
+    """Sleeps ``PERIOD_S`` in a loop; ``worst`` is the largest lateness seen while armed."""
+
+    def __init__(self) -> None:
+        self.worst = 0.0
+        self.ticks = 0
+
+    def reset(self) -> None:
+        self.worst, self.ticks = 0.0, 0
+
+    async def run(self) -> None:
+        while True:
+            asked = time.perf_counter()
+            await anyio.sleep(PERIOD_S)
+            late = time.perf_counter() - asked - PERIOD_S
+            self.ticks += 1
+            self.worst = max(self.worst, late)
+
+
+async def _measure(
+    n: int, followers: int, reps: int, idle_s: float, follow_s: float, tmp: Path
+) -> Json:
+    from supervisor import AppDef, Role, Supervisor
+
+    out: dict[str, list[float]] = {phase: [] for phase in PHASES}
+    ticks: dict[str, list[int]] = {phase: [] for phase in PHASES}
+    ticker = Ticker()
+
+    def record(phase: str) -> None:
+        out[phase].append(ticker.worst)
+        ticks[phase].append(ticker.ticks)
+
+    async with (
+        Supervisor(session="bench", state_dir=tmp / "state") as sv,
+        anyio.create_task_group() as tg,
+    ):
+        tg.start_soon(ticker.run)
+        sleeper = Role(name="r", entrypoint="sleep", args=["60"], num_replicas=1)
+        warm = await sv.submit(AppDef(name="warm", roles=[sleeper]), "local")
+        await sv.cancel(warm)
+        await sv.wait(warm)
+        for _ in range(reps):
+            ticker.reset()
+            await anyio.sleep(idle_s)
+            record("idle")
+
+            app = AppDef(
+                name="lag", roles=[Role(name="r", entrypoint="sleep", args=["60"], num_replicas=n)]
+            )
+            ticker.reset()
+            handle = await sv.submit(app, "local")
+            record("submit")
+            await sv.cancel(handle)
+            await sv.wait(handle)
+
+            talker = Role(
+                name="t",
+                entrypoint="bash",
+                args=["-c", TALKER, "talker", str(int(follow_s) + 1)],
+                num_replicas=followers,
+            )
+            handle = await sv.submit(AppDef(name="follow", roles=[talker]), "local")
+
+            async def follow(handle: str, k: int) -> None:
+                async for _ in sv.log_iter(handle, "t", k, should_tail=True):
+                    pass
+
+            with anyio.move_on_after(follow_s + 5):
+                async with anyio.create_task_group() as readers:
+                    for k in range(followers):
+                        readers.start_soon(follow, handle, k)
+                    await anyio.sleep(0.5)  # every follower open and reading
+                    ticker.reset()
+                    await anyio.sleep(follow_s)
+                    record("follow")
+                    readers.cancel_scope.cancel()
+            await sv.cancel(handle)
+            await sv.wait(handle)
+        tg.cancel_scope.cancel()
+    return {"worst": out, "ticks": ticks}
+
+
+def child() -> None:
+    parser = child_parser(__doc__ or "")
+    parser.add_argument("--followers", type=int, default=100)
+    parser.add_argument("--idle-s", type=float, default=2.0)
+    parser.add_argument("--follow-s", type=float, default=3.0)
+    args = parser.parse_args()
+    raise_nofile()
+    with scratch() as tmp:
+        result = anyio.run(
+            _measure, args.n, args.followers, args.reps, args.idle_s, args.follow_s, tmp
+        )
+    write_json(args.out, result)
+
+
+def run_case(plan: dict[str, Any]) -> Json:
+    rows: list[Json] = []
+    for impl, n, reps in plan["runs"]:
+        followers = plan.get("followers", 100)
+        result = run_child(
+            "case_loop_lag",
+            [
+                "--impl", impl, "--n", str(n), "--reps", str(reps),
+                "--followers", str(followers),
+                "--idle-s", str(plan.get("idle_s", 2.0)),
+                "--follow-s", str(plan.get("follow_s", 3.0)),
+            ],
+            timeout=plan.get("timeout_s", 900),
+        )  # fmt: skip
+        row: Json = {"impl": impl, "n": n, "followers": followers, "reps": reps}
+        row["wall_s"] = result.get("wall_s")
+        if "error" in result:
+            row["error"] = result["error"]
+            rows.append(row)
+            continue
+        for phase in PHASES:
+            row[phase] = summarize(result["worst"][phase])
+            row[f"{phase}_ticks"] = result["ticks"][phase]
+        idle = row["idle"]["max"]
+        for phase in ("submit", "follow"):
+            # The worst repetition against the noisiest idle window: a fair, pessimistic excess.
+            worst = row[phase]["max"]
+            row[f"{phase}_excess_s"] = None if worst is None or idle is None else worst - idle
+        rows.append(row)
+    return {
+        "title": "loop lag: worst stall of a 5 ms ticker in the host's event loop",
+        "unit": "s",
+        "period_s": PERIOD_S,
+        "target_excess_s": TARGET_EXCESS_S,
+        "rows": rows,
+    }
+
+
+if __name__ == "__main__":
+    child()

@@ -1,0 +1,138 @@
+"""The channel to the local reaper never blocks the event loop (issue 16, item 1).
+
+The kernel lets only a few datagrams queue on the SOCK_SEQPACKET socket
+(``net.unix.max_dgram_qlen``), so the socket is filled for real here: the
+real reaper process is stopped with SIGSTOP while many spawns are asked of
+it. A blocking send would freeze the loop until it is resumed; the channel
+must instead queue, keep ticking, and deliver every message, in order and
+each with its own pipes, once the reaper reads again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+
+import anyio
+import pytest
+
+from supervisor.backends.local.reaper_client import Reaper
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
+
+SPAWNS = 200
+# A service's environment is a few KiB: 200 such spawns are more than the socket's
+# send buffer holds (net.core.wmem_default, 208 KiB), so the socket fills for real.
+ENV = {"PATH": os.defpath, "PAD": "x" * 4096}
+
+
+async def test_a_full_socket_queues_spawns_without_blocking_the_loop() -> None:
+    ticks = 0
+    stopped_ticks = 0
+    results: dict[int, tuple[int, int]] = {}  # k -> (pid, read end of its stdout)
+    pipes: list[tuple[int, int]] = []
+    async with anyio.create_task_group() as tg:
+        reaper = Reaper(tg)
+        # One spawn first: the reaper process is running and answers.
+        r0, w0 = os.pipe()
+        _, report0 = await reaper.spawn(
+            ["true"], cwd="/", env={"PATH": os.defpath}, group="g", stdout=w0, stderr=w0
+        )
+        os.close(w0)
+        os.close(r0)
+        await report0.done.wait()
+        conn = reaper._conn
+        assert conn is not None
+        seen: list[int] = []
+        dispatch = conn._dispatch
+
+        def spy(msg: dict[str, object]) -> None:
+            if msg["op"] in ("spawned", "failed"):
+                seen.append(int(msg["id"]))  # type: ignore[call-overload]
+            dispatch(msg)
+
+        conn._dispatch = spy  # type: ignore[method-assign]
+        reaper_pid = conn.popen.pid
+        os.kill(reaper_pid, signal.SIGSTOP)
+        # A safety net: were sends blocking, this resumes the reaper after a while and
+        # the test fails on its tick count instead of hanging.
+        net = threading.Timer(15, os.kill, (reaper_pid, signal.SIGCONT))
+        net.start()
+        stop_ticking = anyio.Event()
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while not stop_ticking.is_set():
+                await anyio.sleep(0.005)
+                ticks += 1
+
+        async def spawn(k: int) -> None:
+            r, w = os.pipe()
+            pipes.append((r, w))
+            pid, report = await reaper.spawn(
+                ["sh", "-c", f"echo {k}"],
+                cwd="/",
+                env=ENV,
+                group="g",
+                stdout=w,
+                stderr=w,
+            )
+            results[k] = (pid, r)
+            await report.done.wait()
+
+        try:
+            tg.start_soon(ticker)
+            async with anyio.create_task_group() as spawns:
+                first_id = reaper._next_id + 1
+                for k in range(SPAWNS):
+                    spawns.start_soon(spawn, k)
+                started = time.monotonic()
+                await anyio.sleep(0.5)
+                stopped_ticks = ticks
+                queued = conn.queued
+                os.kill(reaper_pid, signal.SIGCONT)
+                resumed_after = time.monotonic() - started
+        finally:
+            net.cancel()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(reaper_pid, signal.SIGCONT)
+            stop_ticking.set()
+        assert resumed_after < 5, "the spawns held the loop while the reaper was stopped"
+        assert stopped_ticks > 0, "no tick ran while the reaper's socket was full"
+        assert queued > 0, "the socket never filled: the test did not exercise the queue"
+        # Every spawn answered, in the order asked, each replica writing to its own pipe.
+        assert seen == list(range(first_id, first_id + SPAWNS))
+        assert sorted(results) == list(range(SPAWNS))
+        for k, (_, r) in results.items():
+            assert os.read(r, 100) == f"{k}\n".encode()
+        for r, w in pipes:
+            os.close(r)
+            os.close(w)
+        await reaper.aclose()
+
+
+async def test_a_message_the_reaper_cannot_take_fails_only_its_own_spawn() -> None:
+    """A spawn too large for one datagram is refused with the project's error; others go on."""
+    from supervisor.errors import BackendError
+
+    async with anyio.create_task_group() as tg:
+        reaper = Reaper(tg)
+        r, w = os.pipe()
+        try:
+            huge = {"PATH": os.defpath, "BIG": "x" * (8 << 20)}
+            with pytest.raises(BackendError, match="cannot reach the local reaper"):
+                await reaper.spawn(["true"], cwd="/", env=huge, group="g", stdout=w, stderr=w)
+            _, report = await reaper.spawn(
+                ["sh", "-c", "echo ok"], cwd="/", env={"PATH": os.defpath}, group="g",
+                stdout=w, stderr=w,
+            )  # fmt: skip
+            await report.done.wait()
+            assert report.returncode == 0
+            assert os.read(r, 100) == b"ok\n"
+        finally:
+            os.close(r)
+            os.close(w)
+            await reaper.aclose()

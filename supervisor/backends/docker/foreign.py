@@ -265,8 +265,9 @@ class ForeignApps:
             return None
         store, app = found
         status = await self.status(store, app)
+        transitions = await anyio.to_thread.run_sync(store.read_transitions)
         return DescribeAppResponse.from_status(
-            handle.app_id, status, AppDef.from_json(app["app"]).roles
+            handle.app_id, status, AppDef.from_json(app["app"]).roles, transitions
         )
 
     async def list(self) -> list[ListAppResponse]:

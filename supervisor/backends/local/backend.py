@@ -465,7 +465,8 @@ class LocalBackend(Backend):
             return None
         status, app = found
         roles = AppDef.from_json(app["app"]).roles  # type: ignore[arg-type]
-        return DescribeAppResponse.from_status(handle.app_id, status, roles)
+        transitions = await anyio.to_thread.run_sync(store.read_transitions)
+        return DescribeAppResponse.from_status(handle.app_id, status, roles, transitions)
 
     async def list(self) -> list[ListAppResponse]:
         def scan() -> list[ListAppResponse]:

@@ -337,8 +337,9 @@ class SlurmBackend(Backend):
             return None
         store, app = found
         status = await self._final_or_live(store, app)
+        transitions = await anyio.to_thread.run_sync(store.read_transitions)
         return DescribeAppResponse.from_status(
-            handle.app_id, status, AppDef.from_json(app["app"]).roles
+            handle.app_id, status, AppDef.from_json(app["app"]).roles, transitions
         )
 
     async def list(self) -> list[ListAppResponse]:

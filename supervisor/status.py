@@ -267,3 +267,4 @@ class ListAppResponse:
     state: AppState
     app_handle: str = ""
     name: str = ""
+    times: AppTimes = field(default_factory=AppTimes)

@@ -136,7 +136,13 @@ def describe_json(handle: str, resp: DescribeAppResponse) -> dict[str, Any]:
 
 def list_json(apps: Sequence[ListAppResponse]) -> list[dict[str, Any]]:
     return [
-        {"handle": a.app_handle, "app_id": a.app_id, "name": a.name, "state": a.state.name}
+        {
+            "handle": a.app_handle,
+            "app_id": a.app_id,
+            "name": a.name,
+            "state": a.state.name,
+            **times_json(a.times),
+        }
         for a in apps
     ]
 
@@ -241,8 +247,11 @@ def print_list(out: Console, apps: Sequence[ListAppResponse]) -> None:
     table.add_column("handle", no_wrap=True)
     table.add_column("name")
     table.add_column("state")
+    table.add_column("submitted", no_wrap=True)
+    table.add_column("ended", no_wrap=True)
     for a in apps:
-        table.add_row(Text(a.app_handle), Text(a.name), state_text(a.state))
+        when = [_local(at) if at is not None else "" for at in (a.times.submitted, a.times.ended)]
+        table.add_row(Text(a.app_handle), Text(a.name), state_text(a.state), *when)
     out.print(table)
 
 

@@ -416,9 +416,12 @@ def test_times_in_json_and_human_output_and_one_roles_list(env: dict[str, str]) 
     assert role["name"] == "sh" and role["entrypoint"] == "sh"
     assert role["replicas"][0]["state"] == "SUCCEEDED"
     assert described["ended"] == final["ended"]
+    listed = next(a for a in cli_json(env, "list") if a["handle"] == handle)
+    assert (listed["submitted"], listed["ended"]) == (final["submitted"], final["ended"])
     human = cli(env, "status", handle).stdout
     ended = datetime.fromisoformat(final["ended"]).astimezone().strftime("%Y-%m-%d %H:%M:%S")
     assert f"ended {ended}" in human and "submitted " in human and "started " in human
+    assert ended in cli(env, "list").stdout
     failed = cli(env, "run", "--json", "--", "/no/such/program").stdout.splitlines()[0]
     never_ran = cli_json(env, "status", json.loads(failed)["handle"])
     assert never_ran["started"] is None and never_ran["ended"] is not None

@@ -31,6 +31,7 @@ from supervisor.fsm.states import AppState, ReplicaState, is_terminal
 from supervisor.specs import AppDef, AppHandle
 from supervisor.status import (
     AppStatus,
+    AppTimes,
     DescribeAppResponse,
     ListAppResponse,
     ReplicaStatus,
@@ -286,7 +287,10 @@ class ForeignApps:
                 continue
             status = await self.status(*found)
             name = str(found[1]["app"]["name"])
-            out.append(ListAppResponse(app_id, status.state, str(handle), name))
+            times = AppTimes.from_transitions(
+                await anyio.to_thread.run_sync(found[0].read_transitions)
+            )
+            out.append(ListAppResponse(app_id, status.state, str(handle), name, times))
         return out
 
     async def cancel(self, handle: AppHandle) -> bool:

@@ -51,6 +51,7 @@ from supervisor.runopts import ResolvedCfg, RunOpts
 from supervisor.specs import AppDef, AppHandle, RetryPolicy, make_handle
 from supervisor.status import (
     AppStatus,
+    AppTimes,
     DescribeAppResponse,
     ListAppResponse,
     RoleStatus,
@@ -483,6 +484,7 @@ class LocalBackend(Backend):
                         state=status.state,
                         app_handle=make_handle("local", session, app_id),
                         name=str(name),
+                        times=AppTimes.from_transitions(AppStore(app_dir).read_transitions()),
                     )
                 )
             return out

@@ -54,6 +54,7 @@ from supervisor.runopts import ResolvedCfg, RunOpts
 from supervisor.specs import AppDef, AppHandle, make_handle
 from supervisor.status import (
     AppStatus,
+    AppTimes,
     DescribeAppResponse,
     ListAppResponse,
     ReplicaStatus,
@@ -352,7 +353,11 @@ class SlurmBackend(Backend):
             if found is None:
                 continue
             status = await self._final_or_live(*found)
-            out.append(ListAppResponse(app_id, status.state, str(handle), found[1]["app"]["name"]))
+            times = AppTimes.from_transitions(
+                await anyio.to_thread.run_sync(found[0].read_transitions)
+            )
+            name = found[1]["app"]["name"]
+            out.append(ListAppResponse(app_id, status.state, str(handle), name, times))
         return out
 
     async def cancel(self, handle: AppHandle) -> bool:

@@ -10,11 +10,13 @@ through explicit state machines::
 Everything public is re-exported here; ``tests/unit/test_public_api.py`` pins it.
 """
 
+from supervisor.clash import warn_if_mixed
 from supervisor.errors import (
     BackendError,
     DamagedRecordError,
     DuplicateAppError,
     InvalidHandleError,
+    MissingExtraError,
     Problem,
     SpecError,
     SubmitError,
@@ -53,6 +55,8 @@ from supervisor.supervisor import DryRunInfo, Supervisor
 
 __version__ = "0.1.0"
 
+warn_if_mixed()  # supervisord's modules beside ours: say so before an uninstall breaks us
+
 __all__ = [
     "NULL_RESOURCE",
     "AppDef",
@@ -68,6 +72,7 @@ __all__ = [
     "DuplicateAppError",
     "InvalidHandleError",
     "ListAppResponse",
+    "MissingExtraError",
     "Problem",
     "ReplicaState",
     "ReplicaStatus",

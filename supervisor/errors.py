@@ -10,6 +10,7 @@ catch the branch they can act on::
     ├── UnknownAppError (also LookupError)   the handle names no app this backend knows
     ├── WaitTimeout (also TimeoutError)      ``wait(timeout=...)`` ran out
     ├── UnsupportedAsyncLibraryError (also RuntimeError)  not running under asyncio
+    ├── MissingExtraError (also ImportError) a backend's extra is not installed
     └── BackendError                         the backend failed; ``transient``: may a retry help
         ├── SubmitError                      launching failed; nothing was left running
         │   └── DuplicateAppError            that app id was already launched (here or elsewhere)
@@ -29,6 +30,7 @@ __all__ = [
     "DamagedRecordError",
     "DuplicateAppError",
     "InvalidHandleError",
+    "MissingExtraError",
     "Problem",
     "SpecError",
     "SubmitError",
@@ -100,6 +102,26 @@ class UnsupportedAsyncLibraryError(SupervisorError, RuntimeError):
     readers, subprocess pipes), so the Supervisor refuses at once on entry
     instead of failing at the first submit with an error from deep inside.
     """
+
+
+class MissingExtraError(SupervisorError, ImportError):
+    """A backend needs packages that come with an extra, and the extra is not installed.
+
+    The core install carries only what the local backend, Slurm over its commands
+    and the CLI need; the docker backend and Slurm over slurmrestd each have an extra
+    (``asupervisor[docker]``, ``asupervisor[slurm-rest]``). Raised where the backend
+    is first used, so ``import supervisor`` never needs them; the message names
+    the command that fixes it.
+    """
+
+    def __init__(self, extra: str, missing: str, *, what: str) -> None:
+        self.extra = extra
+        self.missing = missing
+        super().__init__(
+            f"{what} needs the {missing!r} package, which is not installed: "
+            f"pip install 'asupervisor[{extra}]'",
+            name=missing,
+        )
 
 
 class BackendError(SupervisorError):

@@ -7,7 +7,7 @@ loses information: each replica's exit code, signal and restart count.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +16,7 @@ from supervisor.specs import Role
 
 __all__ = [
     "AppStatus",
+    "AppTimes",
     "DescribeAppResponse",
     "ListAppResponse",
     "ReplicaStatus",
@@ -186,6 +187,35 @@ class Transition:
 
 
 @dataclass(frozen=True)
+class AppTimes:
+    """When an app was submitted, started running and ended (epoch seconds; None: not yet).
+
+    Derived from the app-level transitions the app recorded, not kept beside
+    them, so there is one source of truth: ``submitted`` is the first move to
+    SUBMITTED, ``started`` the first to RUNNING (an app that never ran has
+    none), ``ended`` the move to a terminal state.
+    """
+
+    submitted: float | None = None
+    started: float | None = None
+    ended: float | None = None
+
+    @classmethod
+    def from_transitions(cls, transitions: Iterable[Transition]) -> AppTimes:
+        submitted = started = ended = None
+        for t in transitions:
+            if t.role is not None:
+                continue
+            if t.dest == "SUBMITTED" and submitted is None:
+                submitted = t.at
+            elif t.dest == "RUNNING" and started is None:
+                started = t.at
+            elif t.dest in TERMINAL:
+                ended = t.at
+        return cls(submitted, started, ended)
+
+
+@dataclass(frozen=True)
 class DescribeAppResponse:
     app_id: str
     state: AppState = AppState.UNSUBMITTED
@@ -195,10 +225,21 @@ class DescribeAppResponse:
     ui_url: str | None = None
     roles_statuses: Sequence[RoleStatus] = ()
     roles: Sequence[Role] = field(default_factory=tuple)
+    # Every transition the app recorded, app and replica level, in order (empty when
+    # the backend has no record of them).
+    transitions: Sequence[Transition] = ()
+
+    @property
+    def times(self) -> AppTimes:
+        return AppTimes.from_transitions(self.transitions)
 
     @classmethod
     def from_status(
-        cls, app_id: str, status: AppStatus, roles: Sequence[Role]
+        cls,
+        app_id: str,
+        status: AppStatus,
+        roles: Sequence[Role],
+        transitions: Sequence[Transition] = (),
     ) -> DescribeAppResponse:
         return cls(
             app_id=app_id,
@@ -209,6 +250,7 @@ class DescribeAppResponse:
             ui_url=status.ui_url,
             roles_statuses=tuple(status.roles),
             roles=tuple(roles),
+            transitions=tuple(transitions),
         )
 
     def to_status(self) -> AppStatus:
@@ -232,3 +274,4 @@ class ListAppResponse:
     app_handle: str = ""
     name: str = ""
     msg: str = ""
+    times: AppTimes = field(default_factory=AppTimes)

@@ -52,7 +52,7 @@ from supervisor.specs import AppDef, AppHandle, make_app_id, make_handle, parse_
 from supervisor.status import AppStatus, DescribeAppResponse, ListAppResponse, Transition
 from supervisor.validate import MAX_APP_ID_LENGTH, check_name, validate
 
-__all__ = ["DryRunInfo", "Supervisor", "default_state_dir"]
+__all__ = ["DryRunInfo", "Supervisor", "default_session", "default_state_dir"]
 
 
 def default_state_dir() -> Path:
@@ -65,7 +65,16 @@ def default_state_dir() -> Path:
     return base / "asupervisor"
 
 
-def _default_session() -> str:
+def default_session() -> str:
+    """``$USER`` when set, else the login name of this uid, else ``default``.
+
+    ``$USER`` first, so that a handle written ``local://$USER/app`` names the
+    default session wherever ``$USER`` is set; where it is not (root in a
+    container), the CLI reads ``local:///app`` as the default session too.
+    """
+    user = os.environ.get("USER")
+    if user:
+        return user
     try:
         return getpass.getuser()
     except (KeyError, OSError):
@@ -133,7 +142,7 @@ class Supervisor:
         state_dir: str | Path | None = None,
         backends: Mapping[str, Any] | None = None,
     ) -> None:
-        self.session = session if session is not None else _default_session()
+        self.session = session if session is not None else default_session()
         problems = check_name("session", self.session)
         if problems:
             raise SpecError(problems, context="invalid session")
@@ -382,7 +391,7 @@ class Supervisor:
         actor = self._actors.get(handle)
         if actor is not None:
             return DescribeAppResponse.from_status(
-                parsed.app_id, actor.status(), actor.request.app.roles
+                parsed.app_id, actor.status(), actor.request.app.roles, tuple(actor.fsm.history)
             )
         return await self._describe_recorded(parsed)
 

@@ -29,7 +29,7 @@ from typing import Any
 from supervisor.errors import BackendError, DamagedRecordError, DuplicateAppError
 from supervisor.fsm.states import AppState, ReplicaState
 from supervisor.specs import AppDef, Role
-from supervisor.status import AppStatus, ReplicaStatus, RoleStatus, Transition
+from supervisor.status import AppStatus, AppTimes, ReplicaStatus, RoleStatus, Transition
 
 __all__ = [
     "AppStore",
@@ -459,6 +459,18 @@ class AppStore:
         except FileNotFoundError:
             return []
         return [Transition.from_json(json.loads(line)) for line in text.splitlines() if line]
+
+    def read_transitions_or_none(self) -> list[Transition]:
+        """The journal, or none of it when it is damaged: the times and history it gives
+        are extras of a status whose own record says whether it is damaged."""
+        try:
+            return self.read_transitions()
+        except (OSError, ValueError, KeyError, TypeError):
+            return []
+
+    def read_times(self) -> AppTimes:
+        """When the app was submitted, started and ended, from its journal."""
+        return AppTimes.from_transitions(self.read_transitions_or_none())
 
     def request_cancel(self) -> None:
         write_json_atomic(self.cancel_path, {"requested_by": Owner.current().to_json()})

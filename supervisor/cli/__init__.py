@@ -21,8 +21,10 @@ Exit codes (``supervisor.cli.codes``):
     143  ``run`` got SIGTERM: the app was cancelled first
 
 Human output uses rich tables; ``--json`` prints plain JSON on stdout.
-The entry point is ``supervisor.cli.main:main``; this package imports it
-lazily so ``python -m supervisor.cli.main`` runs cleanly.
+The entry point of the ``asupervisor`` script and of ``python -m supervisor``
+is ``main`` here: it first checks that the ``supervisor`` package is ours (see
+``supervisor.clash``: supervisord installs the same name), then imports the
+commands lazily so ``python -m supervisor.cli.main`` runs cleanly too.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ __all__ = ["main"]
 
 
 def main() -> None:
+    from supervisor.clash import check_entry
+
+    check_entry()
     from supervisor.cli.main import main as _main
 
     _main()

@@ -242,17 +242,23 @@ def component_command(fn: Component, name: str) -> tuple[click.Command, list[_Bi
     return command, bindings
 
 
+# ``-h`` is help on every command; a parameter named ``h`` (ddp's TorchX-style named
+# resource) is ``--h`` only.
+_SHORT_RESERVED = frozenset({"h"})
+
+
 def _option(p: inspect.Parameter, kind: _Kind, has_default: bool, help: str) -> click.Option:
+    short = len(p.name) == 1 and p.name not in _SHORT_RESERVED
     spellings = [p.name]
     if "_" in p.name:
         spellings.append(p.name.replace("_", "-"))
     if kind.flag:
         decls = [f"--{s}/--no-{s}" for s in spellings]
-        if len(p.name) == 1:
+        if short:
             decls.append(f"-{p.name}")
     else:
         decls = [f"--{s}" for s in spellings]
-        if len(p.name) == 1:
+        if short:
             decls.insert(0, f"-{p.name}")
     extra: dict[str, Any] = {}
     if has_default:

@@ -11,6 +11,7 @@ import click
 from supervisor.cli import codes
 from supervisor.errors import (
     InvalidHandleError,
+    MissingExtraError,
     SpecError,
     SupervisorError,
     UnknownAppError,
@@ -48,7 +49,7 @@ def translate(exc: BaseException) -> BaseException:
         return click.exceptions.Exit(codes.exit_code_for_signal(2))
     if isinstance(leaf, SpecError | InvalidHandleError | UnknownBackendError):
         return UsageFailure(str(leaf))
-    if isinstance(leaf, UnknownAppError):
+    if isinstance(leaf, UnknownAppError | MissingExtraError):
         return CliError(str(leaf))
     if isinstance(leaf, SupervisorError):
         return CliError(f"{type(leaf).__name__}: {leaf}")

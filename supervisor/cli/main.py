@@ -7,42 +7,56 @@ docstring and in ``codes.py``: 0 success/SUCCEEDED, 1 FAILED or no such app,
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
+from click.shell_completion import get_completion_class
 
+from supervisor.cli import codes
 from supervisor.cli.errors import CliError, UsageFailure, run_async
 from supervisor.cli.follow import LogQuery, follow_logs
 from supervisor.cli.render import (
     console,
     describe_json,
     echo_json,
+    failure_line,
     list_json,
     print_describe,
     print_list,
     print_status,
     status_json,
+    use_color,
 )
 from supervisor.cli.runcmd import run
 from supervisor.cli.timespec import TimeSpec
 from supervisor.errors import InvalidHandleError, UnknownBackendError
 from supervisor.logs import Stream
 from supervisor.specs import parse_handle
-from supervisor.status import DescribeAppResponse
-from supervisor.supervisor import Supervisor
+from supervisor.status import AppStatus, DescribeAppResponse
+from supervisor.supervisor import Supervisor, default_session
 
 __all__ = ["cli", "main"]
 
 
 class HandleType(click.ParamType[str]):
-    """``backend://session/app_id``, checked with ``parse_handle`` (exit 2 if malformed)."""
+    """``backend://session/app_id``, checked with ``parse_handle`` (exit 2 if malformed).
+
+    An empty session, ``backend:///app_id``, is the default one (``--session``,
+    else ``$USER``, else the login name): ``local://$USER/app`` where ``$USER``
+    is unset names the same app as the handle ``run`` printed.
+    """
 
     name = "HANDLE"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        backend, sep, rest = str(value).partition(":///")
+        if sep and backend and rest:
+            obj = (ctx.find_root().obj if ctx is not None else None) or {}
+            value = f"{backend}://{obj.get('session') or default_session()}/{rest}"
         try:
             return str(parse_handle(value))
         except InvalidHandleError as exc:
@@ -50,6 +64,7 @@ class HandleType(click.ParamType[str]):
 
 
 HANDLE = HandleType()
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -60,16 +75,38 @@ HANDLE = HandleType()
     help="where apps keep their records (default: $ASUPERVISOR_HOME, else "
     "$XDG_STATE_HOME/asupervisor, else ~/.local/state/asupervisor)",
 )
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    envvar="ASUPERVISOR_LOG_LEVEL",
+    help="print the library's log records (logger `supervisor`) at this level and above "
+    "on stderr [env: ASUPERVISOR_LOG_LEVEL; default: warnings only]",
+)
 @click.version_option(package_name="asupervisor")
 @click.pass_context
-def cli(ctx: click.Context, session: str | None, state_dir: Path | None) -> None:
+def cli(
+    ctx: click.Context, session: str | None, state_dir: Path | None, log_level: str | None
+) -> None:
     """Launch and follow multi-role, multi-replica apps.
 
     \b
-    Exit codes: 0 success (the app SUCCEEDED), 1 the app FAILED or no such app,
-    2 usage error, 3 CANCELLED, 4 UNKNOWN, 130 SIGINT, 143 SIGTERM.
+    Exit codes: 0 success (the app SUCCEEDED, or is not over yet), 1 the app
+    FAILED, no such app, or the backend failed, 2 usage error, 3 CANCELLED,
+    4 UNKNOWN, 130 SIGINT, 143 SIGTERM. A non-zero code always comes with one
+    line on stderr. `status` and `describe` exit as `run --wait` does.
     """
+    if log_level is not None:
+        _log_to_stderr(log_level)
     ctx.obj = {"session": session, "state_dir": state_dir}
+
+
+def _log_to_stderr(level: str) -> None:
+    """One handler on the library's logger; the root logger and others stay as they are."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger = logging.getLogger("supervisor")
+    logger.addHandler(handler)
+    logger.setLevel(level.upper())
 
 
 cli.add_command(run)
@@ -87,22 +124,37 @@ async def _describe(sv: Supervisor, handle: str) -> DescribeAppResponse:
     return found
 
 
+def _exit_for(ctx: click.Context, handle: str, status: AppStatus) -> None:
+    """Exit as ``run --wait`` would for an app that ended; 0 while it has not."""
+    if not status.is_settled:
+        return
+    code = codes.exit_code_for(status.state)
+    if code != codes.OK:
+        click.echo(f"Error: {failure_line(handle, status)}", err=True)
+        ctx.exit(code)
+
+
 @cli.command()
 @click.argument("handle", type=HANDLE)
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.pass_context
 def status(ctx: click.Context, handle: str, as_json: bool) -> None:
-    """State, restarts and per-replica status of an app (exit 1 if unknown)."""
+    """State, times, restarts and per-replica status of an app.
 
-    async def main() -> None:
+    Exits as `run --wait` does once the app ended (1 FAILED, 3 CANCELLED,
+    4 UNKNOWN), 0 while it has not ended or when it SUCCEEDED; 1 for no such app.
+    """
+
+    async def main() -> DescribeAppResponse:
         async with _supervisor(ctx) as sv:
-            found = (await _describe(sv, handle)).to_status()
-        if as_json:
-            echo_json(status_json(handle, found))
-        else:
-            print_status(console(), handle, found)
+            return await _describe(sv, handle)
 
-    run_async(main)
+    found = run_async(main)
+    if as_json:
+        echo_json(status_json(handle, found.to_status(), found.times))
+    else:
+        print_status(console(), handle, found.to_status(), found.times)
+    _exit_for(ctx, handle, found.to_status())
 
 
 @cli.command()
@@ -110,17 +162,21 @@ def status(ctx: click.Context, handle: str, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.pass_context
 def describe(ctx: click.Context, handle: str, as_json: bool) -> None:
-    """Status plus the app's roles: entrypoint, args, replicas, retries."""
+    """Status plus the app's roles: entrypoint, args, replicas, retries.
 
-    async def main() -> None:
+    Exit codes as for `status`.
+    """
+
+    async def main() -> DescribeAppResponse:
         async with _supervisor(ctx) as sv:
-            found = await _describe(sv, handle)
-        if as_json:
-            echo_json(describe_json(handle, found))
-        else:
-            print_describe(console(), handle, found)
+            return await _describe(sv, handle)
 
-    run_async(main)
+    found = run_async(main)
+    if as_json:
+        echo_json(describe_json(handle, found))
+    else:
+        print_describe(console(), handle, found)
+    _exit_for(ctx, handle, found.to_status())
 
 
 _REPLICA = re.compile(r"(?P<role>[^/]+)(?:/(?P<k>\d+))?")
@@ -201,7 +257,7 @@ def log(
                 query,
                 sys.stdout,
                 prefix=not single,
-                color=sys.stdout.isatty(),
+                color=use_color(sys.stdout),
                 as_json=as_json,
             )
 
@@ -298,6 +354,24 @@ def runopts(ctx: click.Context, backend: str, as_json: bool) -> None:
         )
     else:
         click.echo(str(opts))
+
+
+SHELLS = ("bash", "zsh", "fish")
+
+
+@cli.command()
+@click.argument("shell", type=click.Choice(SHELLS))
+def completion(shell: str) -> None:
+    """Print the completion script for SHELL (bash, zsh or fish).
+
+    \b
+    bash:  eval "$(asupervisor completion bash)"     in ~/.bashrc
+    zsh:   eval "$(asupervisor completion zsh)"      in ~/.zshrc
+    fish:  asupervisor completion fish > ~/.config/fish/completions/asupervisor.fish
+    """
+    complete = get_completion_class(shell)
+    assert complete is not None  # click ships all three
+    click.echo(complete(cli, {}, "asupervisor", "_ASUPERVISOR_COMPLETE").source())
 
 
 def main() -> None:

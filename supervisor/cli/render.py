@@ -11,7 +11,7 @@ import os
 import shlex
 import sys
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TextIO
 
 import click
@@ -22,12 +22,19 @@ from rich.text import Text
 from supervisor.errorfile import ErrorReport, parse_error_file
 from supervisor.fsm.states import AppState, ReplicaState
 from supervisor.specs import AppDef, Role
-from supervisor.status import AppStatus, DescribeAppResponse, ListAppResponse, Transition
+from supervisor.status import (
+    AppStatus,
+    AppTimes,
+    DescribeAppResponse,
+    ListAppResponse,
+    Transition,
+)
 
 __all__ = [
     "console",
     "describe_json",
     "echo_json",
+    "failure_line",
     "list_json",
     "print_describe",
     "print_list",
@@ -35,6 +42,7 @@ __all__ = [
     "replica_prefix",
     "status_json",
     "transition_text",
+    "use_color",
 ]
 
 _STATE_STYLE = {
@@ -48,11 +56,55 @@ _PREFIX_COLORS = ("cyan", "green", "yellow", "blue", "magenta", "red")
 _PIPE_WIDTH = 200  # tables written to a file or pipe: wide enough for handles
 
 
+def use_color(stream: TextIO) -> bool:
+    """Colour only on a terminal, and never with ``NO_COLOR`` set to anything (no-color.org)."""
+    return stream.isatty() and not os.environ.get("NO_COLOR")
+
+
 def console(stderr: bool = False) -> Console:
-    """A console on stdout (or stderr); not a terminal means no colour and no narrow wrap."""
+    """A console on stdout (or stderr); not a terminal means no colour and no narrow wrap.
+
+    With ``NO_COLOR`` no escape code at all is written, bold and dim included (rich
+    alone would drop only the colours), the same rule as ``use_color``.
+    """
     stream = sys.stderr if stderr else sys.stdout
     width = None if stream.isatty() or "COLUMNS" in os.environ else _PIPE_WIDTH
-    return Console(file=stream, stderr=stderr, highlight=False, width=width)
+    plain = bool(os.environ.get("NO_COLOR"))
+    return Console(
+        file=stream,
+        stderr=stderr,
+        highlight=False,
+        width=width,
+        no_color=plain or None,
+        color_system=None if plain else "auto",
+    )
+
+
+def failure_line(handle: str, status: AppStatus) -> str:
+    """The one line on stderr for an app that did not succeed: its state and the root cause."""
+    reason = parse_error_file(status.structured_error_msg).headline
+    if not reason:
+        failed = [r for rs in status.roles for r in rs.replicas if r.state.name == "FAILED"]
+        first = failed[0] if failed else None
+        if first is not None:
+            reason = parse_error_file(first.structured_error_msg).headline or first.msg
+    reason = reason or status.msg
+    return f"{handle} {status.state.name}" + (f": {reason}" if reason else "")
+
+
+def _iso(at: float | None) -> str | None:
+    """ISO-8601 in UTC with its offset, milliseconds kept; None stays None."""
+    if at is None:
+        return None
+    return datetime.fromtimestamp(at, UTC).isoformat(timespec="milliseconds")
+
+
+def times_json(times: AppTimes) -> dict[str, str | None]:
+    return {
+        "submitted": _iso(times.submitted),
+        "started": _iso(times.started),
+        "ended": _iso(times.ended),
+    }
 
 
 def state_text(state: AppState | ReplicaState) -> Text:
@@ -66,23 +118,20 @@ def echo_json(data: Any, *, compact: bool = False, file: TextIO | None = None) -
     click.echo(text, file=file)
 
 
-def status_json(handle: str, status: AppStatus) -> dict[str, Any]:
-    return {"handle": handle, **status.to_json()}
+def status_json(handle: str, status: AppStatus, times: AppTimes) -> dict[str, Any]:
+    """``AppStatus.to_json()`` with the handle and the app's times: ``roles`` holds each
+    role's replica statuses."""
+    return {"handle": handle, **status.to_json(), **times_json(times)}
 
 
 def describe_json(handle: str, resp: DescribeAppResponse) -> dict[str, Any]:
-    status = resp.to_status().to_json()
-    return {
-        "handle": handle,
-        "app_id": resp.app_id,
-        "state": status["state"],
-        "num_restarts": status["num_restarts"],
-        "msg": status["msg"],
-        "structured_error_msg": status["structured_error_msg"],
-        "ui_url": status["ui_url"],
-        "roles_statuses": status["roles"],
-        "roles": AppDef(name=resp.app_id, roles=resp.roles).to_json()["roles"],
-    }
+    """``status --json`` with each entry of ``roles`` also carrying the role's spec
+    (entrypoint, args, num_replicas, retries, ...): one ``roles`` list, keyed by name."""
+    status = status_json(handle, resp.to_status(), resp.times)
+    specs = AppDef(name=resp.app_id, roles=resp.roles).to_json()["roles"]
+    replicas = {rs["role"]: rs["replicas"] for rs in status["roles"]}
+    roles = [{**spec, "replicas": replicas.get(spec["name"], [])} for spec in specs]
+    return {"handle": handle, "app_id": resp.app_id, **status, "roles": roles}
 
 
 def list_json(apps: Sequence[ListAppResponse]) -> list[dict[str, Any]]:
@@ -93,17 +142,42 @@ def list_json(apps: Sequence[ListAppResponse]) -> list[dict[str, Any]]:
             "name": a.name,
             "state": a.state.name,
             "msg": a.msg,
+            **times_json(a.times),
         }
         for a in apps
     ]
 
 
 # ---------------------------------------------------------------- tables
-def print_status(out: Console, handle: str, status: AppStatus) -> None:
+def _local(at: float) -> str:
+    return datetime.fromtimestamp(at).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def times_text(times: AppTimes) -> str:
+    """``submitted 2026-11-23 22:26:55  started ...  ended ... (1.2s)``, local time."""
+    parts = [
+        f"{name} {_local(at)}"
+        for name, at in (
+            ("submitted", times.submitted),
+            ("started", times.started),
+            ("ended", times.ended),
+        )
+        if at is not None
+    ]
+    if times.ended is not None and times.submitted is not None:
+        parts[-1] += f" ({times.ended - times.submitted:.1f}s)"
+    return "  ".join(parts)
+
+
+def print_status(
+    out: Console, handle: str, status: AppStatus, times: AppTimes | None = None
+) -> None:
     head = Text.assemble(
         (handle, "bold"), "  ", state_text(status.state), f"  restarts: {status.num_restarts}"
     )
     out.print(head)
+    if times is not None and times.submitted is not None:
+        out.print(Text(times_text(times), style="dim"))
     if status.msg:
         out.print(Text(f"msg: {status.msg}"))
     if status.structured_error_msg:
@@ -145,7 +219,7 @@ def _print_error(out: Console, error: ErrorReport) -> None:
 
 
 def print_describe(out: Console, handle: str, resp: DescribeAppResponse) -> None:
-    print_status(out, handle, resp.to_status())
+    print_status(out, handle, resp.to_status(), resp.times)
     table = Table(title=None, box=None, pad_edge=False)
     for column in ("role", "entrypoint", "args", "replicas", "max retries", "retry policy"):
         table.add_column(column, overflow="fold")
@@ -174,11 +248,14 @@ def print_list(out: Console, apps: Sequence[ListAppResponse]) -> None:
     table.add_column("handle", no_wrap=True)
     table.add_column("name")
     table.add_column("state")
+    table.add_column("submitted", no_wrap=True)
+    table.add_column("ended", no_wrap=True)
     with_msg = any(a.msg for a in apps)
     if with_msg:
         table.add_column("msg", overflow="fold")
     for a in apps:
-        row = [Text(a.app_handle), Text(a.name), state_text(a.state)]
+        when = [_local(at) if at is not None else "" for at in (a.times.submitted, a.times.ended)]
+        row: list[Text | str] = [Text(a.app_handle), Text(a.name), state_text(a.state), *when]
         table.add_row(*row, *([Text(a.msg)] if with_msg else []))
     out.print(table)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -17,16 +18,24 @@ from supervisor.cli import codes
 from supervisor.cli.components import call_component, command_app, load_component
 from supervisor.cli.errors import run_async
 from supervisor.cli.follow import LogQuery, follow_logs, print_transitions
-from supervisor.cli.render import console, echo_json, print_status, status_json
+from supervisor.cli.render import (
+    console,
+    echo_json,
+    failure_line,
+    print_status,
+    status_json,
+    use_color,
+)
 from supervisor.components import BUILTINS
 from supervisor.runopts import parse_cfg_string
 from supervisor.specs import AppDef
-from supervisor.status import AppStatus
+from supervisor.status import AppStatus, AppTimes
 from supervisor.supervisor import Supervisor
 
 __all__ = ["RunCommand", "RunPlan", "execute", "run"]
 
 _DASHDASH = "asupervisor.dashdash"
+_log = logging.getLogger(__name__)
 
 RUN_HELP = f"""Launch TARGET and supervise it.
 
@@ -52,7 +61,8 @@ and exits 130 or 143.
 \b
 Exit codes, once the app ended: 0 SUCCEEDED, 1 FAILED (or a launch
 error), 2 usage error (invalid app or --cfg), 3 CANCELLED, 4 UNKNOWN,
-130 SIGINT, 143 SIGTERM.
+130 SIGINT, 143 SIGTERM. Every non-zero code comes with one line on
+stderr, `Error: HANDLE STATE: cause` for an app that did not succeed.
 """
 
 
@@ -157,7 +167,9 @@ async def execute(plan: RunPlan, session: str | None, state_dir: Path | None) ->
         interrupt = _Interrupt()
         # Opened before the launch: a signal from here on cancels the app.
         with anyio.open_signal_receiver(*_handled_signals()) as signals:
+            _log.info("launching %s on %s", plan.app.name, plan.backend)
             handle = await sv.schedule(info)
+            _log.info("launched %s", handle)
             if plan.as_json:
                 echo_json({"handle": handle}, compact=True)
             else:
@@ -169,13 +181,19 @@ async def execute(plan: RunPlan, session: str | None, state_dir: Path | None) ->
                 final = await _follow(sv, handle, plan)
                 tg.cancel_scope.cancel()
         if plan.wait:
+            described = await sv.describe(handle)
+            times = described.times if described is not None else AppTimes()
             if plan.as_json:
-                echo_json(status_json(handle, final), compact=True)
+                echo_json(status_json(handle, final, times), compact=True)
             else:
-                print_status(console(), handle, final)
+                print_status(console(), handle, final, times)
         if interrupt.signum is not None:
             return codes.exit_code_for_signal(interrupt.signum)
-        return codes.exit_code_for(final.state)
+        code = codes.exit_code_for(final.state)
+        if code != codes.OK:
+            # One line whether or not --wait printed the transitions: scripts read stderr's end.
+            click.echo(f"Error: {failure_line(handle, final)}", err=True)
+        return code
 
 
 async def _follow(sv: Supervisor, handle: str, plan: RunPlan) -> AppStatus:
@@ -184,7 +202,7 @@ async def _follow(sv: Supervisor, handle: str, plan: RunPlan) -> AppStatus:
             tg.start_soon(print_transitions, sv, handle, console(stderr=True))
         if plan.log:
             replicas = [(r.name, k) for r in plan.app.roles for k in range(r.num_replicas)]
-            tg.start_soon(_logs, sv, handle, replicas, sys.stdout.isatty(), plan.as_json)
+            tg.start_soon(_logs, sv, handle, replicas, use_color(sys.stdout), plan.as_json)
         final = await sv.wait(handle)
     return final  # noqa: RET504 - mypy needs a return after the task group
 

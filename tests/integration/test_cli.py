@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import select
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +43,21 @@ def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+# status and describe exit as ``run --wait`` does once the app ended (supervisor.cli.codes).
+STATE_CODES = {"FAILED": 1, "CANCELLED": 3, "UNKNOWN": 4}
+
+
 def cli_json(env: dict[str, str], *args: str) -> Any:
+    """``args --json``, parsed; for status/describe the exit code must follow the state."""
     done = cli(env, *args, "--json")
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    found = json.loads(done.stdout)
+    by_state = args[0] in ("status", "describe") and isinstance(found, dict)
+    expected = STATE_CODES.get(found["state"], 0) if by_state else 0
+    assert done.returncode == expected, done.stderr
+    if expected:  # one line, naming the app and its state
+        assert done.stderr.startswith(f"Error: {found['handle']} {found['state']}"), done.stderr
+        assert done.stderr.count("\n") == 1, done.stderr
+    return found
 
 
 class Background:
@@ -155,7 +168,9 @@ def test_status_shows_a_structured_error_formatted_not_as_raw_json(env: dict[str
     assert done.returncode == 1, done.stderr
     handle = done.stdout.splitlines()[0]
     shown = cli(env, "status", handle)
-    assert shown.returncode == 0, shown.stderr
+    assert shown.returncode == 1
+    # One line on stderr: the app, its state and the root cause's headline.
+    assert shown.stderr == f"Error: {handle} FAILED: RuntimeError: rank 0 diverged\n"
     out = shown.stdout
     assert "error: RuntimeError: rank 0 diverged (code 7, 2023-11-14T22:13:20+00:00)" in out
     assert "  Traceback (most recent call last):" in out
@@ -164,10 +179,23 @@ def test_status_shows_a_structured_error_formatted_not_as_raw_json(env: dict[str
     assert json.loads(raw)["message"]["errorCode"] == 7  # JSON output keeps it whole
 
 
-def test_a_missing_program_fails(env: dict[str, str], tmp_path: Path) -> None:
-    done = cli(env, "run", "--wait", "--", str(tmp_path / "no-such-program"))
+@pytest.mark.parametrize("wait", [[], ["--wait"]], ids=["quiet", "wait"])
+def test_a_missing_program_fails_with_one_line_on_stderr(
+    env: dict[str, str], tmp_path: Path, wait: list[str]
+) -> None:
+    program = tmp_path / "no-such-program"
+    done = cli(env, "run", *wait, "--", str(program))
     assert done.returncode == 1
-    assert "FAILED" in done.stdout
+    handle = done.stdout.splitlines()[0]
+    cause = f"no-such-program/0: cannot start '{program}': No such file or directory"
+    errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    assert errors == [f"Error: {handle} FAILED: {cause}"], done.stderr
+    assert done.stderr.endswith(errors[0] + "\n")  # the last line, after any transitions
+    if not wait:
+        assert done.stderr == errors[0] + "\n"
+    else:
+        assert "FAILED" in done.stdout
+    assert "(No such file or directory)" not in done.stdout + done.stderr  # said once
 
 
 def test_run_without_wait_prints_only_the_handle_and_stays_to_the_end(
@@ -304,3 +332,180 @@ def test_runopts_local_lists_log_dir(env: dict[str, str]) -> None:
     done = cli(env, "runopts", "local")
     assert done.returncode == 0
     assert "log_dir" in done.stdout
+
+
+# ------------------------------------------------------------ habits (issue 18)
+def test_status_and_describe_exit_as_run_wait_does(env: dict[str, str]) -> None:
+    ok = cli(env, "run", "--", "true").stdout.strip()
+    failed = cli(env, "run", "--", "sh", "-c", "exit 5").stdout.strip()
+    for command in ("status", "describe"):
+        assert cli(env, command, ok).returncode == 0
+        done = cli(env, command, failed)
+        assert done.returncode == 1 and "FAILED" in done.stdout
+        assert done.stderr == f"Error: {failed} FAILED: sh/0 exited with code 5\n"
+    missing = cli(env, "status", "local://nobody/no-such-app")
+    assert missing.returncode == 1
+    assert missing.stderr == "Error: no app local://nobody/no-such-app\n"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        [], ["run"], ["status"], ["describe"], ["log"], ["cancel"], ["list"], ["runopts"],
+        ["completion"], ["run", "echo"], ["run", "sh"], ["run", "ddp"],
+        ["run", "examples/demo_app.py:demo"],
+    ],
+    ids=lambda c: " ".join(c) or "asupervisor",
+)  # fmt: skip
+@pytest.mark.parametrize("flag", ["-h", "--help"])
+def test_help_works_on_every_command_and_component(
+    env: dict[str, str], command: list[str], flag: str
+) -> None:
+    done = subprocess.run(
+        [*CLI, *command, flag], env=env, capture_output=True, text=True, timeout=TIMEOUT,
+        cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"Usage: asupervisor {' '.join(command)}".rstrip()), done.stdout
+
+
+def test_ddp_named_resource_is_spelled_long(env: dict[str, str]) -> None:
+    """``-h`` is help everywhere, so ddp's ``h`` (TorchX's named resource) is ``--h``."""
+    done = cli(env, "run", "--dryrun", "--json", "ddp", "--h", "nonexistent", "--script", "t.py")
+    assert done.returncode == 2 and "nonexistent" in done.stderr  # parsed, then validated
+
+
+@pytest.mark.parametrize("user", [None, "someone"], ids=["no-USER", "USER"])
+def test_the_readme_handle_form_works_with_and_without_user(
+    env: dict[str, str], user: str | None
+) -> None:
+    """``local://$USER/ID`` as a shell expands it: ``local:///ID`` where $USER is unset."""
+    env = {k: v for k, v in env.items() if k != "USER"}
+    if user is not None:
+        env["USER"] = user
+    done = cli(env, "run", "--", "true")
+    assert done.returncode == 0, done.stderr
+    handle = done.stdout.strip()
+    app_id = handle.rpartition("/")[2]
+    if user is not None:
+        assert handle == f"local://{user}/{app_id}"
+    typed = f"local://{user or ''}/{app_id}"
+    shown = cli(env, "status", typed)
+    assert shown.returncode == 0, shown.stderr
+    assert handle in shown.stdout and "SUCCEEDED" in shown.stdout
+
+
+def _iso(text: str) -> float:
+    return datetime.fromisoformat(text).timestamp()
+
+
+def test_times_in_json_and_human_output_and_one_roles_list(env: dict[str, str]) -> None:
+    done = cli(env, "run", "--wait", "--json", "--", "sh", "-c", "sleep 0.2")
+    assert done.returncode == 0, done.stderr
+    final = json.loads(done.stdout.splitlines()[-1])
+    assert _iso(final["submitted"]) <= _iso(final["started"]) <= _iso(final["ended"])
+    assert _iso(final["ended"]) - _iso(final["started"]) >= 0.2
+    handle = final["handle"]
+    status = cli_json(env, "status", handle)
+    assert {k: status[k] for k in ("submitted", "started", "ended")} == {
+        k: final[k] for k in ("submitted", "started", "ended")
+    }
+    described = cli_json(env, "describe", handle)
+    assert "roles_statuses" not in described
+    (role,) = described["roles"]
+    assert role["name"] == "sh" and role["entrypoint"] == "sh"
+    assert role["replicas"][0]["state"] == "SUCCEEDED"
+    assert described["ended"] == final["ended"]
+    listed = next(a for a in cli_json(env, "list") if a["handle"] == handle)
+    assert (listed["submitted"], listed["ended"]) == (final["submitted"], final["ended"])
+    human = cli(env, "status", handle).stdout
+    ended = datetime.fromisoformat(final["ended"]).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+    assert f"ended {ended}" in human and "submitted " in human and "started " in human
+    assert ended in cli(env, "list").stdout
+    failed = cli(env, "run", "--json", "--", "/no/such/program").stdout.splitlines()[0]
+    never_ran = cli_json(env, "status", json.loads(failed)["handle"])
+    assert never_ran["started"] is None and never_ran["ended"] is not None
+
+
+def _on_a_terminal(env: dict[str, str], *args: str) -> bytes:
+    """What ``asupervisor ARGS`` writes to stdout when stdout is a terminal."""
+    main, child = pty.openpty()
+    try:
+        proc = subprocess.Popen([*CLI, *args], env=env, stdout=child, stderr=subprocess.DEVNULL)
+        os.close(child)
+        out = b""
+        while True:
+            ready, _, _ = select.select([main], [], [], TIMEOUT)
+            assert ready, "no output from the CLI"
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+        assert proc.wait(timeout=TIMEOUT) == 0
+        return out
+    finally:
+        os.close(main)
+
+
+def test_no_color_is_honoured_on_a_terminal(env: dict[str, str]) -> None:
+    env = {k: v for k, v in env.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
+    env["TERM"] = "xterm-256color"
+    handle = cli(env, "run", "sh", "--num_replicas", "2", "echo hi").stdout.strip()
+    assert b"\x1b[" in _on_a_terminal(env, "status", handle)  # coloured states
+    assert b"\x1b[" in _on_a_terminal(env, "log", handle)  # coloured prefixes
+    plain = {**env, "NO_COLOR": "1"}
+    for args, shown in ((("status", handle), b"SUCCEEDED"), (("log", handle), b"sh/1 | hi")):
+        out = _on_a_terminal(plain, *args)
+        assert b"\x1b[" not in out and shown in out, out
+
+
+def test_log_level_prints_the_library_log_records(env: dict[str, str]) -> None:
+    quiet = cli(env, "run", "--", "true")
+    assert "INFO" not in quiet.stderr
+    loud = cli(env, "--log-level", "info", "run", "--", "true")
+    handle = loud.stdout.strip()
+    assert f"INFO supervisor.cli.runcmd: launched {handle}" in loud.stderr
+    bad = cli(env, "--log-level", "chatty", "list")
+    assert bad.returncode == 2 and "chatty" in bad.stderr
+
+
+def _bash_complete(env: dict[str, str], tmp_path: Path, line: str) -> list[str]:
+    """Completions real bash offers for ``line`` after ``eval "$(asupervisor completion bash)"``."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    wrapper = bindir / "asupervisor"
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} -m supervisor "$@"\n')
+    wrapper.chmod(0o755)
+    words = line.split(" ")
+    script = (
+        'eval "$(asupervisor completion bash)"\n'
+        f"COMP_WORDS=({' '.join(words)}); COMP_CWORD={len(words) - 1}\n"
+        "_asupervisor_completion asupervisor\n"
+        'printf "%s\\n" "${COMPREPLY[@]}"\n'
+    )
+    path_env = {**env, "PATH": f"{bindir}{os.pathsep}{env['PATH']}"}
+    done = subprocess.run(
+        ["bash", "-c", script], env=path_env, capture_output=True, text=True, timeout=TIMEOUT
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
+
+
+def test_completion_scripts_for_bash_zsh_and_fish(env: dict[str, str], tmp_path: Path) -> None:
+    for shell in ("bash", "zsh", "fish"):
+        done = cli(env, "completion", shell)
+        assert done.returncode == 0 and "_ASUPERVISOR_COMPLETE" in done.stdout
+    assert cli(env, "completion", "tcsh").returncode == 2
+    assert _bash_complete(env, tmp_path, "asupervisor st") == ["status"]
+    assert "--wait" in _bash_complete(env, tmp_path, "asupervisor run --w")
+
+
+def test_python_dash_m_supervisor_runs_the_cli(env: dict[str, str]) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "supervisor", "run", "--", "true"],
+        env=env, capture_output=True, text=True, timeout=TIMEOUT,
+    )  # fmt: skip
+    assert done.returncode == 0 and done.stdout.startswith("local://"), done.stderr

@@ -10,8 +10,8 @@ import supervisor
 EXPECTED = {
     "NULL_RESOURCE", "AppDef", "AppHandle", "AppState", "AppStatus", "BackendError",
     "BindMount", "DamagedRecordError", "DescribeAppResponse", "DeviceMount", "DryRunInfo",
-    "DuplicateAppError",
-    "InvalidHandleError", "ListAppResponse", "Problem", "ReplicaState", "ReplicaStatus",
+    "DuplicateAppError", "InvalidHandleError", "ListAppResponse", "MissingExtraError",
+    "Problem", "ReplicaState", "ReplicaStatus",
     "ResolvedCfg", "Resource", "RetryPolicy", "Role", "RoleStatus", "RunOpt", "RunOpts",
     "SpecError", "Stream", "SubmitError", "Supervisor", "SupervisorError", "Transition",
     "UnknownAppError", "UnknownBackendError", "UnsupportedAsyncLibraryError", "VolumeMount",

@@ -19,11 +19,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Literal, ParamSpec, TypeVar
 
-import aiodocker
-import aiohttp
 import anyio
 
-from supervisor.errors import BackendError, SubmitError
+from supervisor.errors import BackendError, MissingExtraError, SubmitError
+
+try:
+    import aiodocker
+    import aiohttp
+except ModuleNotFoundError as e:  # the core install: the docker extra brings both
+    raise MissingExtraError("docker", e.name or "aiodocker", what="the docker backend") from e
 
 __all__ = ["EXIT_ACTIONS", "Engine", "StreamName"]
 

@@ -521,12 +521,14 @@ class LocalBackend(Backend):
             return None
         status, app = found
         roles = AppDef.from_json(app["app"]).roles if app is not None else ()
-        return DescribeAppResponse.from_status(handle.app_id, status, roles)
+        transitions = await anyio.to_thread.run_sync(store.read_transitions_or_none)
+        return DescribeAppResponse.from_status(handle.app_id, status, roles, transitions)
 
     async def list(self) -> list[ListAppResponse]:
         async def one(entry: IndexEntry) -> ListAppResponse | None:
             assert entry.app_dir is not None  # list_indexed gives intact entries only
-            found = await anyio.to_thread.run_sync(self._read_status, AppStore(entry.app_dir))
+            store = AppStore(entry.app_dir)
+            found = await anyio.to_thread.run_sync(self._read_status, store)
             if found is None:
                 return None
             status, app = found
@@ -536,6 +538,7 @@ class LocalBackend(Backend):
                 app_handle=make_handle("local", entry.session, entry.app_id),
                 name=str(app["app"]["name"]) if app is not None else "",
                 msg=status.msg,
+                times=await anyio.to_thread.run_sync(store.read_times),
             )
 
         return await list_indexed(self.index, "local", one)

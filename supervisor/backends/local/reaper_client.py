@@ -302,7 +302,14 @@ class Reaper:
             raise BackendError(f"cannot reach the local reaper: {reply['error']}", transient=True)
         if reply["op"] == "failed":
             code = int(reply["errno"]) or errno.EIO
-            raise OSError(code, f"{os.strerror(code)} ({reply['error']})")
+            # The reaper's text already starts with strerror when it had an errno.
+            detail = str(reply["error"])
+            text = (
+                detail
+                if detail.startswith(os.strerror(code))
+                else f"{os.strerror(code)} ({detail})"
+            )
+            raise OSError(code, text)
         report: ExitReport = reply["report"]  # already settled if it exited meanwhile
         return report.pid, report
 

@@ -557,8 +557,9 @@ class SlurmBackend(Backend):
             return None
         store, app = found
         status = await self._final_or_live(store, app)
+        transitions = await anyio.to_thread.run_sync(store.read_transitions_or_none)
         return DescribeAppResponse.from_status(
-            handle.app_id, status, AppDef.from_json(app["app"]).roles
+            handle.app_id, status, AppDef.from_json(app["app"]).roles, transitions
         )
 
     async def list(self) -> list[ListAppResponse]:
@@ -571,7 +572,8 @@ class SlurmBackend(Backend):
                 return None
             status = await self._final_or_live(*found)
             name = str(found[1]["app"]["name"])
-            return ListAppResponse(entry.app_id, status.state, str(handle), name, status.msg)
+            times = await anyio.to_thread.run_sync(found[0].read_times)
+            return ListAppResponse(entry.app_id, status.state, str(handle), name, status.msg, times)
 
         return await list_indexed(self.index, "slurm", one)
 

@@ -35,12 +35,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-import httpx
 
 from supervisor.backends.slurm.records import JobRecord, from_sacct, from_squeue
 from supervisor.backends.slurm.script import ClusterFacts
 from supervisor.backends.slurm.transport import AccountingDisabled, SlurmTransport, _transient
-from supervisor.errors import BackendError, Problem, SpecError, SubmitError
+from supervisor.errors import BackendError, MissingExtraError, Problem, SpecError, SubmitError
+
+try:
+    import httpx
+except ModuleNotFoundError as e:  # the core install: the slurm-rest extra brings it
+    raise MissingExtraError("slurm-rest", e.name or "httpx", what="Slurm over slurmrestd") from e
 
 __all__ = ["DEFAULT_PATH", "RestTransport", "default_environment", "parse_batch_script"]
 

@@ -1,0 +1,47 @@
+"""What the CLI derives for people and programs: an app's times and its one failure line."""
+
+from __future__ import annotations
+
+from supervisor.cli.render import failure_line, times_json, times_text
+from supervisor.fsm.states import AppState, ReplicaState
+from supervisor.status import AppStatus, AppTimes, ReplicaStatus, RoleStatus, Transition
+
+
+def _t(seq: int, at: float, source: str, dest: str, role: str | None = None) -> Transition:
+    return Transition(seq, at, source, dest, "t", role, 0 if role else None)
+
+
+def test_times_come_from_the_app_level_transitions() -> None:
+    history = [
+        _t(0, 10.0, "UNSUBMITTED", "SUBMITTED", "w"),
+        _t(1, 10.5, "UNSUBMITTED", "SUBMITTED"),
+        _t(2, 11.0, "SUBMITTED", "RUNNING", "w"),
+        _t(3, 12.0, "SUBMITTED", "RUNNING"),
+        _t(4, 13.0, "RUNNING", "FAILED", "w"),
+        _t(5, 13.5, "RUNNING", "RUNNING"),  # a restart: the first RUNNING stays
+        _t(6, 14.0, "RUNNING", "FAILED"),
+    ]
+    assert AppTimes.from_transitions(history) == AppTimes(10.5, 12.0, 14.0)
+    assert AppTimes.from_transitions(history[:4]) == AppTimes(10.5, 12.0, None)
+    assert AppTimes.from_transitions([]) == AppTimes()
+
+
+def test_an_app_that_never_ran_has_no_start() -> None:
+    history = [_t(0, 1.0, "UNSUBMITTED", "SUBMITTED"), _t(1, 2.0, "SUBMITTED", "FAILED")]
+    assert AppTimes.from_transitions(history) == AppTimes(1.0, None, 2.0)
+    assert times_json(AppTimes(1.0, None, 2.0)) == {
+        "submitted": "1970-01-01T00:00:01.000+00:00",
+        "started": None,
+        "ended": "1970-01-01T00:00:02.000+00:00",
+    }
+    text = times_text(AppTimes(1.0, None, 2.5))
+    assert text.startswith("submitted ") and "started" not in text and text.endswith("(1.5s)")
+
+
+def test_the_failure_line_names_the_root_cause() -> None:
+    failed = ReplicaStatus(1, ReplicaState.FAILED, "w", msg="w/1: cannot start 'x': gone")
+    ok = ReplicaStatus(0, ReplicaState.SUCCEEDED, "w")
+    status = AppStatus(AppState.FAILED, msg="w/1 exited", roles=[RoleStatus("w", [ok, failed])])
+    assert failure_line("local://s/a", status) == "local://s/a FAILED: w/1: cannot start 'x': gone"
+    cancelled = AppStatus(AppState.CANCELLED)
+    assert failure_line("local://s/a", cancelled) == "local://s/a CANCELLED"

@@ -176,6 +176,9 @@ def test_list_shows_a_damaged_index_entry_with_its_reason(state_dir: Path) -> No
             "name": "",
             "state": "UNKNOWN",
             "msg": f"damaged record: {session / 'stray.json'}: the entry is [], not dict",
+            "submitted": None,
+            "started": None,
+            "ended": None,
         }
     ]
     table = invoke("list").stdout

@@ -1,6 +1,6 @@
 """The ``asupervisor`` command line.
 
-Commands (``asupervisor COMMAND --help`` for each)::
+Commands (``asupervisor COMMAND --help`` for each; ``-h`` works everywhere)::
 
     run [--backend B] [--cfg k=v,...] [--dryrun] [--wait] [--log] [--json] TARGET [ARGS...]
     status HANDLE [--json]
@@ -9,11 +9,17 @@ Commands (``asupervisor COMMAND --help`` for each)::
     cancel HANDLE
     list [--backend B] [--json]
     runopts BACKEND [--json]
+    completion bash|zsh|fish
 
-Exit codes (``supervisor.cli.codes``):
+Global options: ``--session``, ``--state-dir``, ``--log-level`` (the ``supervisor``
+logger on stderr), ``--version``. ``NO_COLOR`` turns every escape code off.
 
-    0    success; for ``run``: the app SUCCEEDED
-    1    the app FAILED, the handle names no app, or the backend failed
+Exit codes (``supervisor.cli.codes``); every non-zero one comes with one line on
+stderr, ``Error: ...``:
+
+    0    success; ``run``/``status``/``describe``: the app SUCCEEDED or has not ended
+    1    the app FAILED (a launch failure too), no such app, the backend failed,
+         or a backend's extra is not installed
     2    usage error: unknown option, bad value, malformed handle, invalid app or run options
     3    the app was CANCELLED
     4    the app's state is UNKNOWN (its supervising process vanished)

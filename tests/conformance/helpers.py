@@ -61,9 +61,11 @@ async def cli(target: Target, *args: str) -> tuple[int, str, str]:
     return done.returncode, done.stdout.decode(), done.stderr.decode()
 
 
-async def cli_json(target: Target, *args: str) -> Any:
-    code, out, err = await cli(target, *args, "--json")
-    assert code == 0, err
+async def cli_json(target: Target, *args: str, code: int = 0) -> Any:
+    """``asupervisor ARGS --json``, parsed; ``code`` is the exit code it must give (status and
+    describe exit by the app's state: 3 for CANCELLED, as ``run --wait`` does)."""
+    got, out, err = await cli(target, *args, "--json")
+    assert got == code, err
     return json.loads(out)
 
 

@@ -95,7 +95,7 @@ async def test_the_cli_in_another_process_reads_and_cancels_an_app(
     assert code == 0, err
     final = await sv.wait(handle, timeout=target.timeout)
     assert final.state is AppState.CANCELLED, final
-    ended = await cli_json(target, "status", handle)
+    ended = await cli_json(target, "status", handle, code=3)
     assert ended["state"] == "CANCELLED", ended
     code, out, err = await cli(target, "log", handle, "r/0", "--streams", "stdout")
     assert code == 0 and out == "ready\ngot TERM\n", (code, out, err)

@@ -117,6 +117,11 @@ class AppActor:
         self._finish()
 
     # ------------------------------------------------------------------ readers
+    @property
+    def final_recorded(self) -> bool:
+        """The final record was written: other processes (and ``describe``) read the end."""
+        return self._final_written
+
     def status(self) -> AppStatus:
         return self.fsm.snapshot()
 

@@ -5,6 +5,16 @@ launched are answered from their actor's memory (``status`` never does I/O);
 any other handle is answered by its backend's own records, so a second
 process (the CLI) can follow, cancel and read the logs of apps it did not
 start.
+
+Memory stays bounded in a service that runs for weeks: once an app has ended
+and its final record is written, its actor leaves memory (its current waiters
+keep what they hold and are served to the end). From then on ``describe``,
+``wait``, ``watch``, ``log_iter`` and ``cancel`` answer from its records on
+disk, exactly as for an app of another process; ``status`` answers from a
+small bounded cache of the final statuses of the apps that ended last
+(``FINISHED_CACHE``), and None for an app that left it. An app whose final
+record could not be written (a full disk) stays in memory: its records would
+not tell its end.
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ import functools
 import getpass
 import os
 import secrets
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -28,6 +39,7 @@ from anyio.abc import TaskGroup
 
 from supervisor.actor import AppActor
 from supervisor.backends.base import (
+    AppRuntime,
     Backend,
     BackendContext,
     BackendRegistry,
@@ -53,6 +65,9 @@ from supervisor.status import AppStatus, DescribeAppResponse, ListAppResponse, T
 from supervisor.validate import MAX_APP_ID_LENGTH, check_name, validate
 
 __all__ = ["DryRunInfo", "Supervisor", "default_session", "default_state_dir"]
+
+FINISHED_CACHE = 256
+"""Final statuses of ended apps kept for ``status()`` after their actors left memory."""
 
 
 def default_state_dir() -> Path:
@@ -152,6 +167,8 @@ class Supervisor:
         self._registry = BackendRegistry(backends)
         self._backends: dict[str, Backend] = {}
         self._actors: dict[str, AppActor] = {}
+        # The final statuses of the apps that ended last, newest at the end.
+        self._finished: OrderedDict[str, AppStatus] = OrderedDict()
         self._stack: AsyncExitStack | None = None
         self._tg: TaskGroup | None = None
         self._gpus: int | None = None
@@ -318,7 +335,7 @@ class Supervisor:
             actor.discard()
             raise
         self._actors[handle] = actor
-        tg.start_soon(actor.run, runtime, tg)
+        tg.start_soon(self._follow, actor, runtime, tg)
         try:
             await actor.settle()
             # Another process asking right after this returns must find the app as it is.
@@ -331,6 +348,28 @@ class Supervisor:
                 await actor.done.wait()
             raise
         return handle
+
+    async def _follow(self, actor: AppActor, runtime: AppRuntime, tg: TaskGroup) -> None:
+        """Run the app's actor; once it ended and its end is on disk, let it leave memory.
+
+        Those who wait on it hold the actor itself and are served to the end; any
+        later question about the app is answered from its records.
+        """
+        await actor.run(runtime, tg)
+        if actor.final_recorded and self._actors.get(actor.handle) is actor:
+            del self._actors[actor.handle]
+            self._finished[actor.handle] = actor.status()
+            while len(self._finished) > FINISHED_CACHE:
+                self._finished.popitem(last=False)
+
+    def followed(self) -> list[str]:
+        """Handles of the apps this Supervisor holds in memory now.
+
+        An app launched here is held from its submit until it ended and its
+        final record is written; then it leaves memory (see the module's
+        docstring). The length of this list is what memory grows with.
+        """
+        return list(self._actors)
 
     async def submit(
         self,
@@ -382,9 +421,16 @@ class Supervisor:
         return {name: b.statistics() for name, b in self._backends.items()}
 
     def status(self, handle: str) -> AppStatus | None:
-        """A snapshot of an app this Supervisor follows; no I/O. None for any other handle."""
+        """A snapshot of an app this Supervisor follows; no I/O. None for any other handle.
+
+        An app launched here that ended is answered from a cache of the last
+        ``FINISHED_CACHE`` final statuses; one that left it answers None, as an
+        app of another process does: ``describe`` or ``wait`` read its records.
+        """
         actor = self._actors.get(handle)
-        return actor.status() if actor is not None else None
+        if actor is not None:
+            return actor.status()
+        return self._finished.get(handle)
 
     async def describe(self, handle: str) -> DescribeAppResponse | None:
         parsed = parse_handle(handle)
@@ -451,6 +497,9 @@ class Supervisor:
         if actor is not None:
             await actor.done.wait()
             return actor.status()
+        finished = self._finished.get(handle)
+        if finished is not None:
+            return finished
         # Another process follows this app: its backend tells when its records say it ended.
         parsed = parse_handle(handle)
         try:
@@ -463,10 +512,18 @@ class Supervisor:
         return status
 
     async def watch(self, handle: str) -> AsyncIterator[Transition]:
-        """Every transition of an app launched here, app and replica level, in order, to the end."""
+        """Every transition of an app launched here, app and replica level, in order, to the end.
+
+        An app that ended and left memory replays the transitions it recorded.
+        """
         actor = self._actors.get(handle)
         if actor is None:
-            raise UnknownAppError(f"{handle} is not followed by this Supervisor")
+            described = await self.describe(handle)
+            if described is None or not described.to_status().is_settled:
+                raise UnknownAppError(f"{handle} is not followed by this Supervisor")
+            for recorded in described.transitions:
+                yield recorded
+            return
         async for t in actor.transitions():
             yield t
 

@@ -20,12 +20,13 @@ not tell its end.
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import functools
 import getpass
 import os
 import secrets
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from datetime import datetime
@@ -47,6 +48,7 @@ from supervisor.backends.base import (
     LogTarget,
     Request,
 )
+from supervisor.backends.listing import newest_first
 from supervisor.errors import (
     DamagedRecordError,
     DuplicateAppError,
@@ -142,6 +144,72 @@ async def _set_when_ended(
         tg.start_soon(wait_ended)
         await stop.wait()
         tg.cancel_scope.cancel()
+
+
+@dataclass(frozen=True)
+class _ListQuery:
+    """The filters of ``Supervisor.list``, checked together (every problem named by field)."""
+
+    states: frozenset[AppState] | None
+    since: float | None
+    name: str | None
+    limit: int | None
+
+    @classmethod
+    def of(
+        cls,
+        state: AppState | str | Collection[AppState | str] | None,
+        since: datetime | float | None,
+        name: str | None,
+        limit: int | None,
+    ) -> _ListQuery:
+        problems: list[Problem] = []
+        states: set[AppState] | None = None
+        if state is not None:
+            wanted = [state] if isinstance(state, (AppState, str)) else state
+            states = set()
+            try:
+                items = list(wanted)
+            except TypeError:
+                items = []
+                problems.append(Problem("state", f"must be an AppState or a name, {state!r}"))
+            for item in items:
+                if isinstance(item, AppState):
+                    states.add(item)
+                elif isinstance(item, str) and item.upper() in AppState.__members__:
+                    states.add(AppState[item.upper()])
+                else:
+                    names = ", ".join(AppState.__members__)
+                    problems.append(Problem("state", f"{item!r} is not one of {names}"))
+        at: float | None = None
+        if isinstance(since, datetime):
+            at = since.timestamp()
+        elif isinstance(since, (int, float)) and not isinstance(since, bool):
+            at = float(since)
+        elif since is not None:
+            problems.append(Problem("since", f"must be a datetime or epoch seconds, {since!r}"))
+        if name is not None and (not isinstance(name, str) or not name):
+            problems.append(Problem("name", f"must be a non-empty string, {name!r}"))
+        if limit is not None and (
+            not isinstance(limit, int) or isinstance(limit, bool) or limit < 0
+        ):
+            problems.append(Problem("limit", f"must be an int >= 0, {limit!r}"))
+        if problems:
+            raise SpecError(problems, context="invalid list")
+        return cls(frozenset(states) if states is not None else None, at, name, limit)
+
+    def keeps(self, app: ListAppResponse) -> bool:
+        if self.states is not None and app.state not in self.states:
+            return False
+        if self.since is not None and (
+            app.times.submitted is None or app.times.submitted < self.since
+        ):
+            return False
+        return self.name is None or fnmatch.fnmatchcase(app.name, self.name)
+
+    def apply(self, apps: Sequence[ListAppResponse]) -> list[ListAppResponse]:
+        kept = newest_first([a for a in apps if self.keeps(a)])
+        return kept if self.limit is None else kept[: self.limit]
 
 
 class Supervisor:
@@ -451,8 +519,26 @@ class Supervisor:
     async def exists(self, handle: str) -> bool:
         return await self.describe(handle) is not None
 
-    async def list(self, backend: str) -> list[ListAppResponse]:
-        return await self.backend(backend).list()
+    async def list(
+        self,
+        backend: str,
+        *,
+        state: AppState | str | Collection[AppState | str] | None = None,
+        since: datetime | float | None = None,
+        name: str | None = None,
+        limit: int | None = None,
+    ) -> list[ListAppResponse]:
+        """The apps recorded by ``backend`` in this state directory, newest submitted first.
+
+        Filters: ``state`` (one state or several, by value or name), ``since``
+        (submitted at or after: a datetime, naive meaning local time, or epoch
+        seconds), ``name`` (the AppDef's name; shell-style wildcards ``*?[]``),
+        ``limit`` (at most that many, the newest). Settled apps are listed from
+        the index alone (see ``supervisor.backends.store``).
+        """
+        query = _ListQuery.of(state, since, name, limit)
+        apps = await self.backend(backend).list()
+        return query.apply(apps)
 
     async def cancel(self, handle: str) -> None:
         """Ask the app to stop and return at once; repeating it, or a finished app, is fine."""

@@ -2,18 +2,25 @@
 
 Layout, for an app with handle ``{backend}://{session}/{app_id}``::
 
-    {state_dir}/index/{backend}/{session}/{app_id}.json   -> {"app_dir": ...}
+    {state_dir}/index/{backend}/{session}/{app_id}.json   -> {"app_dir": ..., "name": ...}
     {app_dir}/app.json           the AppDef, the request, the owner process
     {app_dir}/state.json         latest AppStatus, replaced atomically
     {app_dir}/transitions.jsonl  every transition, appended
     {app_dir}/cancel.request     created by another process to ask for a cancel
     {app_dir}/{role}/{k}/        the replica's logs
 
+Once the app's final record is written, its index entry also carries what
+``list`` shows of it (state, msg, times) and the identity (inode, size, times)
+of its ``app.json`` and ``state.json`` then: ``list`` answers a settled app
+from its entry alone, after a ``stat`` of each record shows it untouched since
+(a record changed or damaged later is read, and reported, as before).
+
 Every function here blocks (file I/O) and is meant to run in a worker thread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -35,6 +42,7 @@ __all__ = [
     "AppStore",
     "Index",
     "IndexEntry",
+    "IndexSummary",
     "Owner",
     "damaged_status",
     "read_record",
@@ -496,13 +504,68 @@ class AppStore:
 
 
 @dataclass(frozen=True)
+class IndexSummary:
+    """What ``list`` shows of a settled app, kept in its index entry (see the docstring)."""
+
+    state: AppState
+    name: str
+    msg: str
+    times: AppTimes
+
+
+@dataclass(frozen=True)
 class IndexEntry:
-    """One app of the index: where its records are, or why its entry is damaged."""
+    """One app of the index: where its records are, or why its entry is damaged.
+
+    ``summary``: the app's final state and times, when its entry holds them and
+    its records are as they were when it ended; None otherwise (read them).
+    ``path``: the entry's own file.
+    """
 
     session: str
     app_id: str
     app_dir: Path | None
     damage: DamagedRecordError | None = None
+    summary: IndexSummary | None = None
+    path: Path | None = None
+
+
+_SUMMARIZED = ("app.json", "state.json")
+
+
+def _identity(path: Path) -> list[int] | None:
+    """What changes when the file is replaced or written: inode, size, mtime, ctime."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return [info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns]
+
+
+def _summary(data: dict[str, Any], app_dir: Path) -> IndexSummary | None:
+    """The entry's summary when it is well formed and the records it stands for are unchanged."""
+    final = data.get("final")
+    if not isinstance(final, dict):
+        return None
+    try:
+        records = final["records"]
+        if not isinstance(records, list) or len(records) != len(_SUMMARIZED):
+            return None
+        for name, seen in zip(_SUMMARIZED, records, strict=True):
+            if seen is None or _identity(app_dir / name) != seen:
+                return None
+        times = [final.get(k) for k in ("submitted", "started", "ended")]
+        if not all(
+            t is None or (isinstance(t, (int, float)) and not isinstance(t, bool)) for t in times
+        ):
+            return None
+        name = data.get("name", "")
+        msg = final.get("msg", "")
+        if not isinstance(name, str) or not isinstance(msg, str):
+            return None
+        return IndexSummary(AppState[final["state"]], name, msg, AppTimes(*times))
+    except (KeyError, TypeError):
+        return None
 
 
 class Index:
@@ -511,17 +574,52 @@ class Index:
     def __init__(self, state_dir: Path, backend: str) -> None:
         self.root = state_dir / "index" / backend
 
-    def add(self, session: str, app_id: str, app_dir: Path) -> None:
-        path = self.root / session / f"{_escape(app_id)}.json"
+    def add(self, session: str, app_id: str, app_dir: Path, name: str = "") -> None:
+        path = self.entry_path(session, app_id)
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(path, {"app_dir": str(app_dir), "app_id": app_id, "session": session})
+        write_json_atomic(
+            path, {"app_dir": str(app_dir), "app_id": app_id, "session": session, "name": name}
+        )
+
+    def entry_path(self, session: str, app_id: str) -> Path:
+        return self.root / session / f"{_escape(app_id)}.json"
+
+    def settle(self, session: str, app_id: str, app_dir: Path, status: AppStatus) -> None:
+        """Keep the app's final status and times in its entry, once its final record is written.
+
+        Best effort: an entry that cannot be rewritten only makes ``list`` read the
+        app's records, as it does for apps still running.
+        """
+        path = self.entry_path(session, app_id)
+        try:
+            data = read_record(path)
+        except DamagedRecordError:
+            return
+        if not isinstance(data, dict) or data.get("app_dir") != str(app_dir):
+            return
+        times = AppStore(app_dir).read_times()
+        data["final"] = {
+            "state": status.state.name,
+            "msg": status.msg,
+            "submitted": times.submitted,
+            "started": times.started,
+            "ended": times.ended,
+            "records": [_identity(app_dir / name) for name in _SUMMARIZED],
+        }
+        with contextlib.suppress(OSError):
+            write_json_atomic(path, data)
+
+    def remove(self, session: str, app_id: str) -> None:
+        """Drop the app's entry (its records go separately, after it)."""
+        self.entry_path(session, app_id).unlink(missing_ok=True)
 
     def lookup(self, session: str, app_id: str) -> Path | None:
         """The app's directory; None for an app never indexed here.
 
         Raises ``DamagedRecordError`` when its entry is damaged.
         """
-        return self._read(self.root / session / f"{_escape(app_id)}.json", session, app_id)
+        found = self._read(self.entry_path(session, app_id), session, app_id)
+        return None if found is None else found[0]
 
     def entries(self) -> Iterator[IndexEntry]:
         """Every app indexed here, in order; a damaged entry is one too, with its damage.
@@ -538,15 +636,17 @@ class Index:
             for entry in sorted(session_dir.glob("*.json")):
                 app_id = _unescape(entry.name.removesuffix(".json"))
                 try:
-                    app_dir = self._read(entry, session, app_id)
+                    found = self._read(entry, session, app_id)
                 except DamagedRecordError as e:
-                    yield IndexEntry(session, app_id, None, e)
+                    yield IndexEntry(session, app_id, None, e, path=entry)
                     continue
-                if app_dir is not None:  # removed since the listing
-                    yield IndexEntry(session, app_id, app_dir)
+                if found is not None:  # removed since the listing
+                    app_dir, data = found
+                    summary = _summary(data, app_dir)
+                    yield IndexEntry(session, app_id, app_dir, summary=summary, path=entry)
 
     @staticmethod
-    def _read(path: Path, session: str, app_id: str) -> Path | None:
+    def _read(path: Path, session: str, app_id: str) -> tuple[Path, dict[str, Any]] | None:
         data = read_record(path)
         if data is None:
             return None
@@ -565,7 +665,7 @@ class Index:
             return Path(d["app_dir"])
 
         result: Path = _parse(path, parse, data)
-        return result
+        return result, data
 
 
 def _escape(app_id: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from supervisor.cli.render import (
 from supervisor.cli.runcmd import run
 from supervisor.cli.timespec import TimeSpec
 from supervisor.errors import InvalidHandleError, UnknownBackendError
+from supervisor.fsm.states import AppState
 from supervisor.logs import Stream
 from supervisor.specs import parse_handle
 from supervisor.status import AppStatus, DescribeAppResponse
@@ -311,16 +313,42 @@ def _hold(ctx: click.Context, handle: str, *, release: bool) -> None:
     run_async(main)
 
 
+STATE_NAMES = tuple(s.name for s in AppState)
+
+
 @cli.command("list")
 @click.option("--backend", default="local", show_default=True)
+@click.option(
+    "--state",
+    "states",
+    multiple=True,
+    type=click.Choice(STATE_NAMES, case_sensitive=False),
+    help="only apps in this state (repeat for several)",
+)
+@click.option(
+    "--since",
+    type=TimeSpec(),
+    help="only apps submitted at or after: ISO-8601, epoch seconds, or a duration ago (2h)",
+)
+@click.option("--name", help="only apps of this AppDef name (shell wildcards * ? [] allowed)")
+@click.option("--limit", type=click.IntRange(min=0), help="at most this many, the newest")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.pass_context
-def list_apps(ctx: click.Context, backend: str, as_json: bool) -> None:
-    """Apps a backend knows: handle, name, state, and a msg where there is more to say."""
+def list_apps(
+    ctx: click.Context,
+    backend: str,
+    states: tuple[str, ...],
+    since: datetime | float | None,
+    name: str | None,
+    limit: int | None,
+    as_json: bool,
+) -> None:
+    """Apps a backend knows, newest first: handle, name, state, times, and a msg where
+    there is more to say."""
 
     async def main() -> None:
         async with _supervisor(ctx) as sv:
-            apps = await sv.list(backend)
+            apps = await sv.list(backend, state=states or None, since=since, name=name, limit=limit)
         if as_json:
             echo_json(list_json(apps))
         else:

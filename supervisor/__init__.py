@@ -28,6 +28,7 @@ from supervisor.errors import (
 )
 from supervisor.fsm.states import AppState, ReplicaState
 from supervisor.logs import Stream
+from supervisor.retention import Retention
 from supervisor.runopts import ResolvedCfg, RunOpt, RunOpts
 from supervisor.specs import (
     NULL_RESOURCE,
@@ -78,6 +79,7 @@ __all__ = [
     "ReplicaStatus",
     "ResolvedCfg",
     "Resource",
+    "Retention",
     "RetryPolicy",
     "Role",
     "RoleStatus",

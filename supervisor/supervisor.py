@@ -20,11 +20,15 @@ not tell its end.
 from __future__ import annotations
 
 import asyncio
+import builtins
+import contextlib
 import fnmatch
 import functools
 import getpass
+import logging
 import os
 import secrets
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from contextlib import AsyncExitStack
@@ -49,6 +53,7 @@ from supervisor.backends.base import (
     Request,
 )
 from supervisor.backends.listing import newest_first
+from supervisor.backends.store import Index, IndexEntry, end_is_known, remove_app
 from supervisor.errors import (
     DamagedRecordError,
     DuplicateAppError,
@@ -61,12 +66,15 @@ from supervisor.errors import (
 from supervisor.fsm.states import AppState
 from supervisor.idempotency import IdempotencyKeys, fingerprint, submit_once
 from supervisor.logs import Stream, WatchHub, iter_log_lines, parse_streams
+from supervisor.retention import Retention
 from supervisor.runopts import ResolvedCfg, RunOpts
 from supervisor.specs import AppDef, AppHandle, make_app_id, make_handle, parse_handle
 from supervisor.status import AppStatus, DescribeAppResponse, ListAppResponse, Transition
 from supervisor.validate import MAX_APP_ID_LENGTH, check_name, validate
 
 __all__ = ["DryRunInfo", "Supervisor", "default_session", "default_state_dir"]
+
+_log = logging.getLogger(__name__)
 
 FINISHED_CACHE = 256
 """Final statuses of ended apps kept for ``status()`` after their actors left memory."""
@@ -224,7 +232,14 @@ class Supervisor:
         *,
         state_dir: str | Path | None = None,
         backends: Mapping[str, Any] | None = None,
+        retention: Retention | None = None,
     ) -> None:
+        if retention is not None and not isinstance(retention, Retention):
+            raise SpecError(
+                [Problem("retention", f"must be a Retention, {type(retention).__name__}")],
+                context="invalid supervisor",
+            )
+        self.retention = retention
         self.session = session if session is not None else default_session()
         problems = check_name("session", self.session)
         if problems:
@@ -256,6 +271,8 @@ class Supervisor:
         self._stack = AsyncExitStack()
         self._tg = await self._stack.enter_async_context(anyio.create_task_group())
         self._watch_hub = WatchHub(self._tg)
+        if self.retention is not None:
+            self._tg.start_soon(self._retain, self.retention)
         return self
 
     async def __aexit__(
@@ -539,6 +556,86 @@ class Supervisor:
         query = _ListQuery.of(state, since, name, limit)
         apps = await self.backend(backend).list()
         return query.apply(apps)
+
+    async def gc(
+        self,
+        backend: str,
+        *,
+        older_than: float | None = None,
+        keep: int | None = None,
+        dry_run: bool = False,
+    ) -> builtins.list[str]:
+        """Remove the records, logs and index entries of this session's settled apps.
+
+        Removed: each settled app that ended more than ``older_than`` seconds
+        ago, and each beyond the newest ``keep`` settled apps (either may be
+        None; not both). Never removed: an app followed here and not yet over,
+        an app that is not settled, or one whose end is not recorded while its
+        supervising process lives, or whose index entry is damaged. Returns the
+        handles removed (with ``dry_run``: those that would be), newest first.
+        The file work runs in a worker thread.
+        """
+        Retention(max_age=older_than, max_count=keep)  # the same checks, the same fields
+        impl = self.backend(backend)
+        index: Index | None = getattr(impl, "index", None)
+        if index is None:
+            return []
+        entries = await anyio.to_thread.run_sync(lambda: list(index.entries()))
+        settled: builtins.list[tuple[float, IndexEntry]] = []
+        for entry in entries:
+            if entry.session != self.session or entry.damage is not None:
+                continue
+            handle = make_handle(backend, entry.session, entry.app_id)
+            if handle in self._actors or entry.app_dir is None:
+                continue
+            at = await self._settled_at(backend, entry)
+            if at is not None:
+                settled.append((at, entry))
+        settled.sort(key=lambda found: found[0], reverse=True)
+        cutoff = None if older_than is None else time.time() - older_than
+        doomed = [
+            entry
+            for rank, (at, entry) in enumerate(settled)
+            if (keep is not None and rank >= keep) or (cutoff is not None and at < cutoff)
+        ]
+        if not dry_run:
+
+            def remove() -> None:
+                for entry in doomed:
+                    remove_app(index, entry.session, entry.app_id, entry.app_dir)
+
+            await anyio.to_thread.run_sync(remove)
+        return [make_handle(backend, e.session, e.app_id) for e in doomed]
+
+    async def _settled_at(self, backend: str, entry: IndexEntry) -> float | None:
+        """When a removable app ended (else submitted); None when it must stay."""
+        if entry.summary is not None:  # written with its final record
+            times = entry.summary.times
+        else:
+            parsed = AppHandle(backend, entry.session, entry.app_id)
+            described = await self._describe_recorded(parsed)
+            if described is None or not described.to_status().is_settled:
+                return None
+            assert entry.app_dir is not None
+            if not await anyio.to_thread.run_sync(end_is_known, entry.app_dir):
+                return None
+            times = described.times
+        at = times.ended if times.ended is not None else times.submitted
+        if at is None and entry.path is not None:
+            with contextlib.suppress(OSError):
+                at = (await anyio.Path(entry.path).stat()).st_mtime
+        return at if at is not None else 0.0
+
+    async def _retain(self, retention: Retention) -> None:
+        """Apply ``retention`` to every backend in use, every ``interval`` seconds."""
+        while True:
+            await anyio.sleep(retention.interval)
+            for name in list(self._backends):
+                try:
+                    await self.gc(name, older_than=retention.max_age, keep=retention.max_count)
+                except Exception:
+                    # The next sweep tries again; the apps are not harmed by a late one.
+                    _log.warning("retention sweep of backend %s failed", name, exc_info=True)
 
     async def cancel(self, handle: str) -> None:
         """Ask the app to stop and return at once; repeating it, or a finished app, is fine."""

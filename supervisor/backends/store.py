@@ -45,7 +45,9 @@ __all__ = [
     "IndexSummary",
     "Owner",
     "damaged_status",
+    "end_is_known",
     "read_record",
+    "remove_app",
     "unknown_status",
     "write_json_atomic",
 ]
@@ -666,6 +668,38 @@ class Index:
 
         result: Path = _parse(path, parse, data)
         return result, data
+
+
+def end_is_known(app_dir: Path) -> bool:
+    """The app's final record is there, or its supervising process is gone for good.
+
+    What ``gc`` requires before removing a settled app: nobody will write to
+    it any more. A damaged record whose owner cannot be read tells nothing: False.
+    """
+    store = AppStore(app_dir)
+    try:
+        if store.read_final_status() is not None:
+            return True
+    except DamagedRecordError:
+        pass
+    try:
+        app = store.read_app()
+    except DamagedRecordError:
+        return False
+    return app is not None and not Owner.from_json(app["owner"]).alive()
+
+
+def remove_app(index: Index, session: str, app_id: str, app_dir: Path | None) -> None:
+    """The app's index entry, then its directory: records and logs.
+
+    The directory goes only when it is one of an app (named by its app id):
+    an entry that names another place loses only itself.
+    """
+    index.remove(session, app_id)
+    if app_dir is None or not app_dir.as_posix().endswith("/" + app_id):
+        return
+    if app_dir.is_dir() and not app_dir.is_symlink():
+        shutil.rmtree(app_dir, ignore_errors=True)
 
 
 def _escape(app_id: str) -> str:

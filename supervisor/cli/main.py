@@ -33,7 +33,7 @@ from supervisor.cli.render import (
     use_color,
 )
 from supervisor.cli.runcmd import run
-from supervisor.cli.timespec import TimeSpec
+from supervisor.cli.timespec import TimeSpec, parse_duration
 from supervisor.errors import InvalidHandleError, UnknownBackendError
 from supervisor.fsm.states import AppState
 from supervisor.logs import Stream
@@ -353,6 +353,66 @@ def list_apps(
             echo_json(list_json(apps))
         else:
             print_list(console(), apps)
+
+    run_async(main)
+
+
+class DurationType(click.ParamType[float]):
+    """``90s``, ``10m``, ``2h``, ``1d``, ``1h30m`` or bare seconds."""
+
+    name = "DURATION"
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        if isinstance(value, (int, float)):
+            return float(value)
+        text = str(value).strip()
+        seconds = parse_duration(text)
+        if seconds is None and re.fullmatch(r"\d+(?:\.\d*)?", text):
+            seconds = float(text)
+        if seconds is None:
+            self.fail(f"{value!r} is not a duration (90s, 10m, 2h, 1d)", param, ctx)
+        return seconds
+
+
+@cli.command()
+@click.option("--backend", default="local", show_default=True)
+@click.option(
+    "--older-than",
+    type=DurationType(),
+    help="remove settled apps that ended longer ago than this (2h, 7d)",
+)
+@click.option("--keep", type=click.IntRange(min=0), help="keep only the newest N settled apps")
+@click.option("--dry-run", is_flag=True, help="only print what would be removed")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.pass_context
+def gc(
+    ctx: click.Context,
+    backend: str,
+    older_than: float | None,
+    keep: int | None,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Remove the records and logs of the session's settled apps.
+
+    Never removes an app that is not settled, or whose end is not recorded
+    while its supervising process lives.
+    """
+    if older_than is None and keep is None:
+        raise UsageFailure("give --older-than, --keep or both")
+
+    async def main() -> None:
+        async with _supervisor(ctx) as sv:
+            removed = await sv.gc(backend, older_than=older_than, keep=keep, dry_run=dry_run)
+        if as_json:
+            echo_json({"dry_run": dry_run, "removed": removed})
+            return
+        verb = "would remove" if dry_run else "removed"
+        for handle in removed:
+            click.echo(f"{verb}: {handle}")
+        click.echo(f"{verb} {len(removed)} app(s)", err=True)
 
     run_async(main)
 

@@ -11,7 +11,7 @@ EXPECTED = {
     "NULL_RESOURCE", "AppDef", "AppHandle", "AppState", "AppStatus", "BackendError",
     "BindMount", "DamagedRecordError", "DescribeAppResponse", "DeviceMount", "DryRunInfo",
     "DuplicateAppError", "InvalidHandleError", "ListAppResponse", "MissingExtraError",
-    "Problem", "ReplicaState", "ReplicaStatus",
+    "Problem", "ReplicaState", "ReplicaStatus", "Retention",
     "ResolvedCfg", "Resource", "RetryPolicy", "Role", "RoleStatus", "RunOpt", "RunOpts",
     "SpecError", "Stream", "SubmitError", "Supervisor", "SupervisorError", "Transition",
     "UnknownAppError", "UnknownBackendError", "UnsupportedAsyncLibraryError", "VolumeMount",
@@ -21,6 +21,7 @@ EXPECTED = {
 SUPERVISOR_METHODS = {
     "dryrun", "schedule", "submit", "status", "describe", "exists", "list", "cancel",
     "wait", "watch", "log_iter", "close", "run_opts", "hold", "release",
+    "gc", "followed",
 }  # fmt: skip
 
 

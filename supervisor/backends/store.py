@@ -93,7 +93,7 @@ def write_json_atomic(path: Path, data: Any, *, durable: bool = False) -> None:
             os.close(dir_fd)
 
 
-def _read_regular(path: Path, limit: int) -> bytes | None:
+def _read_regular(path: str | Path, limit: int) -> bytes | None:
     """The bytes of the regular file at ``path``; None when there is no file there.
 
     Never blocks on what only carries a record's name: the open does not wait
@@ -128,7 +128,7 @@ def _read_regular(path: Path, limit: int) -> bytes | None:
         os.close(fd)
 
 
-def _unreadable(path: Path, e: OSError) -> BackendError:
+def _unreadable(path: str | Path, e: OSError) -> BackendError:
     if e.errno in _TRANSIENT:
         return BackendError(f"cannot read {path} now: {e.strerror}", transient=True)
     return DamagedRecordError(str(path), f"cannot be read ({e.strerror or e})")
@@ -147,7 +147,7 @@ def _kind(mode: int) -> str:
     return f"mode {mode:o}"
 
 
-def read_record(path: Path, *, limit: int = RECORD_LIMIT) -> Any:
+def read_record(path: str | Path, *, limit: int = RECORD_LIMIT) -> Any:
     """The JSON in the record at ``path``; None when there is no record there (yet).
 
     An empty file, a file cut short, or one that is not JSON is damaged
@@ -255,7 +255,7 @@ def _parse_owner(data: Any) -> Owner:
     return Owner.from_json(data)
 
 
-def _parse(path: Path, parse: Any, data: Any) -> Any:
+def _parse(path: str | Path, parse: Any, data: Any) -> Any:
     """``parse(data)``; what it finds wrong is the record's damage, named by its path."""
     try:
         return parse(data)
@@ -526,16 +526,21 @@ class IndexEntry:
 
     session: str
     app_id: str
-    app_dir: Path | None
+    directory: str | None
     damage: DamagedRecordError | None = None
     summary: IndexSummary | None = None
-    path: Path | None = None
+    path: str | None = None
+
+    @property
+    def app_dir(self) -> Path | None:
+        """The app's directory; a Path made on demand (1,000 of them cost 30 ms)."""
+        return None if self.directory is None else Path(self.directory)
 
 
 _SUMMARIZED = ("app.json", "state.json")
 
 
-def _identity(path: Path) -> list[int] | None:
+def _identity(path: str | Path) -> list[int] | None:
     """What changes when the file is replaced or written: inode, size, mtime, ctime."""
     try:
         info = os.stat(path)
@@ -544,7 +549,7 @@ def _identity(path: Path) -> list[int] | None:
     return [info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns]
 
 
-def _summary(data: dict[str, Any], app_dir: Path) -> IndexSummary | None:
+def _summary(data: dict[str, Any], app_dir: str) -> IndexSummary | None:
     """The entry's summary when it is well formed and the records it stands for are unchanged."""
     final = data.get("final")
     if not isinstance(final, dict):
@@ -554,7 +559,7 @@ def _summary(data: dict[str, Any], app_dir: Path) -> IndexSummary | None:
         if not isinstance(records, list) or len(records) != len(_SUMMARIZED):
             return None
         for name, seen in zip(_SUMMARIZED, records, strict=True):
-            if seen is None or _identity(app_dir / name) != seen:
+            if seen is None or _identity(os.path.join(app_dir, name)) != seen:
                 return None
         times = [final.get(k) for k in ("submitted", "started", "ended")]
         if not all(
@@ -620,8 +625,8 @@ class Index:
 
         Raises ``DamagedRecordError`` when its entry is damaged.
         """
-        found = self._read(self.entry_path(session, app_id), session, app_id)
-        return None if found is None else found[0]
+        found = self._read_entry(self.entry_path(session, app_id), session, app_id)
+        return None if found is None else Path(found["app_dir"])
 
     def entries(self) -> Iterator[IndexEntry]:
         """Every app indexed here, in order; a damaged entry is one too, with its damage.
@@ -629,31 +634,44 @@ class Index:
         Names that are not entries (no ``.json`` ending: a write in progress,
         or anything else left beside them) are passed over.
         """
-        if not self.root.is_dir():
+        # os.scandir and plain strings: pathlib's parsing and ordering cost more than
+        # the reads themselves (1,000 entries: 100 ms against 30 ms).
+        root = str(self.root)
+        try:
+            with os.scandir(root) as found:
+                sessions = sorted(e.name for e in found if e.is_dir())
+        except (FileNotFoundError, NotADirectoryError):
             return
-        for session_dir in sorted(self.root.iterdir()):
-            if not session_dir.is_dir():
+        for session in sessions:
+            session_dir = os.path.join(root, session)
+            try:
+                with os.scandir(session_dir) as found:
+                    names = sorted(
+                        e.name for e in found if e.name.endswith(".json") and e.name[0] != "."
+                    )
+            except OSError:
                 continue
-            session = session_dir.name
-            for entry in sorted(session_dir.glob("*.json")):
-                app_id = _unescape(entry.name.removesuffix(".json"))
+            for name in names:
+                entry = os.path.join(session_dir, name)
+                app_id = _unescape(name.removesuffix(".json"))
                 try:
-                    found = self._read(entry, session, app_id)
+                    data = self._read_entry(entry, session, app_id)
                 except DamagedRecordError as e:
                     yield IndexEntry(session, app_id, None, e, path=entry)
                     continue
-                if found is not None:  # removed since the listing
-                    app_dir, data = found
+                if data is not None:  # removed since the listing
+                    app_dir = data["app_dir"]
                     summary = _summary(data, app_dir)
                     yield IndexEntry(session, app_id, app_dir, summary=summary, path=entry)
 
     @staticmethod
-    def _read(path: Path, session: str, app_id: str) -> tuple[Path, dict[str, Any]] | None:
+    def _read_entry(path: str | Path, session: str, app_id: str) -> dict[str, Any] | None:
+        """The entry's JSON, checked; None when there is none."""
         data = read_record(path)
         if data is None:
             return None
 
-        def parse(d: Any) -> Path:
+        def parse(d: Any) -> dict[str, Any]:
             _typed(d, dict, "the entry")
             _typed(d.get("app_dir"), str, "app_dir")
             _typed(d.get("session"), str, "session")
@@ -664,10 +682,10 @@ class Index:
                 )
             if not d["app_dir"]:
                 raise ValueError("app_dir is empty")
-            return Path(d["app_dir"])
+            return dict(d)
 
-        result: Path = _parse(path, parse, data)
-        return result, data
+        result: dict[str, Any] = _parse(path, parse, data)
+        return result
 
 
 def end_is_known(app_dir: Path) -> bool:

@@ -12,7 +12,7 @@ on the trailing edge of a burst, the final record last.
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import anyio
@@ -59,9 +59,16 @@ _Mail = ReplicaEvent | AppCancelRequested | AppNotice | _Cancel | _Barrier | _Br
 
 
 class AppActor:
-    def __init__(self, handle: str, request: Request) -> None:
+    def __init__(
+        self,
+        handle: str,
+        request: Request,
+        on_done: Callable[[AppActor], None] | None = None,
+    ) -> None:
         self.handle = handle
         self.request = request
+        # Called once, synchronously, when ``done`` is set: before any waiter resumes.
+        self._on_done = on_done
         self.fsm = AppFSM(
             [
                 RoleSpec(r.name, r.num_replicas, r.max_retries, r.retry_policy)
@@ -258,6 +265,9 @@ class AppActor:
     def _finish(self) -> None:
         self.done.set()
         self._publish()
+        on_done, self._on_done = self._on_done, None
+        if on_done is not None:
+            on_done(self)
         # Release barrier waiters that raced with the end.
         while True:
             try:

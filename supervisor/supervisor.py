@@ -44,7 +44,6 @@ from anyio.abc import TaskGroup
 
 from supervisor.actor import AppActor
 from supervisor.backends.base import (
-    AppRuntime,
     Backend,
     BackendContext,
     BackendRegistry,
@@ -409,7 +408,7 @@ class Supervisor:
         handle = make_handle(info.backend, self.session, info.request.app_id)
         if handle in self._actors:
             raise DuplicateAppError(f"{handle} was already scheduled by this Supervisor")
-        actor = AppActor(handle, info.request)
+        actor = AppActor(handle, info.request, on_done=self._forget)
         try:
             # Shielded: a launch cut short by the caller's cancel would leave what it
             # had started (processes, a Slurm job, containers) with no handle and no
@@ -420,7 +419,7 @@ class Supervisor:
             actor.discard()
             raise
         self._actors[handle] = actor
-        tg.start_soon(self._follow, actor, runtime, tg)
+        tg.start_soon(actor.run, runtime, tg)
         try:
             await actor.settle()
             # Another process asking right after this returns must find the app as it is.
@@ -434,13 +433,13 @@ class Supervisor:
             raise
         return handle
 
-    async def _follow(self, actor: AppActor, runtime: AppRuntime, tg: TaskGroup) -> None:
-        """Run the app's actor; once it ended and its end is on disk, let it leave memory.
+    def _forget(self, actor: AppActor) -> None:
+        """The app ended: once its end is on disk, its actor leaves memory.
 
-        Those who wait on it hold the actor itself and are served to the end; any
-        later question about the app is answered from its records.
+        Called as ``done`` is set, before any waiter resumes: those who wait on
+        it hold the actor itself and are served to the end; any later question
+        about the app is answered from its records (``status`` from the cache).
         """
-        await actor.run(runtime, tg)
         if actor.final_recorded and self._actors.get(actor.handle) is actor:
             del self._actors[actor.handle]
             self._finished[actor.handle] = actor.status()

@@ -15,4 +15,6 @@ SLURM_CAPABILITIES = Capabilities(
     mounts=True,
     max_replicas_per_role=None,
     requires_image=False,
+    mounts_note="bind and device, as pyxis container mounts of a role with an image",
+    image_note="run with pyxis (srun --container-image); a tag only with image_is_tag",
 )

@@ -29,7 +29,7 @@ def mpi(
     plugin: str = "pmix",
     name: str | None = None,
     cpu: int = 1,
-    memMB: int = 0,  # noqa: N803 (TorchX spells it so)
+    memMB: int = -1,  # noqa: N803 (TorchX spells it so)
     env: dict[str, str] | None = None,
     max_retries: int = 0,
     mpirun: str = "mpirun",
@@ -48,7 +48,7 @@ def mpi(
         plugin: pmix or pmi2 (srun starts each rank), or mpirun
         name: the app's name (default: the program's name)
         cpu: CPUs per rank
-        memMB: memory per rank in MB (0: the partition's default)
+        memMB: memory per rank in MB (-1: the partition's default)
         env: extra environment variables, k=v,k2=v2
         max_retries: restarts of the whole job after a failure
         mpirun: the mpirun to run (plugin mpirun), e.g. mpirun.openmpi

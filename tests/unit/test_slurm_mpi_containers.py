@@ -15,12 +15,14 @@ import pytest
 
 from supervisor import AppDef, BindMount, DeviceMount, Role, SpecError, VolumeMount
 from supervisor.backends.base import DryrunContext
+from supervisor.backends.slurm.capabilities import SLURM_CAPABILITIES
 from supervisor.backends.slurm.options import slurm_run_opts
 from supervisor.backends.slurm.pyxis import has_pyxis, probe_pyxis
 from supervisor.backends.slurm.script import MPI, ClusterFacts, SlurmRequest, render
 from supervisor.components import mpi
 from supervisor.logs.pump import inherited_fds
 from supervisor.specs import Mount
+from supervisor.validate import validate
 
 GOLDEN = Path(__file__).parent / "golden"
 CTX = DryrunContext(session="svc", app_id="hello-0001", cwd="/home/me/project")
@@ -92,6 +94,7 @@ def _srun_words(script: str) -> list[str]:
 
 def test_pmix_and_pmi2_are_one_srun_step_of_nnodes_x_nproc_ranks() -> None:
     for plugin in ("pmix", "pmi2"):
+        validate(mpi("./hello", j="2x2", plugin=plugin), SLURM_CAPABILITIES)
         request = _render(mpi("./hello", j="2x2", plugin=plugin))
         assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=2" in request.script
         assert f"--mpi={plugin}" in _srun_words(request.script)
@@ -102,6 +105,7 @@ def test_pmix_and_pmi2_are_one_srun_step_of_nnodes_x_nproc_ranks() -> None:
 
 
 def test_mpirun_runs_in_the_batch_script_over_the_whole_allocation() -> None:
+    validate(mpi("./hello", j="2x2", plugin="mpirun"), SLURM_CAPABILITIES)
     request = _render(mpi("./hello", j="2x2", plugin="mpirun", mpirun="mpirun.openmpi"))
     script = request.script
     assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=2" in script

@@ -8,7 +8,10 @@ Each rank prints its rank, the world's size and the Slurm node it runs on.
 
 The emulated nodes are one host: Open MPI's shared-memory transport (vader)
 takes ranks of two "nodes" for neighbours and crashes, so the Open MPI runs
-use ``OMPI_MCA_btl=self,tcp``. The cluster has no pyxis: a role's image is
+use ``OMPI_MCA_btl=self,tcp``. MPICH (ch4:ucx) runs with ``UCX_NET_DEVICES=lo``:
+the host's other interfaces include the docker engines' veths, which come and
+go as containers do, and UCX failed now and then to start its worker on one
+that vanished ("init_worker ... No such device"). The cluster has no pyxis: a role's image is
 refused at dry run, unless it is only a tag.
 """
 
@@ -53,6 +56,8 @@ int main(int argc, char **argv) {
 LINE = re.compile(r"hello rank=(\d+) size=(\d+) node=(\S+)")
 # Ranks of two emulated nodes share one host: no shared-memory transport between them.
 OPEN_MPI_ENV = {"OMPI_MCA_btl": "self,tcp"}
+# UCX (MPICH's device) on the loopback only: other interfaces come and go with containers.
+MPICH_ENV = {"UCX_NET_DEVICES": "lo"}
 # mpirun refuses root unless told; the cluster's jobs run as the submitting user (root here).
 AS_ROOT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
@@ -120,7 +125,9 @@ async def test_mpich_over_srun_pmi2(
     cluster: dict[str, object], state_dir: Path, hello: dict[str, Path]
 ) -> None:
     """PMI-2 talks over PMI_FD, which the log pump must leave open for the rank."""
-    _check_world(await _run_per_rank(mpi(str(hello["mpich"]), j="2x2", plugin="pmi2")))
+    _check_world(
+        await _run_per_rank(mpi(str(hello["mpich"]), j="2x2", plugin="pmi2", env=MPICH_ENV))
+    )
 
 
 async def test_open_mpi_mpirun_from_the_first_node(
@@ -146,6 +153,7 @@ async def test_the_cli_runs_the_mpi_component(
 ) -> None:
     env = {**os.environ, "ASUPERVISOR_HOME": str(state_dir)}
     args = ["run", "--backend", "slurm", "--wait", "mpi", "-j", "2x2", "--plugin", "pmi2"]
+    args += ["--env", "UCX_NET_DEVICES=lo"]
     done = await anyio.to_thread.run_sync(
         lambda: subprocess.run(
             [*CLI, *args, str(hello["mpich"])], capture_output=True, text=True, env=env, timeout=240

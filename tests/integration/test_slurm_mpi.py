@@ -117,6 +117,15 @@ async def _run_per_rank(app: AppDef) -> list[tuple[int, int, str]]:
 async def test_open_mpi_over_srun_pmix(
     cluster: dict[str, object], state_dir: Path, hello: dict[str, Path]
 ) -> None:
+    """Needs a TmpFS per node (scripts/slurm-cluster sets it): PMIx makes its step directory
+    there, named by job and step only, and emulated nodes sharing one would collide."""
+    config = await anyio.run_process(["scontrol", "show", "config"])
+    tmpfs = [line for line in config.stdout.decode().splitlines() if line.startswith("TmpFS")]
+    if not any("%n" in line for line in tmpfs):
+        pytest.fail(
+            f"the running cluster has no TmpFS per node ({tmpfs}): it was started by an older "
+            "scripts/slurm-cluster; run `scripts/slurm-cluster up` to restart it"
+        )
     app = mpi(str(hello["openmpi"]), j="2x2", plugin="pmix", env=OPEN_MPI_ENV)
     _check_world(await _run_per_rank(app))
 

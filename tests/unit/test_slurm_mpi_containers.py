@@ -214,3 +214,22 @@ def test_the_pump_keeps_pmi_fd_open(monkeypatch: pytest.MonkeyPatch) -> None:
         os.close(write)
     monkeypatch.setenv("PMI_FD", str(write))  # closed now
     assert inherited_fds() == ()
+
+
+def test_the_cli_knows_the_mpi_component() -> None:
+    from click.testing import CliRunner
+
+    from supervisor.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["run", "mpi", "--help"])
+    assert result.exit_code == 0, result.output
+    assert "-j" in result.output and "--plugin" in result.output and "--mpirun" in result.output
+    result = CliRunner().invoke(
+        cli, ["run", "--dryrun", "mpi", "-j", "2x2", "--plugin", "pmi2", "--", "./hello", "-v"]
+    )
+    assert result.exit_code == 0, result.output
+    # The local backend's dry run: four replicas (ranks) of the program.
+    assert [line.split(":")[0].strip() for line in result.output.splitlines()[2:]] == [
+        f"hello/{k}" for k in range(4)
+    ]
+    assert result.output.count(" ./hello -v\n") == 4

@@ -20,6 +20,7 @@ What this process follows is heard from one engine event stream per backend.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -104,6 +105,7 @@ class DockerBackend(Backend):
             ctx,
             host=cfg.get_str("host") or self.host,
             default_log_dir=self.context.state_dir / "logs",
+            environ=os.environ,  # copy_env's source, read here as TorchX does
         )
 
     async def launch(self, request: Request, sink: EventSink) -> DockerRuntime:

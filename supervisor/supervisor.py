@@ -14,6 +14,7 @@ import functools
 import getpass
 import os
 import secrets
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -47,6 +48,8 @@ from supervisor.errors import (
 from supervisor.fsm.states import AppState
 from supervisor.idempotency import IdempotencyKeys, fingerprint, submit_once
 from supervisor.logs import Stream, WatchHub, iter_log_lines, parse_streams
+from supervisor.observe import EventStream, Observer, metrics
+from supervisor.observe.bus import DEFAULT_MAX_BUFFER
 from supervisor.runopts import ResolvedCfg, RunOpts
 from supervisor.specs import AppDef, AppHandle, make_app_id, make_handle, parse_handle
 from supervisor.status import AppStatus, DescribeAppResponse, ListAppResponse, Transition
@@ -157,6 +160,8 @@ class Supervisor:
         self._gpus: int | None = None
         self._closed = False
         self._watch_hub: WatchHub | None = None
+        self._observer = Observer()
+        self._unregister_metrics: Callable[[], None] | None = None
 
     # --------------------------------------------------------------- lifecycle
     async def __aenter__(self) -> Supervisor:
@@ -171,6 +176,7 @@ class Supervisor:
         self._stack = AsyncExitStack()
         self._tg = await self._stack.enter_async_context(anyio.create_task_group())
         self._watch_hub = WatchHub(self._tg)
+        self._unregister_metrics = metrics.register_states(_StateCounts(self._actors))
         return self
 
     async def __aexit__(
@@ -200,6 +206,9 @@ class Supervisor:
         if self._closed:
             return
         self._closed = True
+        self._observer.bus.close()
+        if self._unregister_metrics is not None:
+            self._unregister_metrics()
         with anyio.CancelScope(shield=True):
             owned = [
                 actor
@@ -307,7 +316,7 @@ class Supervisor:
         handle = make_handle(info.backend, self.session, info.request.app_id)
         if handle in self._actors:
             raise DuplicateAppError(f"{handle} was already scheduled by this Supervisor")
-        actor = AppActor(handle, info.request)
+        actor = AppActor(handle, info.request, self._observer)
         try:
             # Shielded: a launch cut short by the caller's cancel would leave what it
             # had started (processes, a Slurm job, containers) with no handle and no
@@ -347,6 +356,18 @@ class Supervisor:
         returns the first submit's handle instead of starting a second run;
         see ``supervisor.idempotency``.
         """
+        started = time.monotonic()
+        handle = await self._submit(app, backend, cfg, idempotency_key)
+        metrics.record_submit(backend, time.monotonic() - started)
+        return handle
+
+    async def _submit(
+        self,
+        app: AppDef,
+        backend: str,
+        cfg: Mapping[str, object] | None,
+        idempotency_key: str | None,
+    ) -> str:
         await self.prepare(backend)
         if idempotency_key is None:
             return await self.schedule(self.dryrun(app, backend, cfg))
@@ -440,10 +461,12 @@ class Supervisor:
 
     async def wait(self, handle: str, timeout: float | None = None) -> AppStatus:
         """The final status, once the app is terminal (event-driven for apps launched here)."""
+        started = time.monotonic()
         with anyio.move_on_after(timeout) as scope:
             status = await self._wait(handle)
         if scope.cancelled_caught:
             raise WaitTimeout(f"{handle} was not terminal after {timeout} s")
+        metrics.record_wait(handle.split("://", 1)[0], time.monotonic() - started)
         return status
 
     async def _wait(self, handle: str) -> AppStatus:
@@ -461,6 +484,18 @@ class Supervisor:
         if status is None:
             raise UnknownAppError(f"no app {handle}")
         return status
+
+    def events(self, max_buffer: int = DEFAULT_MAX_BUFFER) -> EventStream:
+        """Every transition of every app this Supervisor follows, from now on, as they happen.
+
+        One stream for all apps (``watch`` follows one), app and replica level, each
+        app's transitions in order. It ends when the Supervisor closes. A reader more
+        than ``max_buffer`` events behind gets ``EventsOverflowError`` once (the
+        stream goes on after the gap); publishing never waits for a reader.
+        """
+        if max_buffer < 1:
+            raise SpecError([Problem("max_buffer", "must be at least 1")], context="invalid events")
+        return self._observer.bus.open(max_buffer)
 
     async def watch(self, handle: str) -> AsyncIterator[Transition]:
         """Every transition of an app launched here, app and replica level, in order, to the end."""
@@ -549,3 +584,25 @@ class Supervisor:
         if target is None:
             raise UnknownAppError(f"no app {handle}")
         return target, None
+
+
+class _StateCounts:
+    """The Supervisor's apps and replicas by state, for the metrics' observable counters."""
+
+    def __init__(self, actors: Mapping[str, AppActor]) -> None:
+        self._actors = actors
+
+    def app_states(self) -> list[tuple[str, str, int]]:
+        counts: dict[tuple[str, str], int] = {}
+        for actor in list(self._actors.values()):
+            key = (actor.backend_name, actor.fsm.state.name)
+            counts[key] = counts.get(key, 0) + 1
+        return [(backend, state, n) for (backend, state), n in counts.items()]
+
+    def replica_states(self) -> list[tuple[str, str, int]]:
+        counts: dict[tuple[str, str], int] = {}
+        for actor in list(self._actors.values()):
+            for state, n in actor.fsm.replica_counts().items():
+                key = (actor.backend_name, state.name)
+                counts[key] = counts.get(key, 0) + n
+        return [(backend, state, n) for (backend, state), n in counts.items() if n]

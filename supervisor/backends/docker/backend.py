@@ -50,6 +50,7 @@ from supervisor.backends.docker.runtime import CONFIRM_S, CREATE_CONCURRENCY, Do
 from supervisor.backends.store import AppStore, Index, Owner
 from supervisor.errors import BackendError, SubmitError
 from supervisor.logs import LogSink
+from supervisor.observe import metrics
 from supervisor.runopts import ResolvedCfg, RunOpts
 from supervisor.specs import AppDef, AppHandle, make_handle
 from supervisor.status import AppStatus, DescribeAppResponse, ListAppResponse
@@ -210,6 +211,7 @@ class DockerBackend(Backend):
 
     def _dispatch(self, event: dict[str, Any]) -> None:
         action = event_action(event)
+        metrics.count_engine_event(action)
         if action != "start" and action not in EXIT_ACTIONS:
             return
         cid = event_container(event)

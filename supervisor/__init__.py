@@ -27,7 +27,6 @@ from supervisor.errors import (
     UnsupportedAsyncLibraryError,
     WaitTimeout,
 )
-from supervisor.fsm.states import AppState, ReplicaState
 from supervisor.logs import Stream
 from supervisor.observe import AppEvent, EventStream
 from supervisor.runopts import ResolvedCfg, RunOpt, RunOpts
@@ -45,6 +44,7 @@ from supervisor.specs import (
     make_handle,
     parse_handle,
 )
+from supervisor.states import AppState, ReplicaState
 from supervisor.status import (
     AppStatus,
     DescribeAppResponse,

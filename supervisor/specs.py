@@ -26,6 +26,7 @@ from supervisor.errors import InvalidHandleError
 
 __all__ = [
     "NULL_RESOURCE",
+    "PROCS_PER_NODE",
     "AppDef",
     "AppHandle",
     "BindMount",
@@ -83,6 +84,11 @@ class Resource:
 
 
 NULL_RESOURCE = Resource()
+
+PROCS_PER_NODE = "asupervisor/procs_per_node"
+"""Role metadata: this many consecutive replicas share a node (the Slurm backend makes
+the role one het group). Declared here, with the data model, because components set
+it and backends read it, and neither may import the other."""
 
 
 @dataclass(frozen=True)

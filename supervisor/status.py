@@ -11,8 +11,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from supervisor.fsm.states import TERMINAL, AppState, ReplicaState
 from supervisor.specs import Role
+from supervisor.states import TERMINAL, AppState, ReplicaState
 
 __all__ = [
     "AppStatus",

@@ -45,13 +45,13 @@ from supervisor.errors import (
     UnsupportedAsyncLibraryError,
     WaitTimeout,
 )
-from supervisor.fsm.states import AppState
 from supervisor.idempotency import IdempotencyKeys, fingerprint, submit_once
 from supervisor.logs import Stream, WatchHub, iter_log_lines, parse_streams
 from supervisor.observe import EventStream, Observer, metrics
 from supervisor.observe.bus import DEFAULT_MAX_BUFFER
 from supervisor.runopts import ResolvedCfg, RunOpts
 from supervisor.specs import AppDef, AppHandle, make_app_id, make_handle, parse_handle
+from supervisor.states import AppState
 from supervisor.status import AppStatus, DescribeAppResponse, ListAppResponse, Transition
 from supervisor.validate import MAX_APP_ID_LENGTH, check_name, validate
 

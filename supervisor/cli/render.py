@@ -20,8 +20,8 @@ from rich.table import Table
 from rich.text import Text
 
 from supervisor.errorfile import ErrorReport, parse_error_file
-from supervisor.fsm.states import AppState, ReplicaState
 from supervisor.specs import AppDef, Role
+from supervisor.states import AppState, ReplicaState
 from supervisor.status import (
     AppStatus,
     AppTimes,

@@ -55,10 +55,10 @@ from supervisor.backends.store import (
 )
 from supervisor.errors import BackendError, DamagedRecordError, SubmitError
 from supervisor.events import Exited, ReplicaKey, Started, Submitted
-from supervisor.fsm.states import TERMINAL, AppState, ReplicaState
 from supervisor.logs import LogSink, ReplicaLog
 from supervisor.runopts import ResolvedCfg, RunOpts
 from supervisor.specs import AppDef, AppHandle, RetryPolicy, make_handle
+from supervisor.states import TERMINAL, AppState, ReplicaState
 from supervisor.status import (
     AppStatus,
     DescribeAppResponse,

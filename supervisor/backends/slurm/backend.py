@@ -56,16 +56,16 @@ from supervisor.backends.store import (
     Index,
     IndexEntry,
     Owner,
-    _read_json,
     damaged_status,
+    read_json_or_none,
 )
 from supervisor.errors import BackendError, DamagedRecordError, Problem, SpecError, SubmitError
 from supervisor.events import Exited, Lost, ReplicaKey, Submitted
 from supervisor.fsm.rules import derive_app_state
-from supervisor.fsm.states import AppState, ReplicaState
 from supervisor.logs.pump import EXIT_FILE
 from supervisor.runopts import ResolvedCfg, RunOpts
 from supervisor.specs import AppDef, AppHandle, make_handle, parse_handle
+from supervisor.states import AppState, ReplicaState
 from supervisor.status import (
     AppStatus,
     DescribeAppResponse,
@@ -238,7 +238,9 @@ class SlurmRuntime(AppRuntime):
         """
         out: list[tuple[float, int | None]] = []
         for m in exits:
-            record = _read_json(self._exit_files[m.key]) if m.key in self._exit_files else None
+            record = (
+                read_json_or_none(self._exit_files[m.key]) if m.key in self._exit_files else None
+            )
             if not isinstance(record, dict) or record.get("attempt") != m.attempt:
                 out.append((float("inf"), None))
                 continue

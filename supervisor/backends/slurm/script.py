@@ -29,11 +29,10 @@ from supervisor.backends.base import DryrunContext, Request
 from supervisor.backends.slurm.options import DEPENDENCY_KINDS, expand_hostlist
 from supervisor.errors import Problem, SpecError
 from supervisor.runopts import ResolvedCfg
-from supervisor.specs import AppDef, Resource, macros
+from supervisor.specs import PROCS_PER_NODE, AppDef, Resource, macros
 
 __all__ = [
     "DEPENDENCY_MARK",
-    "PROCS_PER_NODE",
     "RANK0_ENV",
     "ClusterFacts",
     "SlurmGroup",
@@ -49,8 +48,6 @@ __all__ = [
 
 RANK0_ENV = "TORCHX_RANK0_HOST"
 """Exported by the batch script: the first host of het group 0 (``${rank0_env}``)."""
-PROCS_PER_NODE = "asupervisor/procs_per_node"
-"""Role metadata: this many consecutive replicas share a node (one het group for the role)."""
 TASK_INDEX = "SLURM_PROCID"
 """A task's rank in the whole het step; a group's replicas are ``first .. first+n-1``."""
 OWNER_TAG = "asupervisor"

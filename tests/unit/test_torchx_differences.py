@@ -321,6 +321,8 @@ def test_a_roles_path_is_joined_not_replaced() -> None:
     (replica,) = request.replicas
     assert "PATH" not in replica.env
     assert replica.spawn_path("/usr/bin") == "/opt/tool/bin:/usr/bin:/work"
+    on_slurm = AppDef(name="x", roles=[role])
+    assert ' PATH=/opt/tool/bin:"$PATH" ' in _slurm(on_slurm)
 
 
 def test_default_local_log_dir_is_under_the_state_directory() -> None:

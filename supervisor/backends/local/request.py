@@ -25,7 +25,8 @@ Environment each replica sees, beyond the role's own ``env``:
 The last three are defaults: a value the role's ``env`` gives wins (TorchX keeps
 a role's own ``TORCHELASTIC_ERROR_FILE`` too), and the error file read after a
 failure is then the role's. A role's ``PATH`` is joined in front of the
-inherited ``PATH`` instead of replacing it (TorchX's ``join_PATH``).
+inherited ``PATH`` (by TorchX's ``join_PATH`` rules) where TorchX replaces it,
+so ``sh`` and ``python`` still resolve (docs/torchx.md lists it).
 
 Working directory and image, as TorchX's local schedulers: a role whose
 ``image`` looks like a path (starts with ``/`` or ``.``, or contains ``/``) and

@@ -91,9 +91,7 @@ class Resource:
 
         Called as ``Resource.copy(res, key=value)``; ``original`` is not changed.
         """
-        return dataclasses.replace(
-            original, capabilities={**original.capabilities, **capabilities}
-        )
+        return dataclasses.replace(original, capabilities={**original.capabilities, **capabilities})
 
 
 NULL_RESOURCE = Resource()

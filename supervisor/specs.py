@@ -70,7 +70,11 @@ class RetryPolicy(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Resource:
-    """Per-replica request. ``-1`` everywhere means "unset" (TorchX's NULL_RESOURCE)."""
+    """Per-replica request. ``-1`` everywhere means "unset" (TorchX's NULL_RESOURCE).
+
+    ``cpu=0`` and ``memMB=0`` are accepted as TorchX accepts them: no request
+    (no limit), as ``-1``.
+    """
 
     cpu: int = -1
     gpu: int = -1
@@ -81,6 +85,14 @@ class Resource:
     def __post_init__(self) -> None:
         object.__setattr__(self, "capabilities", _frozen_map(self.capabilities))
         object.__setattr__(self, "devices", _frozen_map(self.devices))
+
+    @staticmethod
+    def copy(original: Resource, **capabilities: Any) -> Resource:
+        """A copy of ``original`` with ``capabilities`` merged over its own (TorchX's).
+
+        Called as ``Resource.copy(res, key=value)``; ``original`` is not changed.
+        """
+        return dataclasses.replace(original, capabilities={**original.capabilities, **capabilities})
 
 
 NULL_RESOURCE = Resource()

@@ -9,9 +9,10 @@ import supervisor
 
 EXPECTED = {
     "NULL_RESOURCE", "AppDef", "AppHandle", "AppState", "AppStatus", "BackendError",
-    "BindMount", "DamagedRecordError", "DescribeAppResponse", "DeviceMount", "DryRunInfo",
+    "BindMount", "ClusterInfo", "ClusterJob", "DamagedRecordError", "DescribeAppResponse",
+    "DeviceMount", "DryRunInfo",
     "DuplicateAppError", "InvalidHandleError", "ListAppResponse", "MissingExtraError",
-    "Problem", "ReplicaState", "ReplicaStatus",
+    "NodeInfo", "PartitionInfo", "Problem", "ReplicaState", "ReplicaStatus",
     "ResolvedCfg", "Resource", "RetryPolicy", "Role", "RoleStatus", "RunOpt", "RunOpts",
     "SpecError", "Stream", "SubmitError", "Supervisor", "SupervisorError", "Transition",
     "UnknownAppError", "UnknownBackendError", "UnsupportedAsyncLibraryError", "VolumeMount",
@@ -21,6 +22,7 @@ EXPECTED = {
 SUPERVISOR_METHODS = {
     "dryrun", "schedule", "submit", "status", "describe", "exists", "list", "cancel",
     "wait", "watch", "log_iter", "close", "run_opts", "hold", "release",
+    "cluster", "cluster_jobs", "matching", "cancel_matching",
 }  # fmt: skip
 
 

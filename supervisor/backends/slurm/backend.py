@@ -14,7 +14,7 @@ import dataclasses
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from supervisor.backends.base import (
 )
 from supervisor.backends.listing import list_indexed
 from supervisor.backends.slurm.capabilities import SLURM_CAPABILITIES
+from supervisor.backends.slurm.cluster import job_metadata, jobs_from_json, read_cluster
 from supervisor.backends.slurm.identity import JobIdentity
 from supervisor.backends.slurm.options import check_slurm_cfg, slurm_run_opts
 from supervisor.backends.slurm.poller import JobView, PollerSettings, SlurmPoller
@@ -59,6 +60,7 @@ from supervisor.backends.store import (
     _read_json,
     damaged_status,
 )
+from supervisor.cluster import ClusterInfo, ClusterJob
 from supervisor.errors import BackendError, DamagedRecordError, Problem, SpecError, SubmitError
 from supervisor.events import Exited, Lost, ReplicaKey, Submitted
 from supervisor.fsm.rules import derive_app_state
@@ -319,6 +321,9 @@ class SlurmRuntime(AppRuntime):
     def log_target(self, role: str, replica_id: int) -> LogTarget:
         return self._backend.make_log_target(self.store, role, replica_id)
 
+    def metadata(self) -> Mapping[str, str]:
+        return job_metadata(self.job_id)
+
     async def aclose(self) -> None:
         self._backend.poller.untrack(self.job_id)
         await self._mail.aclose()
@@ -558,9 +563,18 @@ class SlurmBackend(Backend):
         store, app = found
         status = await self._final_or_live(store, app)
         transitions = await anyio.to_thread.run_sync(store.read_transitions_or_none)
+        status = dataclasses.replace(status, metadata=job_metadata(int(app["job_id"])))
         return DescribeAppResponse.from_status(
             handle.app_id, status, AppDef.from_json(app["app"]).roles, transitions
         )
+
+    async def cluster_info(self, partition: str | None = None) -> ClusterInfo:
+        """Partitions and nodes (``asupervisor cluster``); see ``cluster.py``."""
+        return await read_cluster(self.transport, partition)
+
+    async def cluster_jobs(self) -> list[ClusterJob]:
+        """Every job the controller holds, anyone's; ours carry their handle."""
+        return jobs_from_json(await self.transport.job_list())
 
     async def list(self) -> list[ListAppResponse]:
         """The apps recorded as launched by this library; foreign jobs are never listed."""

@@ -553,7 +553,7 @@ class Supervisor:
         actor = self._actors.get(handle)
         if actor is not None:
             await actor.done.wait()
-            return actor.status()
+            return _with_metadata(actor)
         # Another process follows this app: its backend tells when its records say it ended.
         parsed = parse_handle(handle)
         try:

@@ -11,6 +11,7 @@ Everything public is re-exported here; ``tests/unit/test_public_api.py`` pins it
 """
 
 from supervisor.clash import warn_if_mixed
+from supervisor.cluster import ClusterInfo, ClusterJob, NodeInfo, PartitionInfo
 from supervisor.errors import (
     BackendError,
     DamagedRecordError,
@@ -68,6 +69,8 @@ __all__ = [
     "AppStatus",
     "BackendError",
     "BindMount",
+    "ClusterInfo",
+    "ClusterJob",
     "DamagedRecordError",
     "DescribeAppResponse",
     "DeviceMount",
@@ -78,6 +81,8 @@ __all__ = [
     "InvalidHandleError",
     "ListAppResponse",
     "MissingExtraError",
+    "NodeInfo",
+    "PartitionInfo",
     "Problem",
     "ReplicaState",
     "ReplicaStatus",

@@ -215,6 +215,7 @@ def _parse_status(data: Any) -> AppStatus:
         _typed(role.get("replicas"), list, f"roles[{i}].replicas")
         for j, replica in enumerate(role["replicas"]):
             _typed(replica, dict, f"roles[{i}].replicas[{j}]")
+    _typed(data.get("metadata") or {}, dict, "metadata")
     try:
         status = AppStatus.from_json(data)
     except KeyError as e:

@@ -178,6 +178,8 @@ def print_status(
     out.print(head)
     if times is not None and times.submitted is not None:
         out.print(Text(times_text(times), style="dim"))
+    if status.metadata:
+        out.print(Text("  ".join(f"{k}: {v}" for k, v in status.metadata.items())))
     if status.msg:
         out.print(Text(f"msg: {status.msg}"))
     if status.structured_error_msg:

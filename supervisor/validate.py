@@ -331,9 +331,10 @@ class _Checker:
         if not isinstance(resource, Resource):
             self.add(path, f"expected a Resource, got {type(resource).__name__}")
             return
-        self.check_count(f"{path}.cpu", resource.cpu, minimum=1, unset_ok=True)
+        # 0 is no request, as TorchX takes it (its schedulers only set what is > 0).
+        self.check_count(f"{path}.cpu", resource.cpu, minimum=0, unset_ok=True)
         self.check_count(f"{path}.gpu", resource.gpu, minimum=0, unset_ok=True)
-        self.check_count(f"{path}.memMB", resource.memMB, minimum=1, unset_ok=True)
+        self.check_count(f"{path}.memMB", resource.memMB, minimum=0, unset_ok=True)
         self.check_str_keys(f"{path}.capabilities", resource.capabilities)
         devices = resource.devices
         if not isinstance(devices, Mapping):

@@ -16,9 +16,8 @@ without a process manager, so it is meant for Slurm.
 
 from __future__ import annotations
 
-from supervisor.backends.slurm.script import MPI, MPI_NODES, MPI_PLUGINS, PROCS_PER_NODE
 from supervisor.components.dist import parse_j, role_name
-from supervisor.specs import AppDef, Resource, Role
+from supervisor.specs import MPI, MPI_NODES, MPI_PLUGINS, PROCS_PER_NODE, AppDef, Resource, Role
 
 __all__ = ["mpi"]
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from supervisor import AppDef, RetryPolicy, Role, macros
-from supervisor.backends.slurm.script import PROCS_PER_NODE
 from supervisor.components import BUILTINS, ddp, echo, parse_j, sh
+from supervisor.specs import PROCS_PER_NODE
 from supervisor.validate import Capabilities, validate
 
 LOCAL = Capabilities(backend="local")

@@ -18,10 +18,10 @@ from supervisor.backends.base import DryrunContext
 from supervisor.backends.slurm.capabilities import SLURM_CAPABILITIES
 from supervisor.backends.slurm.options import slurm_run_opts
 from supervisor.backends.slurm.pyxis import has_pyxis, probe_pyxis
-from supervisor.backends.slurm.script import MPI, ClusterFacts, SlurmRequest, render
+from supervisor.backends.slurm.script import ClusterFacts, SlurmRequest, render
 from supervisor.components import mpi
 from supervisor.logs.pump import inherited_fds
-from supervisor.specs import Mount
+from supervisor.specs import MPI, Mount
 from supervisor.validate import validate
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -43,14 +43,21 @@ from supervisor.backends.base import DryrunContext, Request
 from supervisor.backends.slurm.options import DEPENDENCY_KINDS, expand_hostlist
 from supervisor.errors import Problem, SpecError
 from supervisor.runopts import ResolvedCfg
-from supervisor.specs import AppDef, BindMount, DeviceMount, Resource, Role, macros
+from supervisor.specs import (
+    MPI,
+    MPI_NODES,
+    MPI_PLUGINS,
+    PROCS_PER_NODE,
+    AppDef,
+    BindMount,
+    DeviceMount,
+    Resource,
+    Role,
+    macros,
+)
 
 __all__ = [
     "DEPENDENCY_MARK",
-    "MPI",
-    "MPI_NODES",
-    "MPI_PLUGINS",
-    "PROCS_PER_NODE",
     "RANK0_ENV",
     "ClusterFacts",
     "SlurmGroup",
@@ -66,13 +73,6 @@ __all__ = [
 
 RANK0_ENV = "TORCHX_RANK0_HOST"
 """Exported by the batch script: the first host of het group 0 (``${rank0_env}``)."""
-PROCS_PER_NODE = "asupervisor/procs_per_node"
-"""Role metadata: this many consecutive replicas share a node (one het group for the role)."""
-MPI = "asupervisor/mpi"
-"""Role metadata: how the role's replicas start as MPI ranks (one of :data:`MPI_PLUGINS`)."""
-MPI_PLUGINS = ("pmix", "pmi2", "mpirun")
-MPI_NODES = "asupervisor/mpi_nodes"
-"""Role metadata (``mpirun``): the nodes to allocate; with PROCS_PER_NODE, tasks on each."""
 TASK_INDEX = "SLURM_PROCID"
 """A task's rank in the whole het step; a group's replicas are ``first .. first+n-1``."""
 OWNER_TAG = "asupervisor"

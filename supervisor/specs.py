@@ -25,6 +25,9 @@ from typing import Any, ClassVar
 from supervisor.errors import InvalidHandleError
 
 __all__ = [
+    "MPI",
+    "MPI_NODES",
+    "MPI_PLUGINS",
     "NULL_RESOURCE",
     "PROCS_PER_NODE",
     "AppDef",
@@ -101,6 +104,12 @@ PROCS_PER_NODE = "asupervisor/procs_per_node"
 """Role metadata: this many consecutive replicas share a node (the Slurm backend makes
 the role one het group). Declared here, with the data model, because components set
 it and backends read it, and neither may import the other."""
+MPI = "asupervisor/mpi"
+"""Role metadata: how the role's replicas start as MPI ranks (one of :data:`MPI_PLUGINS`;
+the ``mpi`` component sets it, the Slurm backend renders it)."""
+MPI_PLUGINS = ("pmix", "pmi2", "mpirun")
+MPI_NODES = "asupervisor/mpi_nodes"
+"""Role metadata (``mpirun``): the nodes to allocate; with PROCS_PER_NODE, tasks on each."""
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,8 @@ class Capabilities:
     ``requires_image`` is set by backends that run containers, where an empty
     image cannot mean "the host". ``replicas_hint`` is appended to the message
     about too many replicas: how to raise the limit, when it can be raised.
+    ``mounts_note`` and ``image_note`` qualify, in docs/support.md, how
+    mounts and images are used (Slurm: only through pyxis).
     """
 
     backend: str
@@ -72,6 +74,8 @@ class Capabilities:
     max_replicas_per_role: int | None = None
     requires_image: bool = False
     replicas_hint: str = ""
+    mounts_note: str = ""
+    image_note: str = ""
 
 
 # A role name becomes a directory name and part of environment variable names.

@@ -26,7 +26,7 @@ def only_role(app: AppDef) -> Role:
 
 
 def test_builtins_are_named_and_documented() -> None:
-    assert set(BUILTINS) == {"echo", "sh", "ddp"}
+    assert set(BUILTINS) == {"echo", "sh", "ddp", "mpi"}
     for fn in BUILTINS.values():
         assert fn.__doc__ and fn.__doc__.strip().splitlines()[0]
 

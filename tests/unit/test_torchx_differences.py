@@ -367,3 +367,21 @@ def test_local_replicas_per_role_are_bounded() -> None:
     raised = local_run_opts().resolve({"max_replicas_per_role": 2000})
     limit = raised.get_int("max_replicas_per_role")
     validate(many, dataclasses.replace(LOCAL_CAPABILITIES, max_replicas_per_role=limit))
+
+
+def test_an_image_on_slurm_runs_with_pyxis_or_is_refused() -> None:
+    """Row "`Role.image` and mounts on Slurm": rendered as pyxis options, refused at dryrun
+    on a cluster without pyxis unless ``image_is_tag``; real runs in test_slurm_mpi.py."""
+
+    def script(cfg: dict[str, object], pyxis: bool) -> str:
+        facts = dataclasses.replace(FACTS, pyxis=pyxis)
+        opts = slurm_run_opts().resolve(cfg)
+        return slurm_render(
+            APP, opts, CTX, facts=facts, default_log_dir=Path("/l"), job_dir=None
+        ).script
+
+    assert "--container-image=img:1" in script({}, pyxis=True)
+    with pytest.raises(SpecError) as e:
+        script({}, pyxis=False)
+    assert [p.field for p in e.value.problems] == ["roles[0].image"]
+    assert "--container" not in script({"image_is_tag": True}, pyxis=False)

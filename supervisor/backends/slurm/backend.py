@@ -37,6 +37,7 @@ from supervisor.backends.slurm.cluster import cluster_info, job_metadata, jobs_f
 from supervisor.backends.slurm.identity import JobIdentity
 from supervisor.backends.slurm.options import check_slurm_cfg, slurm_run_opts
 from supervisor.backends.slurm.poller import JobView, PollerSettings, SlurmPoller
+from supervisor.backends.slurm.pyxis import probe_pyxis
 from supervisor.backends.slurm.records import hosts_of_tasks, latest_per_component
 from supervisor.backends.slurm.script import (
     ClusterFacts,
@@ -351,6 +352,8 @@ class SlurmBackend(Backend):
         self._facts_lock = anyio.Lock()
         self.closing = False
         self._facts_at = 0.0
+        self._pyxis: bool | None = None
+        self._pyxis_probed = False
 
     @classmethod
     def run_opts(cls) -> RunOpts:
@@ -368,6 +371,11 @@ class SlurmBackend(Backend):
             if self.facts is None or not fresh:
                 self.facts = await self.transport.facts()
                 self._facts_at = anyio.current_time()
+                if not self._pyxis_probed and self.transport.kind == "cli":
+                    # Once per backend: whether srun runs containers (pyxis).
+                    self._pyxis = await probe_pyxis()
+                    self._pyxis_probed = True
+                self.facts = dataclasses.replace(self.facts, pyxis=self._pyxis)
 
     def statistics(self) -> dict[str, Any]:
         return self.poller.statistics()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import shutil
 import subprocess
+import time
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
@@ -52,8 +53,20 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
         yield
         return
     lock = host_lock()
+    reporter = item.config.pluginmanager.get_plugin("terminalreporter")
+    queued_at = 0.0
+
+    def queued() -> None:
+        nonlocal queued_at
+        queued_at = time.monotonic()
+        if reporter is not None:
+            reporter.write_line(f"{item.nodeid}: waits for the Slurm cluster lock ({mode})")
+
     try:
-        lock.acquire(exclusive=mode == "exclusive", what=item.nodeid)
+        lock.acquire(exclusive=mode == "exclusive", what=item.nodeid, on_queued=queued)
+        if queued_at and reporter is not None:
+            waited = time.monotonic() - queued_at
+            reporter.write_line(f"{item.nodeid}: has the lock ({mode}) after {waited:.1f} s")
     except HostLockError as e:
         item.stash[_LOCK_FAILED] = str(e)  # failed in its setup, below: no internal error
         yield

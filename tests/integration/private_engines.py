@@ -5,7 +5,8 @@ engine starts its own. A private Podman API (``podman system service`` on a
 socket of its own) is cheap and shares Podman's storage, so the test image is
 already there. A private dockerd has its own data root, exec root, pid file,
 socket and no bridge or iptables rules of its own (apps bring their own
-internal networks); the test image is copied in from the shared dockerd.
+internal networks, from address pools room for 256 of them); the test image is
+copied in from the shared dockerd.
 """
 
 from __future__ import annotations
@@ -144,6 +145,8 @@ def private_dockerd(session: str, shared_host: str) -> Iterator[PrivateEngine]:
         "--iptables=false",
         "--ip-forward=false",
         "--ip-masq=false",
+        # 256 networks of its own (the default pools hold 31): one per app, apps at once.
+        "--default-address-pool=base=10.213.0.0/16,size=24",
         f"--containerd-namespace=sv{os.getpid()}",
         f"--containerd-plugins-namespace=sv{os.getpid()}p",
     ]

@@ -129,7 +129,17 @@ class Engine:
         try:
             network = await self.client().networks.create(dict(body))
         except aiodocker.DockerError as e:
-            raise _error(e, f"cannot create network {body.get('Name')!r}", submit=True) from e
+            what = f"cannot create network {body.get('Name')!r}"
+            if "address pool" in e.message.lower():
+                # dockerd's default pools hold 31 networks: one per app, 31 apps at once.
+                raise SubmitError(
+                    f"{what}: the engine has no free address pool for it ({e.message}); each "
+                    "app has a network of its own, so this engine runs only so many apps at "
+                    "once: wait for some to end, or give it larger pools (dockerd "
+                    "--default-address-pool base=10.200.0.0/16,size=24)",
+                    transient=True,  # passes once other apps end and free their networks
+                ) from e
+            raise _error(e, what, submit=True) from e
         return str(network.id)
 
     @_translated

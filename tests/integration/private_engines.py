@@ -130,8 +130,13 @@ def private_podman(session: str) -> Iterator[PrivateEngine]:
 
 
 @contextmanager
-def private_dockerd(session: str, shared_host: str) -> Iterator[PrivateEngine]:
-    """A private dockerd (own roots, socket, pid file; no bridge, no iptables), test image in."""
+def private_dockerd(
+    session: str, shared_host: str, address_pool: str = "base=10.213.0.0/16,size=24"
+) -> Iterator[PrivateEngine]:
+    """A private dockerd (own roots, socket, pid file; no bridge, no iptables), test image in.
+
+    ``address_pool`` is its ``--default-address-pool``: by default room for 256 networks
+    (dockerd's own default pools hold 31), one per app."""
     tmp = Path(tempfile.mkdtemp(prefix="sv-dockerd-", dir="/var/tmp"))
     run = Path(tempfile.mkdtemp(prefix="sv-dockerd-", dir="/run"))
     sock = run / "docker.sock"
@@ -145,8 +150,7 @@ def private_dockerd(session: str, shared_host: str) -> Iterator[PrivateEngine]:
         "--iptables=false",
         "--ip-forward=false",
         "--ip-masq=false",
-        # 256 networks of its own (the default pools hold 31): one per app, apps at once.
-        "--default-address-pool=base=10.213.0.0/16,size=24",
+        f"--default-address-pool={address_pool}",
         f"--containerd-namespace=sv{os.getpid()}",
         f"--containerd-plugins-namespace=sv{os.getpid()}p",
     ]

@@ -26,18 +26,12 @@ from typing import Any
 import anyio
 import pytest
 
-from supervisor import AppDef, AppState, AppStatus, Role, Supervisor
+from supervisor import AppDef, AppState, AppStatus, Role, SubmitError, Supervisor
 
 from .docker_engines import IMAGE, labelled
 from .private_engines import PrivateEngine, containers, private_dockerd, private_podman
 
-pytestmark = [
-    pytest.mark.anyio,
-    pytest.mark.integration,
-    pytest.mark.docker,
-    pytest.mark.load,
-    pytest.mark.timeout(2400),
-]
+pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.docker]
 
 APPS = 50
 REPLICAS = 10
@@ -84,6 +78,8 @@ def _app(n: int) -> AppDef:
     return AppDef(f"load{n}", [role])
 
 
+@pytest.mark.load
+@pytest.mark.timeout(2400)
 async def test_fifty_apps_of_ten_containers_all_succeed_with_every_core_busy(
     private: PrivateEngine, session: str
 ) -> None:
@@ -137,3 +133,31 @@ async def test_fifty_apps_of_ten_containers_all_succeed_with_every_core_busy(
         n["Name"] for n in labelled(private.host, "networks", f"io.asupervisor.session={session}")
     ]
     assert left == [] and networks == [], (left, networks)
+
+
+@pytest.mark.timeout(300)
+async def test_an_engine_out_of_network_pools_refuses_saying_so_until_an_app_ends(
+    docker_facts: dict[str, Any], session: str, state_dir: Path
+) -> None:
+    """dockerd's default pools hold 31 networks (one per app): the 32nd app at once is
+    refused with the reason and how to raise it, transient (it passes once an app ends).
+    Here a private dockerd with room for one network."""
+    shared = str(docker_facts["engines"]["docker"]["host"])
+    with private_dockerd(session, shared, address_pool="base=10.214.0.0/24,size=24") as engine:
+        cfg = {"host": engine.host, "stop_grace": 2.0}
+        sleeper = Role(name="w", image=IMAGE, entrypoint="sleep", args=["600"])
+        quick = Role(name="w", image=IMAGE, entrypoint="true")
+        with anyio.fail_after(240):
+            async with Supervisor(session=session) as sv:
+                first = await sv.submit(AppDef("holds", [sleeper]), "docker", cfg)
+                with pytest.raises(SubmitError) as refused:
+                    await sv.submit(AppDef("refused", [quick]), "docker", cfg)
+                assert refused.value.transient, refused.value
+                message = str(refused.value)
+                assert "address pool" in message and "--default-address-pool" in message
+                await sv.cancel(first)
+                assert (await sv.wait(first, timeout=60)).state is AppState.CANCELLED
+                again = await sv.submit(AppDef("later", [quick]), "docker", cfg)
+                assert (await sv.wait(again, timeout=60)).state is AppState.SUCCEEDED
+        assert containers(engine, session) == []
+        assert labelled(engine.host, "networks", f"io.asupervisor.session={session}") == []

@@ -33,6 +33,8 @@ __all__ = ["EXIT_ACTIONS", "Engine", "StreamName"]
 
 StreamName = Literal["stdout", "stderr"]
 EXIT_ACTIONS = frozenset({"die", "died"})
+NETWORK_ENDPOINTS_S = 60.0
+"""How long a network whose containers are gone may still show their endpoints."""
 _FRAME = struct.Struct(">BxxxL")
 _STREAMS: dict[int, StreamName] = {1: "stdout", 2: "stderr"}
 P = ParamSpec("P")
@@ -144,12 +146,23 @@ class Engine:
 
     @_translated
     async def remove_network(self, name: str) -> None:
-        try:
-            async with self._response(f"networks/{name}", method="DELETE"):
-                pass
-        except aiodocker.DockerError as e:
-            if e.status != 404:
-                raise _error(e, f"cannot remove network {name!r}") from e
+        """Remove it (gone already is fine). dockerd under load still shows the endpoints of
+        containers it has just removed for a while ("has active endpoints"): retried, with
+        back-off, for up to NETWORK_ENDPOINTS_S."""
+        deadline = anyio.current_time() + NETWORK_ENDPOINTS_S
+        pause = 0.2
+        while True:
+            try:
+                async with self._response(f"networks/{name}", method="DELETE"):
+                    pass
+                return
+            except aiodocker.DockerError as e:
+                if e.status == 404:
+                    return
+                if "active endpoints" not in e.message or anyio.current_time() >= deadline:
+                    raise _error(e, f"cannot remove network {name!r}") from e
+            await anyio.sleep(pause)
+            pause = min(pause * 2, 5.0)
 
     @_translated
     async def list_networks(self, labels: Mapping[str, str]) -> list[dict[str, Any]]:

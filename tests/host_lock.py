@@ -42,6 +42,7 @@ from pathlib import Path
 __all__ = [
     "CLUSTER_LOCK",
     "LOCK_DIR",
+    "PATH_ENV",
     "WAIT_ENV",
     "HostLock",
     "HostLockError",
@@ -60,7 +61,9 @@ def _lock_dir() -> Path:
 
 
 LOCK_DIR = _lock_dir()
-CLUSTER_LOCK = LOCK_DIR / "slurm-cluster.lock"
+PATH_ENV = "ASUPERVISOR_TEST_LOCK"
+CLUSTER_LOCK = Path(os.environ.get(PATH_ENV) or LOCK_DIR / "slurm-cluster.lock")
+"""The cluster's lock; ``ASUPERVISOR_TEST_LOCK`` names another file (tests of the lock)."""
 WAIT_ENV = "ASUPERVISOR_TEST_LOCK_WAIT"
 DEFAULT_WAIT = 1800.0
 """Long enough for the other run's slowest Slurm test (900 s) and a writer before it."""

@@ -19,7 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.host_lock import WAIT_ENV, HostLock, HostLockError, HostLockTimeout, host_lock, lock_wait
+from tests.host_lock import (
+    PATH_ENV,
+    WAIT_ENV,
+    HostLock,
+    HostLockError,
+    HostLockTimeout,
+    host_lock,
+    lock_wait,
+)
+from tests.integration.slurm_cluster import SKIP_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -228,3 +237,36 @@ def test_the_wait_setting(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv(WAIT_ENV, bad)
         with pytest.raises(HostLockError, match=WAIT_ENV):
             lock_wait()
+
+
+@pytest.mark.slurm
+def test_a_slurm_test_holds_the_cluster_lock_shared() -> None:
+    """tests/conftest.py takes it around every Slurm test (skipped, as they all are,
+    under ASUPERVISOR_SLURM_CLUSTER=skip)."""
+    assert host_lock().held == "shared"
+
+
+def test_a_slurm_test_that_waits_too_long_fails_in_its_setup_saying_why(
+    path: Path, holders: list[Holder]
+) -> None:
+    """Through pytest itself: the hook's bounded wait is a setup error of that test (not
+    an internal error, nor pytest-timeout's), naming the lock and the setting."""
+    probe = "tests/unit/test_host_lock.py::test_a_slurm_test_holds_the_cluster_lock_shared"
+    env = {k: v for k, v in os.environ.items() if k != SKIP_ENV}
+    env.update({PATH_ENV: str(path), WAIT_ENV: "1"})
+
+    def pytest_run() -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", probe]
+        return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+    writer = Holder("exclusive", path)
+    holders.append(writer)
+    writer.expect("acquired")
+    done = pytest_run()
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert "ERROR at setup" in out and f"waited 1 s for the shared test lock {path}" in out, out
+    assert WAIT_ENV in out and "INTERNALERROR" not in out, out
+    writer.release()
+    done = pytest_run()
+    assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout + done.stderr

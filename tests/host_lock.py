@@ -20,6 +20,8 @@ for the exclusive lock is refused (two such runs would wait on each other).
 
 Every wait is bounded: ``ASUPERVISOR_TEST_LOCK_WAIT`` seconds (default 1800),
 then :class:`HostLockTimeout` says which lock, for how long, and who holds it.
+``ASUPERVISOR_TEST_LOCK`` names another lock file than
+/run/asupervisor-tests/slurm-cluster.lock (the lock's own tests use it).
 
 ``python -m tests.host_lock shared|exclusive PATH`` takes the lock, prints
 ``acquired``, holds it until its stdin ends, then prints ``released`` (used by

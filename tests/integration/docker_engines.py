@@ -14,6 +14,7 @@ import os
 import secrets
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -108,7 +109,16 @@ def remove_leftovers(host: str, session: str) -> None:
     for c in labelled(host, "containers", label):
         api(host, "DELETE", f"/containers/{c['Id']}?force=1")
     for n in labelled(host, "networks", label):
-        api(host, "DELETE", f"/networks/{n['Id']}")
+        # dockerd under load shows removed containers' endpoints for a while.
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                api(host, "DELETE", f"/networks/{n['Id']}")
+                break
+            except RuntimeError as e:
+                if "active endpoints" not in str(e) or time.monotonic() > deadline:
+                    raise
+            time.sleep(1)
 
 
 class EngineUnderTest:

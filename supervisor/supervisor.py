@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import dataclasses
 import fnmatch
 import functools
 import getpass
@@ -53,6 +54,7 @@ from supervisor.backends.base import (
 )
 from supervisor.backends.listing import newest_first
 from supervisor.backends.store import Index, IndexEntry, end_is_known, remove_app
+from supervisor.cluster import ClusterInfo, ClusterJob
 from supervisor.errors import (
     DamagedRecordError,
     DuplicateAppError,
@@ -62,12 +64,14 @@ from supervisor.errors import (
     UnsupportedAsyncLibraryError,
     WaitTimeout,
 )
-from supervisor.fsm.states import AppState
 from supervisor.idempotency import IdempotencyKeys, fingerprint, submit_once
 from supervisor.logs import Stream, WatchHub, iter_log_lines, parse_streams
+from supervisor.observe import EventStream, Observer, metrics
+from supervisor.observe.bus import DEFAULT_MAX_BUFFER
 from supervisor.retention import Retention
 from supervisor.runopts import ResolvedCfg, RunOpts
 from supervisor.specs import AppDef, AppHandle, make_app_id, make_handle, parse_handle
+from supervisor.states import TERMINAL, AppState
 from supervisor.status import AppStatus, DescribeAppResponse, ListAppResponse, Transition
 from supervisor.validate import MAX_APP_ID_LENGTH, check_name, validate
 
@@ -219,6 +223,13 @@ class _ListQuery:
         return kept if self.limit is None else kept[: self.limit]
 
 
+def _with_metadata(actor: AppActor) -> AppStatus:
+    """The actor's snapshot with what its backend knows the app by (a Slurm job id)."""
+    status = actor.status()
+    extra = actor.runtime.metadata() if actor.runtime is not None else {}
+    return dataclasses.replace(status, metadata={**status.metadata, **extra}) if extra else status
+
+
 class Supervisor:
     """Launches apps on backends and follows them; use as ``async with Supervisor() as sv``.
 
@@ -256,6 +267,8 @@ class Supervisor:
         self._gpus: int | None = None
         self._closed = False
         self._watch_hub: WatchHub | None = None
+        self._observer = Observer()
+        self._unregister_metrics: Callable[[], None] | None = None
 
     # --------------------------------------------------------------- lifecycle
     async def __aenter__(self) -> Supervisor:
@@ -270,6 +283,7 @@ class Supervisor:
         self._stack = AsyncExitStack()
         self._tg = await self._stack.enter_async_context(anyio.create_task_group())
         self._watch_hub = WatchHub(self._tg)
+        self._unregister_metrics = metrics.register_states(_StateCounts(self._actors))
         if self.retention is not None:
             self._tg.start_soon(self._retain, self.retention)
         return self
@@ -301,6 +315,9 @@ class Supervisor:
         if self._closed:
             return
         self._closed = True
+        self._observer.bus.close()
+        if self._unregister_metrics is not None:
+            self._unregister_metrics()
         with anyio.CancelScope(shield=True):
             owned = [
                 actor
@@ -408,7 +425,7 @@ class Supervisor:
         handle = make_handle(info.backend, self.session, info.request.app_id)
         if handle in self._actors:
             raise DuplicateAppError(f"{handle} was already scheduled by this Supervisor")
-        actor = AppActor(handle, info.request, on_done=self._forget)
+        actor = AppActor(handle, info.request, self._observer, on_done=self._forget)
         try:
             # Shielded: a launch cut short by the caller's cancel would leave what it
             # had started (processes, a Slurm job, containers) with no handle and no
@@ -442,7 +459,7 @@ class Supervisor:
         """
         if actor.final_recorded and self._actors.get(actor.handle) is actor:
             del self._actors[actor.handle]
-            self._finished[actor.handle] = actor.status()
+            self._finished[actor.handle] = _with_metadata(actor)
             while len(self._finished) > FINISHED_CACHE:
                 self._finished.popitem(last=False)
 
@@ -470,6 +487,18 @@ class Supervisor:
         returns the first submit's handle instead of starting a second run;
         see ``supervisor.idempotency``.
         """
+        started = time.monotonic()
+        handle = await self._submit(app, backend, cfg, idempotency_key)
+        metrics.record_submit(backend, time.monotonic() - started)
+        return handle
+
+    async def _submit(
+        self,
+        app: AppDef,
+        backend: str,
+        cfg: Mapping[str, object] | None,
+        idempotency_key: str | None,
+    ) -> str:
         await self.prepare(backend)
         if idempotency_key is None:
             return await self.schedule(self.dryrun(app, backend, cfg))
@@ -513,7 +542,7 @@ class Supervisor:
         """
         actor = self._actors.get(handle)
         if actor is not None:
-            return actor.status()
+            return _with_metadata(actor)
         return self._finished.get(handle)
 
     async def describe(self, handle: str) -> DescribeAppResponse | None:
@@ -521,7 +550,10 @@ class Supervisor:
         actor = self._actors.get(handle)
         if actor is not None:
             return DescribeAppResponse.from_status(
-                parsed.app_id, actor.status(), actor.request.app.roles, tuple(actor.fsm.history)
+                parsed.app_id,
+                _with_metadata(actor),
+                actor.request.app.roles,
+                tuple(actor.fsm.history),
             )
         return await self._describe_recorded(parsed)
 
@@ -636,6 +668,96 @@ class Supervisor:
                     # The next sweep tries again; the apps are not harmed by a late one.
                     _log.warning("retention sweep of backend %s failed", name, exc_info=True)
 
+    # ------------------------------------------------------------ the cluster
+    def _cluster_backend(self, backend: str, what: str) -> Any:
+        impl = self.backend(backend)
+        if not callable(getattr(impl, "cluster_info", None)):
+            raise SpecError(
+                [Problem("backend", f"{backend!r} has no cluster to {what}; slurm has")],
+                context="invalid request",
+            )
+        return impl
+
+    async def cluster(self, backend: str = "slurm", *, partition: str | None = None) -> ClusterInfo:
+        """The cluster's partitions and nodes (state, CPUs, memory, GRES), as ``sinfo`` shows.
+
+        With ``partition``, that partition and its nodes only. A backend with no
+        cluster (local, docker) raises ``SpecError``.
+        """
+        info: ClusterInfo = await self._cluster_backend(backend, "show").cluster_info(partition)
+        return info
+
+    async def cluster_jobs(
+        self,
+        backend: str = "slurm",
+        *,
+        user: str | None = None,
+        states: Collection[str] = (),
+        partition: str | None = None,
+    ) -> builtins.list[ClusterJob]:
+        """Every job the scheduler holds, anyone's, as ``squeue`` shows; ours carry ``handle``.
+
+        Filters: the job's ``user``, its Slurm ``states`` (PENDING, RUNNING, ...;
+        any case) and ``partition``.
+        """
+        impl = self._cluster_backend(backend, "list")
+        jobs: builtins.list[ClusterJob] = await impl.cluster_jobs()
+        wanted = {s.upper() for s in states}
+        return [
+            j
+            for j in jobs
+            if (user is None or j.user == user)
+            and (not wanted or j.state in wanted)
+            and (partition is None or j.partition == partition)
+        ]
+
+    async def matching(
+        self,
+        backend: str,
+        *,
+        states: Collection[str] = (),
+        partition: str | None = None,
+    ) -> builtins.list[ListAppResponse]:
+        """This session's apps on ``backend`` that have not ended, filtered: ``states`` are
+        app states (PENDING, RUNNING, ...), ``partition`` the Slurm partition their job is in.
+
+        Never another session's app, nor a job this library did not launch: what
+        ``cancel_matching`` (and ``asupervisor cancel --state/--partition/--all``) stops.
+        """
+        known = {s.name for s in AppState}
+        wanted = {s.upper() for s in states}
+        unknown = sorted(wanted - known)
+        if unknown:
+            raise SpecError(
+                [Problem("states", f"{', '.join(unknown)}: not app states ({', '.join(known)})")],
+                context="invalid filter",
+            )
+        ours = [
+            a
+            for a in await self.list(backend)
+            if parse_handle(a.app_handle).session == self.session
+            and a.state.name not in TERMINAL
+            and (not wanted or a.state.name in wanted)
+        ]
+        if partition is not None:
+            jobs = await self.cluster_jobs(backend, partition=partition)
+            in_partition = {j.handle for j in jobs if j.handle is not None}
+            ours = [a for a in ours if a.app_handle in in_partition]
+        return ours
+
+    async def cancel_matching(
+        self,
+        backend: str,
+        *,
+        states: Collection[str] = (),
+        partition: str | None = None,
+    ) -> builtins.list[str]:
+        """Cancel what ``matching`` finds; the handles asked to stop."""
+        found = await self.matching(backend, states=states, partition=partition)
+        for app in found:
+            await self.cancel(app.app_handle)
+        return [a.app_handle for a in found]
+
     async def cancel(self, handle: str) -> None:
         """Ask the app to stop and return at once; repeating it, or a finished app, is fine."""
         actor = self._actors.get(handle)
@@ -668,17 +790,19 @@ class Supervisor:
 
     async def wait(self, handle: str, timeout: float | None = None) -> AppStatus:
         """The final status, once the app is terminal (event-driven for apps launched here)."""
+        started = time.monotonic()
         with anyio.move_on_after(timeout) as scope:
             status = await self._wait(handle)
         if scope.cancelled_caught:
             raise WaitTimeout(f"{handle} was not terminal after {timeout} s")
+        metrics.record_wait(handle.split("://", 1)[0], time.monotonic() - started)
         return status
 
     async def _wait(self, handle: str) -> AppStatus:
         actor = self._actors.get(handle)
         if actor is not None:
             await actor.done.wait()
-            return actor.status()
+            return _with_metadata(actor)
         finished = self._finished.get(handle)
         if finished is not None:
             return finished
@@ -692,6 +816,18 @@ class Supervisor:
         if status is None:
             raise UnknownAppError(f"no app {handle}")
         return status
+
+    def events(self, max_buffer: int = DEFAULT_MAX_BUFFER) -> EventStream:
+        """Every transition of every app this Supervisor follows, from now on, as they happen.
+
+        One stream for all apps (``watch`` follows one), app and replica level, each
+        app's transitions in order. It ends when the Supervisor closes. A reader more
+        than ``max_buffer`` events behind gets ``EventsOverflowError`` once (the
+        stream goes on after the gap); publishing never waits for a reader.
+        """
+        if max_buffer < 1:
+            raise SpecError([Problem("max_buffer", "must be at least 1")], context="invalid events")
+        return self._observer.bus.open(max_buffer)
 
     async def watch(self, handle: str) -> AsyncIterator[Transition]:
         """Every transition of an app launched here, app and replica level, in order, to the end.
@@ -788,3 +924,25 @@ class Supervisor:
         if target is None:
             raise UnknownAppError(f"no app {handle}")
         return target, None
+
+
+class _StateCounts:
+    """The Supervisor's apps and replicas by state, for the metrics' observable counters."""
+
+    def __init__(self, actors: Mapping[str, AppActor]) -> None:
+        self._actors = actors
+
+    def app_states(self) -> list[tuple[str, str, int]]:
+        counts: dict[tuple[str, str], int] = {}
+        for actor in list(self._actors.values()):
+            key = (actor.backend_name, actor.fsm.state.name)
+            counts[key] = counts.get(key, 0) + 1
+        return [(backend, state, n) for (backend, state), n in counts.items()]
+
+    def replica_states(self) -> list[tuple[str, str, int]]:
+        counts: dict[tuple[str, str], int] = {}
+        for actor in list(self._actors.values()):
+            for state, n in actor.fsm.replica_counts().items():
+                key = (actor.backend_name, state.name)
+                counts[key] = counts.get(key, 0) + n
+        return [(backend, state, n) for (backend, state), n in counts.items() if n]

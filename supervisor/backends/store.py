@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.errors import BackendError, DamagedRecordError, DuplicateAppError
-from supervisor.fsm.states import AppState, ReplicaState
 from supervisor.specs import AppDef, Role
+from supervisor.states import AppState, ReplicaState
 from supervisor.status import AppStatus, AppTimes, ReplicaStatus, RoleStatus, Transition
 
 __all__ = [
@@ -46,6 +46,7 @@ __all__ = [
     "Owner",
     "damaged_status",
     "end_is_known",
+    "read_json_or_none",
     "read_record",
     "remove_app",
     "unknown_status",
@@ -164,7 +165,7 @@ def read_record(path: str | Path, *, limit: int = RECORD_LIMIT) -> Any:
         raise DamagedRecordError(str(path), why) from e
 
 
-def _read_json(path: Path) -> Any:
+def read_json_or_none(path: Path) -> Any:
     """The file's JSON, or None when there is none or it cannot be read as JSON.
 
     For files whose damage is no app's business (an idempotency key's record,
@@ -224,6 +225,7 @@ def _parse_status(data: Any) -> AppStatus:
         _typed(role.get("replicas"), list, f"roles[{i}].replicas")
         for j, replica in enumerate(role["replicas"]):
             _typed(replica, dict, f"roles[{i}].replicas[{j}]")
+    _typed(data.get("metadata") or {}, dict, "metadata")
     try:
         status = AppStatus.from_json(data)
     except KeyError as e:

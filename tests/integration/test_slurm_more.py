@@ -155,6 +155,7 @@ async def _slurm_state(job_id: str) -> str:
     return done.stdout.decode().strip()
 
 
+@pytest.mark.slurm_exclusive  # takes every node, exclusively
 async def test_a_waiting_app_says_why_and_its_cancel_records_no_start(
     cluster: dict[str, object], state_dir: Path, tmp_path: Path
 ) -> None:

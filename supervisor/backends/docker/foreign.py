@@ -14,7 +14,7 @@ import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 from asyncinotify import Inotify, Mask
@@ -24,6 +24,7 @@ from supervisor.backends.docker.engine import EXIT_ACTIONS, Engine, event_action
 from supervisor.backends.docker.request import LABEL
 from supervisor.backends.docker.resume import LogResumer, lock
 from supervisor.backends.docker.runtime import OUTPUT_COPIED, exit_signal
+from supervisor.backends.docker.services import BackendServices
 from supervisor.backends.listing import list_indexed
 from supervisor.backends.store import (
     AppStore,
@@ -34,8 +35,8 @@ from supervisor.backends.store import (
 )
 from supervisor.errors import BackendError, DamagedRecordError
 from supervisor.fsm.rules import derive_app_state
-from supervisor.fsm.states import AppState, ReplicaState, is_terminal
 from supervisor.specs import AppDef, AppHandle
+from supervisor.states import AppState, ReplicaState, is_terminal
 from supervisor.status import (
     AppStatus,
     DescribeAppResponse,
@@ -43,9 +44,6 @@ from supervisor.status import (
     ReplicaStatus,
     RoleStatus,
 )
-
-if TYPE_CHECKING:
-    from supervisor.backends.docker.backend import DockerBackend
 
 __all__ = ["RELEASED", "ForeignApps"]
 
@@ -82,7 +80,7 @@ async def _process_exit(pid: int) -> None:
 
 
 class ForeignApps:
-    def __init__(self, backend: DockerBackend) -> None:
+    def __init__(self, backend: BackendServices) -> None:
         self._backend = backend
         self.logs = LogResumer(backend)
 
@@ -275,7 +273,8 @@ class ForeignApps:
         engine = self.engine_of(app)
         for c in await self.containers(app):
             await engine.remove(str(c["Id"]))
-        await engine.remove_network(str(app["request"]["network"]))
+        if app["request"].get("network_body", True):  # not a joined network: the app's own
+            await engine.remove_network(str(app["request"]["network"]))
         return status
 
     # ------------------------------------------------------------------ verbs

@@ -234,6 +234,8 @@ class Supervisor:
     """Launches apps on backends and follows them; use as ``async with Supervisor() as sv``.
 
     Closing stops every replica this Supervisor started that is still running.
+    ``retention``: remove the records and logs of this session's settled apps
+    periodically, in a worker thread (see ``supervisor.retention`` and ``gc``).
     """
 
     def __init__(

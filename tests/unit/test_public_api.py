@@ -13,14 +13,15 @@ EXPECTED = {
     "DuplicateAppError", "InvalidHandleError", "ListAppResponse", "MissingExtraError",
     "Problem", "ReplicaState", "ReplicaStatus",
     "ResolvedCfg", "Resource", "RetryPolicy", "Role", "RoleStatus", "RunOpt", "RunOpts",
-    "SpecError", "Stream", "SubmitError", "Supervisor", "SupervisorError", "Transition",
+    "ShuttingDown", "SpecError", "Stream", "SubmitError", "Supervisor", "SupervisorError",
+    "Transition",
     "UnknownAppError", "UnknownBackendError", "UnsupportedAsyncLibraryError", "VolumeMount",
     "WaitTimeout", "__version__", "macros", "make_handle", "parse_handle",
 }  # fmt: skip
 
 SUPERVISOR_METHODS = {
     "dryrun", "schedule", "submit", "status", "describe", "exists", "list", "cancel",
-    "wait", "watch", "log_iter", "close", "run_opts", "hold", "release",
+    "wait", "watch", "log_iter", "close", "run_opts", "hold", "release", "begin_shutdown",
 }  # fmt: skip
 
 

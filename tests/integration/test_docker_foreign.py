@@ -235,3 +235,38 @@ async def test_a_cli_follower_sees_an_unfollowed_app_to_its_end(
     final = await anyio.to_thread.run_sync(cli, engine, state_dir, "status", handle, "--json")
     assert json.loads(final.stdout)["state"] == "SUCCEEDED"
     assert not labelled(engine.host, "containers", f"io.asupervisor.session={engine.session}")
+
+
+async def test_a_cli_follower_ends_soon_after_the_app_not_at_its_re_check(
+    engine: EngineUnderTest, tmp_path: Path, state_dir: Path
+) -> None:
+    """The engine's die event ends ``log -f``, not the follower's 30 s re-check.
+
+    Nothing in the replica's directory changes when a container nobody follows
+    exits, so only the engine's events can tell the follower in time. The bound
+    leaves room for a slow engine and a loaded machine, and is still well short
+    of the 30 s re-check.
+    """
+    async with Supervisor(session=engine.session) as owner:
+        handle = await owner.submit(gated_app(tmp_path), "docker", engine.cfg)
+        assert await first_line(owner, handle) == "started 0\n"
+    # The owner closed (as `asupervisor run` does when it exits): the container runs on.
+    env = {
+        **os.environ,
+        "ASUPERVISOR_HOME": str(state_dir),
+        "DOCKER_HOST": engine.host,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    argv = [sys.executable, "-m", "supervisor.cli.main", "log", "-f", handle, "w/0"]
+    async with await anyio.open_process(argv, env=env) as follower:
+        assert follower.stdout is not None
+        assert await follower.stdout.receive() == b"started 0\n"
+        rest = b""
+        (tmp_path / "go").touch()
+        with anyio.fail_after(20):
+            async for chunk in follower.stdout:
+                rest += chunk
+            assert await follower.wait() == 0
+    assert rest == b"after the gate\n"
+    final = await anyio.to_thread.run_sync(cli, engine, state_dir, "status", handle, "--json")
+    assert json.loads(final.stdout)["state"] == "SUCCEEDED"

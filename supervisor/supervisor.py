@@ -537,7 +537,10 @@ class Supervisor:
         return status
 
     async def watch(self, handle: str) -> AsyncIterator[Transition]:
-        """Every transition of an app launched here, app and replica level, in order, to the end."""
+        """Every transition of an app launched here, app and replica level, in order, to the end.
+
+        Ends early, after the transitions so far, once ``begin_shutdown`` is called.
+        """
         actor = self._actors.get(handle)
         if actor is None:
             raise UnknownAppError(f"{handle} is not followed by this Supervisor")
@@ -555,7 +558,11 @@ class Supervisor:
         should_tail: bool = False,
         streams: Stream | str | None = None,
     ) -> AsyncIterator[str]:
-        """Lines of one replica's output, each with its ``\\n``; see logs.iter_log_lines."""
+        """Lines of one replica's output, each with its ``\\n``; see logs.iter_log_lines.
+
+        A follow (``should_tail=True``) ends with the app, or, after the lines
+        already in the files, once ``begin_shutdown`` is called.
+        """
         stream = parse_streams(streams)
         target, finished = await self._log_target(handle, role_name, k)
         stop_watching = anyio.Event()

@@ -15,6 +15,7 @@ from supervisor.errors import (
     BackendError,
     DamagedRecordError,
     DuplicateAppError,
+    EventsOverflowError,
     InvalidHandleError,
     MissingExtraError,
     Problem,
@@ -29,6 +30,7 @@ from supervisor.errors import (
 )
 from supervisor.fsm.states import AppState, ReplicaState
 from supervisor.logs import Stream
+from supervisor.observe import AppEvent, EventStream
 from supervisor.runopts import ResolvedCfg, RunOpt, RunOpts
 from supervisor.specs import (
     NULL_RESOURCE,
@@ -61,6 +63,7 @@ warn_if_mixed()  # supervisord's modules beside ours: say so before an uninstall
 __all__ = [
     "NULL_RESOURCE",
     "AppDef",
+    "AppEvent",
     "AppHandle",
     "AppState",
     "AppStatus",
@@ -71,6 +74,8 @@ __all__ = [
     "DeviceMount",
     "DryRunInfo",
     "DuplicateAppError",
+    "EventStream",
+    "EventsOverflowError",
     "InvalidHandleError",
     "ListAppResponse",
     "MissingExtraError",

@@ -12,6 +12,7 @@ catch the branch they can act on::
     ├── UnsupportedAsyncLibraryError (also RuntimeError)  not running under asyncio
     ├── ShuttingDown (also RuntimeError)     the Supervisor is shutting down: no new submit or wait
     ├── MissingExtraError (also ImportError) a backend's extra is not installed
+    ├── EventsOverflowError                  an ``events()`` reader fell too far behind
     └── BackendError                         the backend failed; ``transient``: may a retry help
         ├── SubmitError                      launching failed; nothing was left running
         │   └── DuplicateAppError            that app id was already launched (here or elsewhere)
@@ -30,6 +31,7 @@ __all__ = [
     "BackendError",
     "DamagedRecordError",
     "DuplicateAppError",
+    "EventsOverflowError",
     "InvalidHandleError",
     "MissingExtraError",
     "Problem",
@@ -95,6 +97,14 @@ class UnknownAppError(SupervisorError, LookupError):
 
 class WaitTimeout(SupervisorError, TimeoutError):
     """``wait`` gave up before the app reached a terminal state."""
+
+
+class EventsOverflowError(SupervisorError):
+    """A reader of ``Supervisor.events()`` fell more events behind than its stream holds.
+
+    The stream stays usable: the next read returns what came after the gap. Raised
+    rather than buffering without bound inside a service that runs for weeks.
+    """
 
 
 class UnsupportedAsyncLibraryError(SupervisorError, RuntimeError):

@@ -14,6 +14,7 @@ import functools
 import getpass
 import os
 import secrets
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -48,6 +49,8 @@ from supervisor.errors import (
 from supervisor.fsm.states import AppState
 from supervisor.idempotency import IdempotencyKeys, fingerprint, submit_once
 from supervisor.logs import Stream, WatchHub, iter_log_lines, parse_streams
+from supervisor.observe import EventStream, Observer, metrics
+from supervisor.observe.bus import DEFAULT_MAX_BUFFER
 from supervisor.runopts import ResolvedCfg, RunOpts
 from supervisor.specs import AppDef, AppHandle, make_app_id, make_handle, parse_handle
 from supervisor.status import AppStatus, DescribeAppResponse, ListAppResponse, Transition
@@ -136,10 +139,10 @@ class Supervisor:
     Closing stops every replica this Supervisor started that is still running.
 
     Shutting down, for a service: ``begin_shutdown()`` (which ``close()`` and
-    leaving ``async with`` call first) ends every open ``log_iter`` follow and
-    ``watch`` of this Supervisor naturally (the iterator stops, as if the app had
-    ended, after the lines or transitions already there) and makes every open
-    ``wait`` raise ``ShuttingDown``, at once; a new ``submit`` raises
+    leaving ``async with`` call first) ends every open ``log_iter`` follow,
+    ``watch`` and ``events()`` stream of this Supervisor naturally (the
+    iterator stops, as if the app had ended, after what was already there) and
+    makes every open ``wait`` raise ``ShuttingDown``, at once; a new ``submit`` raises
     ``ShuttingDown`` too. The apps are not touched by it: ``close()`` then stops
     the local apps it started, and durable ones (Docker, Slurm) run on.
     """
@@ -166,6 +169,8 @@ class Supervisor:
         self._gpus: int | None = None
         self._closed = False
         self._watch_hub: WatchHub | None = None
+        self._observer = Observer()
+        self._unregister_metrics: Callable[[], None] | None = None
         self._shutting_down = False
         # What begin_shutdown ends: the scopes of open waits, the end events of follows.
         self._open_waits: set[anyio.CancelScope] = set()
@@ -184,6 +189,7 @@ class Supervisor:
         self._stack = AsyncExitStack()
         self._tg = await self._stack.enter_async_context(anyio.create_task_group())
         self._watch_hub = WatchHub(self._tg)
+        self._unregister_metrics = metrics.register_states(_StateCounts(self._actors))
         return self
 
     async def __aexit__(
@@ -214,7 +220,7 @@ class Supervisor:
         return self._shutting_down
 
     def begin_shutdown(self) -> None:
-        """End every open follow, ``watch`` and ``wait`` of this Supervisor now; idempotent.
+        """End every open follow, ``watch``, ``events`` and ``wait`` of this Supervisor now.
 
         For a service whose server waits for open requests before it runs its
         shutdown code (uvicorn does): call this where the shutdown starts (its
@@ -223,9 +229,9 @@ class Supervisor:
         cheap, but call it on the event loop's thread (from a signal handler,
         through ``loop.call_soon_threadsafe``).
 
-        From then on ``log_iter(..., should_tail=True)`` and ``watch`` end
-        naturally (``StopAsyncIteration``) once they gave what was already
-        there; ``wait`` returns the status of an app that already ended and
+        Idempotent. From then on ``log_iter(..., should_tail=True)``, ``watch``
+        and ``events()`` streams end naturally (``StopAsyncIteration``) once they
+        gave what was already there; ``wait`` returns the status of an app that already ended and
         raises ``ShuttingDown`` otherwise; ``submit`` and ``schedule`` raise
         ``ShuttingDown``. Apps keep running (and ``status``, ``describe``,
         ``cancel`` and reads to the end keep working) until ``close()``.
@@ -239,6 +245,7 @@ class Supervisor:
             ended.set()
         for actor in self._actors.values():
             actor.wake_readers()
+        self._observer.bus.close()  # every ``events()`` stream ends after what it holds
 
     def _refuse_if_shutting_down(self, what: str) -> None:
         if self._shutting_down:
@@ -256,6 +263,8 @@ class Supervisor:
         if self._closed:
             return
         self._closed = True
+        if self._unregister_metrics is not None:
+            self._unregister_metrics()
         with anyio.CancelScope(shield=True):
             owned = [
                 actor
@@ -364,7 +373,7 @@ class Supervisor:
         handle = make_handle(info.backend, self.session, info.request.app_id)
         if handle in self._actors:
             raise DuplicateAppError(f"{handle} was already scheduled by this Supervisor")
-        actor = AppActor(handle, info.request)
+        actor = AppActor(handle, info.request, self._observer)
         try:
             # Shielded: a launch cut short by the caller's cancel would leave what it
             # had started (processes, a Slurm job, containers) with no handle and no
@@ -405,6 +414,18 @@ class Supervisor:
         see ``supervisor.idempotency``.
         """
         self._refuse_if_shutting_down("submit")
+        started = time.monotonic()
+        handle = await self._submit(app, backend, cfg, idempotency_key)
+        metrics.record_submit(backend, time.monotonic() - started)
+        return handle
+
+    async def _submit(
+        self,
+        app: AppDef,
+        backend: str,
+        cfg: Mapping[str, object] | None,
+        idempotency_key: str | None,
+    ) -> str:
         await self.prepare(backend)
         if idempotency_key is None:
             return await self.schedule(self.dryrun(app, backend, cfg))
@@ -506,6 +527,7 @@ class Supervisor:
         if actor is not None and actor.done.is_set():
             return actor.status()
         self._refuse_if_shutting_down(f"wait for {handle}")
+        started = time.monotonic()
         status: AppStatus | None = None
         with anyio.move_on_after(timeout):
             with anyio.CancelScope() as shutdown:  # only begin_shutdown cancels this one
@@ -518,6 +540,7 @@ class Supervisor:
                 raise ShuttingDown(f"the Supervisor began shutting down while waiting for {handle}")
         if status is None:
             raise WaitTimeout(f"{handle} was not terminal after {timeout} s")
+        metrics.record_wait(handle.split("://", 1)[0], time.monotonic() - started)
         return status
 
     async def _wait(self, handle: str) -> AppStatus:
@@ -535,6 +558,18 @@ class Supervisor:
         if status is None:
             raise UnknownAppError(f"no app {handle}")
         return status
+
+    def events(self, max_buffer: int = DEFAULT_MAX_BUFFER) -> EventStream:
+        """Every transition of every app this Supervisor follows, from now on, as they happen.
+
+        One stream for all apps (``watch`` follows one), app and replica level, each
+        app's transitions in order. It ends when the Supervisor closes. A reader more
+        than ``max_buffer`` events behind gets ``EventsOverflowError`` once (the
+        stream goes on after the gap); publishing never waits for a reader.
+        """
+        if max_buffer < 1:
+            raise SpecError([Problem("max_buffer", "must be at least 1")], context="invalid events")
+        return self._observer.bus.open(max_buffer)
 
     async def watch(self, handle: str) -> AsyncIterator[Transition]:
         """Every transition of an app launched here, app and replica level, in order, to the end.
@@ -645,3 +680,25 @@ class Supervisor:
         if target is None:
             raise UnknownAppError(f"no app {handle}")
         return target, None
+
+
+class _StateCounts:
+    """The Supervisor's apps and replicas by state, for the metrics' observable counters."""
+
+    def __init__(self, actors: Mapping[str, AppActor]) -> None:
+        self._actors = actors
+
+    def app_states(self) -> list[tuple[str, str, int]]:
+        counts: dict[tuple[str, str], int] = {}
+        for actor in list(self._actors.values()):
+            key = (actor.backend_name, actor.fsm.state.name)
+            counts[key] = counts.get(key, 0) + 1
+        return [(backend, state, n) for (backend, state), n in counts.items()]
+
+    def replica_states(self) -> list[tuple[str, str, int]]:
+        counts: dict[tuple[str, str], int] = {}
+        for actor in list(self._actors.values()):
+            for state, n in actor.fsm.replica_counts().items():
+                key = (actor.backend_name, state.name)
+                counts[key] = counts.get(key, 0) + n
+        return [(backend, state, n) for (backend, state), n in counts.items() if n]

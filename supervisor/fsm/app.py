@@ -120,6 +120,10 @@ class AppFSM:
     def is_terminal(self) -> bool:
         return self.app.state.name in TERMINAL
 
+    def replica_counts(self) -> dict[ReplicaState, int]:
+        """How many replicas are in each state now (kept up to date, so O(states))."""
+        return dict(self._counts)
+
     def snapshot(self) -> AppStatus:
         """The current status; rebuilt only after a change, so reads are cheap."""
         if self._snapshot is None:

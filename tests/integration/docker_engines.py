@@ -65,11 +65,15 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
-def api(host: str, method: str, path: str) -> Any:
+def api(host: str, method: str, path: str, body: Any = None) -> Any:
     """One blocking Engine API call (for test set-up and checks, never inside the library)."""
     conn = _UnixConnection(host.removeprefix("unix://"))
     try:
-        conn.request(method, path)
+        if body is None:
+            conn.request(method, path)
+        else:
+            headers = {"Content-Type": "application/json"}
+            conn.request(method, path, body=json.dumps(body), headers=headers)
         response = conn.getresponse()
         body = response.read()
     finally:

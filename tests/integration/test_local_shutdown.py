@@ -1,4 +1,4 @@
-"""Prompt shutdown: ``begin_shutdown`` and ``close`` end every open follow, watch and wait.
+"""Prompt shutdown: ``begin_shutdown`` and ``close`` end every open follow, watch, events and wait.
 
 A service's server waits for its open responses before it runs its shutdown code,
 so a stream that only ends with its app would hold the server up. These use real
@@ -9,12 +9,13 @@ The bounds are ``fail_after`` limits far below the app's minute and the readers'
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
 import pytest
 
-from supervisor import AppState, ShuttingDown, Supervisor, Transition
+from supervisor import AppEvent, AppState, ShuttingDown, Supervisor, Transition
 
 from .helpers import app, pid_alive, py_role
 
@@ -34,7 +35,7 @@ class Streams:
         self.transitions: list[Transition] = []
         self.wait_error: BaseException | None = None
         self.first_line = anyio.Event()
-        self.ended = {"log": False, "watch": False, "wait": False}
+        self.ended = {"log": False, "watch": False, "wait": False, "events": False}
         self.all_ended = anyio.Event()
 
     def _end(self, what: str) -> None:
@@ -46,6 +47,12 @@ class Streams:
         tg.start_soon(self._follow)
         tg.start_soon(self._watch)
         tg.start_soon(self._wait)
+        tg.start_soon(self._events, self.sv.events())
+
+    async def _events(self, stream: AsyncIterator[AppEvent]) -> None:
+        async for _ in stream:
+            pass
+        self._end("events")
 
     async def _follow(self) -> None:
         async for line in self.sv.log_iter(self.handle, "s", 0, should_tail=True):
@@ -80,7 +87,7 @@ async def test_begin_shutdown_ends_follows_watches_and_waits_and_leaves_the_app(
                 sv.begin_shutdown()
                 sv.begin_shutdown()  # idempotent
                 assert sv.shutting_down
-        assert streams.ended == {"log": True, "watch": True, "wait": True}
+        assert streams.ended == {"log": True, "watch": True, "wait": True, "events": True}
         assert isinstance(streams.wait_error, ShuttingDown)
         pid = int(streams.lines[0])
         assert [t.dest for t in streams.transitions if t.role is None][-1] == "RUNNING"
@@ -131,7 +138,7 @@ async def test_close_ends_open_streams_and_a_wait_of_an_ended_app_still_answers(
                 streams.start(tg)
                 await streams.first_line.wait()
                 await sv.close()
-        assert streams.ended == {"log": True, "watch": True, "wait": True}
+        assert streams.ended == {"log": True, "watch": True, "wait": True, "events": True}
         assert isinstance(streams.wait_error, ShuttingDown)
         # An app that had ended answers as before.
         assert (await sv.wait(done)).state is AppState.SUCCEEDED

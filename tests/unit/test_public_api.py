@@ -8,7 +8,8 @@ import sys
 import supervisor
 
 EXPECTED = {
-    "NULL_RESOURCE", "AppDef", "AppHandle", "AppState", "AppStatus", "BackendError",
+    "NULL_RESOURCE", "AppDef", "AppEvent", "AppHandle", "AppState", "AppStatus", "BackendError",
+    "EventStream", "EventsOverflowError",
     "BindMount", "DamagedRecordError", "DescribeAppResponse", "DeviceMount", "DryRunInfo",
     "DuplicateAppError", "InvalidHandleError", "ListAppResponse", "MissingExtraError",
     "Problem", "ReplicaState", "ReplicaStatus",
@@ -21,7 +22,8 @@ EXPECTED = {
 
 SUPERVISOR_METHODS = {
     "dryrun", "schedule", "submit", "status", "describe", "exists", "list", "cancel",
-    "wait", "watch", "log_iter", "close", "run_opts", "hold", "release", "begin_shutdown",
+    "wait", "watch", "events", "log_iter", "close", "run_opts", "hold", "release",
+    "begin_shutdown",
 }  # fmt: skip
 
 

@@ -18,6 +18,7 @@ import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Literal, ParamSpec, TypeVar
+from urllib.parse import quote
 
 import anyio
 
@@ -140,6 +141,16 @@ class Engine:
         except aiodocker.DockerError as e:
             if e.status != 404:
                 raise _error(e, f"cannot remove network {name!r}") from e
+
+    @_translated
+    async def network_exists(self, name: str) -> bool:
+        try:
+            async with self._response(f"networks/{quote(name, safe='')}"):
+                return True
+        except aiodocker.DockerError as e:
+            if e.status == 404:
+                return False
+            raise _error(e, f"cannot look up network {name!r}", submit=True) from e
 
     @_translated
     async def list_networks(self, labels: Mapping[str, str]) -> list[dict[str, Any]]:

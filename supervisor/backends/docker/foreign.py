@@ -279,7 +279,8 @@ class ForeignApps:
         engine = self.engine_of(app)
         for c in await self.containers(app):
             await engine.remove(str(c["Id"]))
-        await engine.remove_network(str(app["request"]["network"]))
+        if app["request"].get("network_body", True):  # not a joined network: the app's own
+            await engine.remove_network(str(app["request"]["network"]))
         return status
 
     # ------------------------------------------------------------------ verbs

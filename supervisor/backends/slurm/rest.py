@@ -40,6 +40,7 @@ from supervisor.backends.slurm.records import JobRecord, from_sacct, from_squeue
 from supervisor.backends.slurm.script import ClusterFacts
 from supervisor.backends.slurm.transport import AccountingDisabled, SlurmTransport, _transient
 from supervisor.errors import BackendError, MissingExtraError, Problem, SpecError, SubmitError
+from supervisor.observe import metrics
 
 try:
     import httpx
@@ -355,6 +356,7 @@ class RestTransport(SlurmTransport):
         are not failures: the caller reads the answer.
         """
         self.calls[name] += 1
+        metrics.count_slurm_call(self.kind, name)
         what = f"slurmrestd ({self.where}) {method} {path}"
         try:
             with anyio.fail_after(self.timeout):

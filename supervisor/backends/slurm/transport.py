@@ -20,6 +20,7 @@ import anyio
 from supervisor.backends.slurm.records import JobRecord, from_sacct, from_squeue
 from supervisor.backends.slurm.script import ClusterFacts
 from supervisor.errors import BackendError, SubmitError
+from supervisor.observe import metrics
 
 __all__ = ["AccountingDisabled", "CliTransport", "SlurmTransport"]
 
@@ -126,6 +127,7 @@ class CliTransport(SlurmTransport):
 
     async def _run(self, tool: str, *args: str, stdin: bytes | None = None) -> str:
         self.calls[tool] += 1
+        metrics.count_slurm_call(self.kind, tool)
         try:
             with anyio.fail_after(CALL_TIMEOUT):
                 done = await anyio.run_process(

@@ -11,6 +11,7 @@ Everything public is re-exported here; ``tests/unit/test_public_api.py`` pins it
 """
 
 from supervisor.clash import warn_if_mixed
+from supervisor.cluster import ClusterInfo, ClusterJob, NodeInfo, PartitionInfo
 from supervisor.errors import (
     BackendError,
     DamagedRecordError,
@@ -28,7 +29,6 @@ from supervisor.errors import (
     UnsupportedAsyncLibraryError,
     WaitTimeout,
 )
-from supervisor.fsm.states import AppState, ReplicaState
 from supervisor.logs import Stream
 from supervisor.observe import AppEvent, EventStream
 from supervisor.runopts import ResolvedCfg, RunOpt, RunOpts
@@ -46,6 +46,7 @@ from supervisor.specs import (
     make_handle,
     parse_handle,
 )
+from supervisor.states import AppState, ReplicaState
 from supervisor.status import (
     AppStatus,
     DescribeAppResponse,
@@ -69,6 +70,8 @@ __all__ = [
     "AppStatus",
     "BackendError",
     "BindMount",
+    "ClusterInfo",
+    "ClusterJob",
     "DamagedRecordError",
     "DescribeAppResponse",
     "DeviceMount",
@@ -79,6 +82,8 @@ __all__ = [
     "InvalidHandleError",
     "ListAppResponse",
     "MissingExtraError",
+    "NodeInfo",
+    "PartitionInfo",
     "Problem",
     "ReplicaState",
     "ReplicaStatus",

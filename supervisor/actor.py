@@ -23,8 +23,8 @@ from supervisor.backends.base import AppCancelRequested, AppNotice, AppRuntime, 
 from supervisor.errors import BackendError
 from supervisor.events import Lost, ReplicaEvent
 from supervisor.fsm.app import AppFSM, RestartReplicas, RoleSpec, StopReplicas
-from supervisor.fsm.states import TERMINAL
 from supervisor.observe import Observer
+from supervisor.states import TERMINAL
 from supervisor.status import AppStatus, Transition
 
 __all__ = ["AppActor"]

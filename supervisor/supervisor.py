@@ -10,12 +10,14 @@ start.
 from __future__ import annotations
 
 import asyncio
+import builtins
+import dataclasses
 import functools
 import getpass
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from datetime import datetime
@@ -36,6 +38,7 @@ from supervisor.backends.base import (
     LogTarget,
     Request,
 )
+from supervisor.cluster import ClusterInfo, ClusterJob
 from supervisor.errors import (
     DamagedRecordError,
     DuplicateAppError,
@@ -46,13 +49,13 @@ from supervisor.errors import (
     UnsupportedAsyncLibraryError,
     WaitTimeout,
 )
-from supervisor.fsm.states import AppState
 from supervisor.idempotency import IdempotencyKeys, fingerprint, submit_once
 from supervisor.logs import Stream, WatchHub, iter_log_lines, parse_streams
 from supervisor.observe import EventStream, Observer, metrics
 from supervisor.observe.bus import DEFAULT_MAX_BUFFER
 from supervisor.runopts import ResolvedCfg, RunOpts
 from supervisor.specs import AppDef, AppHandle, make_app_id, make_handle, parse_handle
+from supervisor.states import TERMINAL, AppState
 from supervisor.status import AppStatus, DescribeAppResponse, ListAppResponse, Transition
 from supervisor.validate import MAX_APP_ID_LENGTH, check_name, validate
 
@@ -131,6 +134,13 @@ async def _set_when_ended(
         tg.start_soon(wait_ended)
         await stop.wait()
         tg.cancel_scope.cancel()
+
+
+def _with_metadata(actor: AppActor) -> AppStatus:
+    """The actor's snapshot with what its backend knows the app by (a Slurm job id)."""
+    status = actor.status()
+    extra = actor.runtime.metadata() if actor.runtime is not None else {}
+    return dataclasses.replace(status, metadata={**status.metadata, **extra}) if extra else status
 
 
 class Supervisor:
@@ -463,14 +473,17 @@ class Supervisor:
     def status(self, handle: str) -> AppStatus | None:
         """A snapshot of an app this Supervisor follows; no I/O. None for any other handle."""
         actor = self._actors.get(handle)
-        return actor.status() if actor is not None else None
+        return _with_metadata(actor) if actor is not None else None
 
     async def describe(self, handle: str) -> DescribeAppResponse | None:
         parsed = parse_handle(handle)
         actor = self._actors.get(handle)
         if actor is not None:
             return DescribeAppResponse.from_status(
-                parsed.app_id, actor.status(), actor.request.app.roles, tuple(actor.fsm.history)
+                parsed.app_id,
+                _with_metadata(actor),
+                actor.request.app.roles,
+                tuple(actor.fsm.history),
             )
         return await self._describe_recorded(parsed)
 
@@ -486,6 +499,96 @@ class Supervisor:
 
     async def list(self, backend: str) -> list[ListAppResponse]:
         return await self.backend(backend).list()
+
+    # ------------------------------------------------------------ the cluster
+    def _cluster_backend(self, backend: str, what: str) -> Any:
+        impl = self.backend(backend)
+        if not callable(getattr(impl, "cluster_info", None)):
+            raise SpecError(
+                [Problem("backend", f"{backend!r} has no cluster to {what}; slurm has")],
+                context="invalid request",
+            )
+        return impl
+
+    async def cluster(self, backend: str = "slurm", *, partition: str | None = None) -> ClusterInfo:
+        """The cluster's partitions and nodes (state, CPUs, memory, GRES), as ``sinfo`` shows.
+
+        With ``partition``, that partition and its nodes only. A backend with no
+        cluster (local, docker) raises ``SpecError``.
+        """
+        info: ClusterInfo = await self._cluster_backend(backend, "show").cluster_info(partition)
+        return info
+
+    async def cluster_jobs(
+        self,
+        backend: str = "slurm",
+        *,
+        user: str | None = None,
+        states: Collection[str] = (),
+        partition: str | None = None,
+    ) -> builtins.list[ClusterJob]:
+        """Every job the scheduler holds, anyone's, as ``squeue`` shows; ours carry ``handle``.
+
+        Filters: the job's ``user``, its Slurm ``states`` (PENDING, RUNNING, ...;
+        any case) and ``partition``.
+        """
+        impl = self._cluster_backend(backend, "list")
+        jobs: builtins.list[ClusterJob] = await impl.cluster_jobs()
+        wanted = {s.upper() for s in states}
+        return [
+            j
+            for j in jobs
+            if (user is None or j.user == user)
+            and (not wanted or j.state in wanted)
+            and (partition is None or j.partition == partition)
+        ]
+
+    async def matching(
+        self,
+        backend: str,
+        *,
+        states: Collection[str] = (),
+        partition: str | None = None,
+    ) -> builtins.list[ListAppResponse]:
+        """This session's apps on ``backend`` that have not ended, filtered: ``states`` are
+        app states (PENDING, RUNNING, ...), ``partition`` the Slurm partition their job is in.
+
+        Never another session's app, nor a job this library did not launch: what
+        ``cancel_matching`` (and ``asupervisor cancel --state/--partition/--all``) stops.
+        """
+        known = {s.name for s in AppState}
+        wanted = {s.upper() for s in states}
+        unknown = sorted(wanted - known)
+        if unknown:
+            raise SpecError(
+                [Problem("states", f"{', '.join(unknown)}: not app states ({', '.join(known)})")],
+                context="invalid filter",
+            )
+        ours = [
+            a
+            for a in await self.list(backend)
+            if parse_handle(a.app_handle).session == self.session
+            and a.state.name not in TERMINAL
+            and (not wanted or a.state.name in wanted)
+        ]
+        if partition is not None:
+            jobs = await self.cluster_jobs(backend, partition=partition)
+            in_partition = {j.handle for j in jobs if j.handle is not None}
+            ours = [a for a in ours if a.app_handle in in_partition]
+        return ours
+
+    async def cancel_matching(
+        self,
+        backend: str,
+        *,
+        states: Collection[str] = (),
+        partition: str | None = None,
+    ) -> builtins.list[str]:
+        """Cancel what ``matching`` finds; the handles asked to stop."""
+        found = await self.matching(backend, states=states, partition=partition)
+        for app in found:
+            await self.cancel(app.app_handle)
+        return [a.app_handle for a in found]
 
     async def cancel(self, handle: str) -> None:
         """Ask the app to stop and return at once; repeating it, or a finished app, is fine."""
@@ -525,7 +628,7 @@ class Supervisor:
         """
         actor = self._actors.get(handle)
         if actor is not None and actor.done.is_set():
-            return actor.status()
+            return _with_metadata(actor)
         self._refuse_if_shutting_down(f"wait for {handle}")
         started = time.monotonic()
         status: AppStatus | None = None
@@ -547,7 +650,7 @@ class Supervisor:
         actor = self._actors.get(handle)
         if actor is not None:
             await actor.done.wait()
-            return actor.status()
+            return _with_metadata(actor)
         # Another process follows this app: its backend tells when its records say it ended.
         parsed = parse_handle(handle)
         try:

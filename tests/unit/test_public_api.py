@@ -9,10 +9,10 @@ import supervisor
 
 EXPECTED = {
     "NULL_RESOURCE", "AppDef", "AppEvent", "AppHandle", "AppState", "AppStatus", "BackendError",
-    "EventStream", "EventsOverflowError",
-    "BindMount", "DamagedRecordError", "DescribeAppResponse", "DeviceMount", "DryRunInfo",
+    "BindMount", "ClusterInfo", "ClusterJob", "DamagedRecordError", "DescribeAppResponse",
+    "DeviceMount", "DryRunInfo", "EventStream", "EventsOverflowError",
     "DuplicateAppError", "InvalidHandleError", "ListAppResponse", "MissingExtraError",
-    "Problem", "ReplicaState", "ReplicaStatus",
+    "NodeInfo", "PartitionInfo", "Problem", "ReplicaState", "ReplicaStatus",
     "ResolvedCfg", "Resource", "RetryPolicy", "Role", "RoleStatus", "RunOpt", "RunOpts",
     "ShuttingDown", "SpecError", "Stream", "SubmitError", "Supervisor", "SupervisorError",
     "Transition",
@@ -23,6 +23,7 @@ EXPECTED = {
 SUPERVISOR_METHODS = {
     "dryrun", "schedule", "submit", "status", "describe", "exists", "list", "cancel",
     "wait", "watch", "events", "log_iter", "close", "run_opts", "hold", "release",
+    "cluster", "cluster_jobs", "matching", "cancel_matching",
     "begin_shutdown",
 }  # fmt: skip
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 from asyncinotify import Inotify, Mask
@@ -25,6 +25,7 @@ from supervisor.backends.docker.engine import EXIT_ACTIONS, Engine, event_action
 from supervisor.backends.docker.request import LABEL
 from supervisor.backends.docker.resume import LogResumer, lock
 from supervisor.backends.docker.runtime import OUTPUT_COPIED, exit_signal
+from supervisor.backends.docker.services import BackendServices
 from supervisor.backends.listing import list_indexed
 from supervisor.backends.store import (
     AppStore,
@@ -35,8 +36,8 @@ from supervisor.backends.store import (
 )
 from supervisor.errors import BackendError, DamagedRecordError
 from supervisor.fsm.rules import derive_app_state
-from supervisor.fsm.states import AppState, ReplicaState, is_terminal
 from supervisor.specs import AppDef, AppHandle
+from supervisor.states import AppState, ReplicaState, is_terminal
 from supervisor.status import (
     AppStatus,
     DescribeAppResponse,
@@ -44,9 +45,6 @@ from supervisor.status import (
     ReplicaStatus,
     RoleStatus,
 )
-
-if TYPE_CHECKING:
-    from supervisor.backends.docker.backend import DockerBackend
 
 __all__ = ["RELEASED", "ForeignApps"]
 
@@ -83,7 +81,7 @@ async def _process_exit(pid: int) -> None:
 
 
 class ForeignApps:
-    def __init__(self, backend: DockerBackend) -> None:
+    def __init__(self, backend: BackendServices) -> None:
         self._backend = backend
         self.logs = LogResumer(backend)
         # One ``wait`` per app followed here, however many of its replicas' logs are

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 from asyncinotify import Inotify, Mask
@@ -30,14 +30,12 @@ from asyncinotify import Inotify, Mask
 from supervisor.backends.base import AppCancelRequested, AppNotice, AppRuntime, EventSink, LogTarget
 from supervisor.backends.docker.engine import Engine
 from supervisor.backends.docker.request import LABEL, ContainerSpec, DockerRequest
+from supervisor.backends.docker.services import BackendServices
 from supervisor.backends.store import CANCEL_REQUEST, AppStore, write_json_atomic
 from supervisor.errors import BackendError, SubmitError
 from supervisor.events import Exited, Lost, ReplicaKey, Started, Submitted
 from supervisor.logs import ReplicaLog
 from supervisor.status import AppStatus, Transition
-
-if TYPE_CHECKING:
-    from supervisor.backends.docker.backend import DockerBackend
 
 __all__ = ["DockerRuntime", "exit_signal"]
 
@@ -137,7 +135,7 @@ class _Slot:
 
 
 class DockerRuntime(AppRuntime):
-    def __init__(self, backend: DockerBackend, request: DockerRequest, sink: EventSink) -> None:
+    def __init__(self, backend: BackendServices, request: DockerRequest, sink: EventSink) -> None:
         self._backend = backend
         self.engine: Engine = backend.engine
         self.request = request

@@ -14,7 +14,8 @@ so they travel as query parameters.
 
 A stream ends with ``event: end`` whose data says why: ``ended`` (the app
 ended) or ``shutting down`` (the service is stopping; reconnect elsewhere).
-A request that cannot be served because the service is stopping gets 503.
+A request that cannot be served because the service is stopping gets 503, one
+for an app nobody knows 404, and a malformed handle 400.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from starlette.routing import Route
 
 from supervisor import (
     AppDef,
+    InvalidHandleError,
     Role,
     ShuttingDown,
     Supervisor,
@@ -126,8 +128,13 @@ async def cancel(request: Request) -> Response:
     return JSONResponse({}, status_code=202)
 
 
+async def bad_handle(request: Request, exc: Exception) -> Response:
+    return JSONResponse({"error": str(exc)}, status_code=400)
+
+
 app = Starlette(
     lifespan=lifespan,
+    exception_handlers={InvalidHandleError: bad_handle},
     routes=[
         Route("/jobs", submit, methods=["POST"]),
         Route("/logs", logs),

@@ -134,6 +134,8 @@ async def test_submit_logs_watch_wait_and_cancel_over_http(tmp_path: Path, state
         assert cancelled.json()["state"] == "CANCELLED"
         unknown = await client.get("/wait", params={"handle": "local://recipe/nope"})
         assert unknown.status_code == 404
+        malformed = await client.get("/logs", params={"handle": "no handle"})
+        assert malformed.status_code == 400, malformed.text
         server.terminate()
         with anyio.fail_after(EXIT_BOUND_S):
             await server.wait()

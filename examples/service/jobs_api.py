@@ -6,7 +6,10 @@ beside this file, which also tells the Supervisor when the server's shutdown
 starts (see there and docs/embedding.md). Handles contain ``://`` and ``/``,
 so they travel as query parameters.
 
+    GET  /            a small page: the jobs, their live states, the followed job's live log
     POST /jobs        {"cmd": "echo hi", "key": "optional idempotency key"} -> 201 {"handle"}
+    GET  /jobs        -> [{"handle", "name", "state"}], this service's jobs, newest first
+    GET  /events      -> text/event-stream, one ``app`` event per app state change of any job
     GET  /logs        ?handle=&role=main&k=0  -> text/event-stream, one event per line
     GET  /watch       ?handle=                -> text/event-stream, one event per transition
     GET  /wait        ?handle=&timeout=30     -> 200 {"state"}, 202 still running
@@ -24,10 +27,11 @@ import json
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from supervisor import (
@@ -41,6 +45,8 @@ from supervisor import (
 )
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# Read once at import: a request handler must not block the loop on a file read.
+PAGE = (Path(__file__).parent / "page.html").read_text()
 
 
 @asynccontextmanager
@@ -120,6 +126,34 @@ async def wait(request: Request) -> Response:
     return JSONResponse({"state": status.state.name, "restarts": status.num_restarts})
 
 
+async def page(request: Request) -> Response:
+    return HTMLResponse(PAGE)
+
+
+async def jobs(request: Request) -> Response:
+    sv = _sv(request)
+    mine = f"local://{sv.session}/"  # the state dir may hold other sessions' apps too
+    listed = [a for a in await sv.list("local") if a.app_handle.startswith(mine)]
+    listed.sort(key=lambda a: a.times.submitted or 0, reverse=True)
+    return JSONResponse(
+        [{"handle": a.app_handle, "name": a.name, "state": a.state.name} for a in listed]
+    )
+
+
+async def app_events(request: Request) -> Response:
+    sv = _sv(request)
+
+    async def events() -> AsyncIterator[str]:
+        async with sv.events() as stream:
+            async for event in stream:
+                if event.transition.role is None:  # app level only: what the list shows
+                    data = {"handle": event.handle, "state": event.transition.dest}
+                    yield _sse("app", json.dumps(data))
+        yield _sse("end", "shutting down")
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
 async def cancel(request: Request) -> Response:
     try:
         await _sv(request).cancel(request.query_params["handle"])
@@ -136,7 +170,10 @@ app = Starlette(
     lifespan=lifespan,
     exception_handlers={InvalidHandleError: bad_handle},
     routes=[
+        Route("/", page),
         Route("/jobs", submit, methods=["POST"]),
+        Route("/jobs", jobs, methods=["GET"]),
+        Route("/events", app_events),
         Route("/logs", logs),
         Route("/watch", watch),
         Route("/wait", wait),

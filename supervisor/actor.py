@@ -141,7 +141,13 @@ class AppActor:
         """Without a snapshot: N followers starting while N replicas start stay O(N), not O(N²)."""
         return (role, replica_id) in self.fsm.replicas
 
-    async def transitions(self) -> AsyncIterator[Transition]:
+    async def transitions(
+        self, stop: Callable[[], bool] | None = None
+    ) -> AsyncIterator[Transition]:
+        """Every transition so far, then each new one; ends with the app, or once ``stop()``.
+
+        ``stop`` is asked after each catch-up; ``wake_readers`` makes it be asked now.
+        """
         seen = 0
         while True:
             changed = self._changed
@@ -149,9 +155,14 @@ class AppActor:
             while seen < len(history):
                 yield history[seen]
                 seen += 1
-            if self.done.is_set():
+            if self.done.is_set() or (stop is not None and stop()):
                 return
             await changed.wait()
+
+    def wake_readers(self) -> None:
+        """Wake every ``transitions`` reader to ask its ``stop`` again (nothing changed)."""
+        self._changed.set()
+        self._changed = anyio.Event()
 
     # -------------------------------------------------------------------- loop
     async def run(self, runtime: AppRuntime, task_group: TaskGroup) -> None:

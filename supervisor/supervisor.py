@@ -59,6 +59,7 @@ from supervisor.errors import (
     DamagedRecordError,
     DuplicateAppError,
     Problem,
+    ShuttingDown,
     SpecError,
     UnknownAppError,
     UnsupportedAsyncLibraryError,
@@ -236,6 +237,14 @@ class Supervisor:
     Closing stops every replica this Supervisor started that is still running.
     ``retention``: remove the records and logs of this session's settled apps
     periodically, in a worker thread (see ``supervisor.retention`` and ``gc``).
+
+    Shutting down, for a service: ``begin_shutdown()`` (which ``close()`` and
+    leaving ``async with`` call first) ends every open ``log_iter`` follow,
+    ``watch`` and ``events()`` stream of this Supervisor naturally (the
+    iterator stops, as if the app had ended, after what was already there) and
+    makes every open ``wait`` raise ``ShuttingDown``, at once; a new ``submit`` raises
+    ``ShuttingDown`` too. The apps are not touched by it: ``close()`` then stops
+    the local apps it started, and durable ones (Docker, Slurm) run on.
     """
 
     def __init__(
@@ -271,6 +280,10 @@ class Supervisor:
         self._watch_hub: WatchHub | None = None
         self._observer = Observer()
         self._unregister_metrics: Callable[[], None] | None = None
+        self._shutting_down = False
+        # What begin_shutdown ends: the scopes of open waits, the end events of follows.
+        self._open_waits: set[anyio.CancelScope] = set()
+        self._follows: set[anyio.Event] = set()
 
     # --------------------------------------------------------------- lifecycle
     async def __aenter__(self) -> Supervisor:
@@ -312,12 +325,55 @@ class Supervisor:
                         raise
         return None
 
+    @property
+    def shutting_down(self) -> bool:
+        """True once ``begin_shutdown`` (or ``close``) was called."""
+        return self._shutting_down
+
+    def begin_shutdown(self) -> None:
+        """End every open follow, ``watch``, ``events`` and ``wait`` of this Supervisor now.
+
+        For a service whose server waits for open requests before it runs its
+        shutdown code (uvicorn does): call this where the shutdown starts (its
+        signal handling), so that streaming responses end and the server can
+        stop; ``close()`` comes later, from the lifespan. Synchronous and
+        cheap, but call it on the event loop's thread (from a signal handler,
+        through ``loop.call_soon_threadsafe``).
+
+        Idempotent. From then on ``log_iter(..., should_tail=True)``, ``watch``
+        and ``events()`` streams end naturally (``StopAsyncIteration``) once they
+        gave what was already there; ``wait`` returns the status of an app that already ended and
+        raises ``ShuttingDown`` otherwise; ``submit`` and ``schedule`` raise
+        ``ShuttingDown``. Apps keep running (and ``status``, ``describe``,
+        ``cancel`` and reads to the end keep working) until ``close()``.
+        """
+        if self._shutting_down:
+            return
+        self._shutting_down = True
+        for scope in list(self._open_waits):
+            scope.cancel()
+        for ended in list(self._follows):
+            ended.set()
+        for actor in self._actors.values():
+            actor.wake_readers()
+        self._observer.bus.close()  # every ``events()`` stream ends after what it holds
+
+    def _refuse_if_shutting_down(self, what: str) -> None:
+        if self._shutting_down:
+            raise ShuttingDown(f"the Supervisor is shutting down: no new {what}")
+
     async def close(self) -> None:
-        """Cancel the apps still running here, wait for them to stop, release backends."""
+        """End follows, watches and waits; stop the local apps; release the backends.
+
+        Calls ``begin_shutdown`` first (see there); then cancels the apps of
+        backends that are not durable (local) this Supervisor started and waits
+        for them to stop. Durable apps (Docker, Slurm) keep running, and any
+        process can follow them on.
+        """
+        self.begin_shutdown()
         if self._closed:
             return
         self._closed = True
-        self._observer.bus.close()
         if self._unregister_metrics is not None:
             self._unregister_metrics()
         with anyio.CancelScope(shield=True):
@@ -422,6 +478,7 @@ class Supervisor:
 
     async def schedule(self, info: DryRunInfo) -> str:
         """Launch a dry-run request; returns the handle once the launch was recorded."""
+        self._refuse_if_shutting_down("schedule")
         tg = self._task_group()
         impl = self.backend(info.backend)
         handle = make_handle(info.backend, self.session, info.request.app_id)
@@ -489,6 +546,7 @@ class Supervisor:
         returns the first submit's handle instead of starting a second run;
         see ``supervisor.idempotency``.
         """
+        self._refuse_if_shutting_down("submit")
         started = time.monotonic()
         handle = await self._submit(app, backend, cfg, idempotency_key)
         metrics.record_submit(backend, time.monotonic() - started)
@@ -791,11 +849,30 @@ class Supervisor:
             raise UnknownAppError(f"no app {handle}")
 
     async def wait(self, handle: str, timeout: float | None = None) -> AppStatus:
-        """The final status, once the app is terminal (event-driven for apps launched here)."""
+        """The final status, once the app is terminal (event-driven for apps launched here).
+
+        Raises ``WaitTimeout`` after ``timeout`` seconds, and ``ShuttingDown`` once
+        ``begin_shutdown`` (or ``close``) was called before the app ended.
+        """
+        actor = self._actors.get(handle)
+        if actor is not None and actor.done.is_set():
+            return _with_metadata(actor)
+        finished = self._finished.get(handle) if actor is None else None
+        if finished is not None:  # ended here and left memory: no I/O, even when shutting down
+            return finished
+        self._refuse_if_shutting_down(f"wait for {handle}")
         started = time.monotonic()
-        with anyio.move_on_after(timeout) as scope:
-            status = await self._wait(handle)
-        if scope.cancelled_caught:
+        status: AppStatus | None = None
+        with anyio.move_on_after(timeout):
+            with anyio.CancelScope() as shutdown:  # only begin_shutdown cancels this one
+                self._open_waits.add(shutdown)
+                try:
+                    status = await self._wait(handle)
+                finally:
+                    self._open_waits.discard(shutdown)
+            if shutdown.cancelled_caught:
+                raise ShuttingDown(f"the Supervisor began shutting down while waiting for {handle}")
+        if status is None:
             raise WaitTimeout(f"{handle} was not terminal after {timeout} s")
         metrics.record_wait(handle.split("://", 1)[0], time.monotonic() - started)
         return status
@@ -834,6 +911,7 @@ class Supervisor:
     async def watch(self, handle: str) -> AsyncIterator[Transition]:
         """Every transition of an app launched here, app and replica level, in order, to the end.
 
+        Ends early, after the transitions so far, once ``begin_shutdown`` is called.
         An app that ended and left memory replays the transitions it recorded.
         """
         actor = self._actors.get(handle)
@@ -844,7 +922,7 @@ class Supervisor:
             for recorded in described.transitions:
                 yield recorded
             return
-        async for t in actor.transitions():
+        async for t in actor.transitions(stop=lambda: self._shutting_down):
             yield t
 
     async def log_iter(
@@ -858,7 +936,11 @@ class Supervisor:
         should_tail: bool = False,
         streams: Stream | str | None = None,
     ) -> AsyncIterator[str]:
-        """Lines of one replica's output, each with its ``\\n``; see logs.iter_log_lines."""
+        """Lines of one replica's output, each with its ``\\n``; see logs.iter_log_lines.
+
+        A follow (``should_tail=True``) ends with the app, or, after the lines
+        already in the files, once ``begin_shutdown`` is called.
+        """
         stream = parse_streams(streams)
         target, finished = await self._log_target(handle, role_name, k)
         stop_watching = anyio.Event()
@@ -882,6 +964,19 @@ class Supervisor:
             # whose owner died): it ends the follow at once.
             finished = anyio.Event()
             self._task_group().start_soon(_set_when_ended, target.ended, finished, stop_watching)
+        follow_end: anyio.Event | None = None
+        if should_tail:
+            # What ends this follow: the app's end as above, or begin_shutdown (which
+            # sets every such event; the app's own event is shared, so not that one).
+            follow_end = anyio.Event()
+            if self._shutting_down:
+                follow_end.set()
+            elif finished is not None:
+                self._task_group().start_soon(
+                    _set_when_ended, finished.wait, follow_end, stop_watching
+                )
+            finished = follow_end
+            self._follows.add(follow_end)
         try:
             async for line in iter_log_lines(
                 target.directory,
@@ -898,6 +993,8 @@ class Supervisor:
                 yield line
         finally:
             stop_watching.set()
+            if follow_end is not None:
+                self._follows.discard(follow_end)
 
     async def _log_target(
         self, handle: str, role: str, k: int

@@ -19,6 +19,10 @@ __all__ = ["LOGGER_NAME", "log_action", "log_internal_error", "log_transitions"]
 
 LOGGER_NAME = "supervisor"
 _log = logging.getLogger(LOGGER_NAME)
+# A library's records go where the application sends them, and nowhere when it configured
+# nothing: without this, Python's last-resort handler prints WARNINGs (a FAILED app) to
+# stderr of every program that embeds us, the CLI's one-line errors included.
+_log.addHandler(logging.NullHandler())
 
 _BAD_ENDS = frozenset({"FAILED", "UNKNOWN"})
 

@@ -14,7 +14,8 @@ EXPECTED = {
     "DuplicateAppError", "InvalidHandleError", "ListAppResponse", "MissingExtraError",
     "NodeInfo", "PartitionInfo", "Problem", "ReplicaState", "ReplicaStatus", "Retention",
     "ResolvedCfg", "Resource", "RetryPolicy", "Role", "RoleStatus", "RunOpt", "RunOpts",
-    "SpecError", "Stream", "SubmitError", "Supervisor", "SupervisorError", "Transition",
+    "ShuttingDown", "SpecError", "Stream", "SubmitError", "Supervisor", "SupervisorError",
+    "Transition",
     "UnknownAppError", "UnknownBackendError", "UnsupportedAsyncLibraryError", "VolumeMount",
     "WaitTimeout", "__version__", "macros", "make_handle", "parse_handle",
 }  # fmt: skip
@@ -23,7 +24,7 @@ SUPERVISOR_METHODS = {
     "dryrun", "schedule", "submit", "status", "describe", "exists", "list", "cancel",
     "wait", "watch", "events", "log_iter", "close", "run_opts", "hold", "release",
     "cluster", "cluster_jobs", "matching", "cancel_matching",
-    "gc", "followed",
+    "begin_shutdown", "gc", "followed",
 }  # fmt: skip
 
 

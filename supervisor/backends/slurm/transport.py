@@ -17,7 +17,13 @@ from typing import Any
 
 import anyio
 
-from supervisor.backends.slurm.records import JobRecord, from_sacct, from_squeue
+from supervisor.backends.slurm.records import (
+    JobRecord,
+    StepRecord,
+    from_sacct,
+    from_squeue,
+    parse_steps,
+)
 from supervisor.backends.slurm.script import ClusterFacts
 from supervisor.errors import BackendError, SubmitError
 
@@ -72,6 +78,22 @@ class SlurmTransport(abc.ABC):
     @abc.abstractmethod
     async def requeue(self, job_id: int) -> None: ...
 
+    async def steps(self, job_ids: Sequence[int]) -> list[StepRecord]:
+        """The live steps of these (running) jobs, in one call: apps run inside allocations."""
+        raise BackendError(
+            f"the {self.kind} transport cannot list job steps (cfg.allocation needs the cli "
+            "transport)",
+            transient=False,
+        )
+
+    async def cancel_steps(self, step_ids: Sequence[str]) -> None:
+        """Cancel these steps (``JOBID.STEP``), never their job."""
+        raise BackendError(
+            f"the {self.kind} transport cannot cancel job steps (cfg.allocation needs the cli "
+            "transport)",
+            transient=False,
+        )
+
     async def launch_failure_hint(self, workdir: str, app_dir: str) -> str:
         """Why a job may fail to launch on this transport ("" when nothing is known)."""
         return ""
@@ -124,8 +146,10 @@ class CliTransport(SlurmTransport):
     queue_call = "squeue"
     accounting_call = "sacct"
 
-    async def _run(self, tool: str, *args: str, stdin: bytes | None = None) -> str:
-        self.calls[tool] += 1
+    async def _run(
+        self, tool: str, *args: str, stdin: bytes | None = None, counted: str | None = None
+    ) -> str:
+        self.calls[counted or tool] += 1
         try:
             with anyio.fail_after(CALL_TIMEOUT):
                 done = await anyio.run_process(
@@ -181,6 +205,20 @@ class CliTransport(SlurmTransport):
 
     async def cancel(self, job_id: int) -> None:
         await self._run("scancel", str(job_id))
+
+    async def steps(self, job_ids: Sequence[int]) -> list[StepRecord]:
+        if not job_ids:
+            return []
+        ids = ",".join(str(i) for i in job_ids)
+        # Text, not --json: 22.05's squeue --json ignores --steps (and -j).
+        out = await self._run(
+            "squeue", "--steps", "-h", "-o", "%i|%N|%j", "-j", ids, counted="squeue_steps"
+        )
+        return [s for s in parse_steps(out) if s.job_id in job_ids]
+
+    async def cancel_steps(self, step_ids: Sequence[str]) -> None:
+        if step_ids:
+            await self._run("scancel", *step_ids)
 
     async def requeue(self, job_id: int) -> None:
         await self._run("scontrol", "requeue", str(job_id))

@@ -38,7 +38,13 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from supervisor.backends.base import AppNotice, AppRuntime, EventSink, LogTarget
+from supervisor.backends.base import (
+    AppCancelRequested,
+    AppNotice,
+    AppRuntime,
+    EventSink,
+    LogTarget,
+)
 from supervisor.backends.slurm.poller import StepView
 from supervisor.backends.slurm.records import JobRecord, StepRecord, hosts_of_tasks
 from supervisor.backends.slurm.script import (
@@ -361,6 +367,7 @@ class Progress:
     rcs: Mapping[tuple[int, int], int] = field(default_factory=dict)  # (group, attempt) -> rc
     exits: Mapping[ReplicaKey, tuple[int, int]] = field(default_factory=dict)  # attempt, code
     driver_alive: bool | None = None  # None: cannot tell (another host, no pid yet)
+    cancel_requested: bool = False  # someone recorded a cancel (this process or another)
 
 
 def _int_file(path: Path) -> int | None:
@@ -410,7 +417,8 @@ def read_progress(app_dir: str, groups: Sequence[Sequence[ReplicaKey]]) -> Progr
         alive = False
     except (OSError, ValueError):
         alive = None
-    return Progress(_int_file(state / "attempt"), done, why, rcs, exits, alive)
+    cancelled = (Path(app_dir) / CANCEL_REQUEST).exists()
+    return Progress(_int_file(state / "attempt"), done, why, rcs, exits, alive, cancelled)
 
 
 @dataclass(frozen=True)
@@ -508,6 +516,7 @@ class AllocationRuntime(AppRuntime):
         self._progress = Progress()
         self._notice = ""
         self.stopping = False
+        self._external_cancel = False
         self._over = anyio.Event()  # the driver ended: no more steps come
         self._views, self._inbox = anyio.create_memory_object_stream[StepView](1)
         backend.context.task_group.start_soon(self._follow)
@@ -539,6 +548,10 @@ class AllocationRuntime(AppRuntime):
         progress = await anyio.to_thread.run_sync(read_progress, self.request.app_dir, self.groups)
         self._progress = progress
         self._steps = _steps_by_group(self.prefix, view.steps)
+        if progress.cancel_requested and not self.stopping and not self._external_cancel:
+            # Another process cancelled the app (``asupervisor cancel``): it stops its steps.
+            self._external_cancel = True
+            self.emit(AppCancelRequested(reason="cancelled by request (from another process)"))
         driver_attempt = progress.attempt or 0
         # Exits first (the root cause), then the driver's own retries, then starts.
         exits: list[Exited] = []

@@ -82,6 +82,15 @@ def _steps(job: str) -> list[str]:
     return [line for line in done.stdout.splitlines() if line.strip()]
 
 
+async def _sh(*args: str) -> str:
+    done = await anyio.run_process(list(args), check=True)
+    return done.stdout.decode()
+
+
+async def _alive(job: str) -> bool:
+    return await anyio.to_thread.run_sync(_state, job) == "RUNNING"
+
+
 async def _lines(sv: Supervisor, handle: str, role: str, k: int = 0) -> list[str]:
     return [line async for line in sv.log_iter(handle, role, k, streams="stdout")]
 
@@ -113,10 +122,9 @@ async def test_an_app_runs_as_steps_of_a_salloc_allocation(
         assert described is not None and described.state is AppState.SUCCEEDED, described
         listed = {x.app_handle: x.state for x in await other.list("slurm")}
         assert listed[handle] is AppState.SUCCEEDED
-    assert _state(allocation) == "RUNNING"
+    assert await _alive(allocation)
     app_id = handle.rsplit("/", 1)[1]
-    queue = subprocess.run(["squeue", "-h", "-o", "%k"], capture_output=True, text=True)
-    assert app_id not in queue.stdout  # nothing was submitted for the app
+    assert app_id not in await _sh("squeue", "-h", "-o", "%k")  # nothing submitted for the app
 
 
 async def test_exit_codes_gang_and_retries_inside_the_allocation(
@@ -150,7 +158,7 @@ async def test_exit_codes_gang_and_retries_inside_the_allocation(
         60,
         "the app's steps end",
     )
-    assert _state(allocation) == "RUNNING"
+    assert await _alive(allocation)
 
 
 async def test_cancel_stops_the_steps_only_and_the_allocation_is_reused(
@@ -175,7 +183,7 @@ async def test_cancel_stops_the_steps_only_and_the_allocation_is_reused(
             60,
             "the cancelled app's steps end",
         )
-        assert _state(allocation) == "RUNNING"  # the allocation itself lives on
+        assert await _alive(allocation)  # the allocation itself lives on
         # The next iteration starts at once in the same allocation: nothing queues.
         started = time.monotonic()
         again = await sv.submit(
@@ -204,18 +212,17 @@ async def test_a_cancel_from_another_process_stops_the_steps_only(
             await other.cancel(handle)
         status = await sv.wait(handle, timeout=90)
         assert status.state is AppState.CANCELLED, status
-    assert _state(allocation) == "RUNNING"
+    assert await _alive(allocation)
 
 
 async def test_a_running_batch_job_is_an_allocation_too(
     facts: dict[str, object], state_dir: Path, tmp_path: Path
 ) -> None:
-    submitted = subprocess.run(
-        ["sbatch", "--parsable", "-N1", "--time=20", "--job-name=asup-test-alloc",
-         f"--output={tmp_path}/holder.out", "--wrap", "sleep 600"],
-        capture_output=True, text=True, check=True,
+    submitted = await _sh(
+        "sbatch", "--parsable", "-N1", "--time=20", "--job-name=asup-test-alloc",
+        f"--output={tmp_path}/holder.out", "--wrap", "sleep 600",
     )  # fmt: skip
-    job = submitted.stdout.strip().split(";")[0]
+    job = submitted.strip().split(";")[0]
     try:
         await until(
             lambda: anyio.to_thread.run_sync(_state, job),
@@ -231,21 +238,20 @@ async def test_a_running_batch_job_is_an_allocation_too(
             assert status.state is AppState.SUCCEEDED, status
             report = json.loads((await _lines(sv, handle, "r"))[0])
             assert report["SLURM_JOB_ID"] == job
-        assert _state(job) == "RUNNING"
+        assert await _alive(job)
     finally:
-        _scancel(job)
+        await anyio.to_thread.run_sync(_scancel, job)
 
 
 async def test_an_allocation_that_does_not_run_is_refused(
     facts: dict[str, object], state_dir: Path, tmp_path: Path
 ) -> None:
     role = Role(name="r", entrypoint="true")
-    held = subprocess.run(
-        ["sbatch", "--parsable", "--hold", "--job-name=asup-test-alloc",
-         f"--output={tmp_path}/held.out", "--wrap", "true"],
-        capture_output=True, text=True, check=True,
+    held = await _sh(
+        "sbatch", "--parsable", "--hold", "--job-name=asup-test-alloc",
+        f"--output={tmp_path}/held.out", "--wrap", "true",
     )  # fmt: skip
-    job = held.stdout.strip().split(";")[0]
+    job = held.strip().split(";")[0]
     try:
         async with Supervisor(session="svc") as sv:
             with pytest.raises(SubmitError, match=r"cfg\.allocation.*not RUNNING"):
@@ -254,4 +260,4 @@ async def test_an_allocation_that_does_not_run_is_refused(
                 await sv.submit(AppDef(name="x", roles=[role]), "slurm", {"allocation": "999999"})
             assert await sv.list("slurm") == []  # nothing left behind
     finally:
-        _scancel(job)
+        await anyio.to_thread.run_sync(_scancel, job)

@@ -212,6 +212,7 @@ def test_the_driver_runs_each_replica_under_the_pump(tmp_path: Path) -> None:
     assert progress.rcs == {(0, 0): 0, (1, 0): 0}
     assert progress.exits == {("r", 0): (0, 0), ("r", 1): (0, 0)}
     assert progress.driver_alive is False  # it ended
+    assert progress.nodes == {0: "n1", 1: "n1"}  # round robin over the allocation's one node
     out = (app_dir / "r" / "1" / "stdout.log").read_text()
     assert "hi $(id)" in out
 

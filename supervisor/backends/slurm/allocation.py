@@ -97,6 +97,8 @@ BATCH_ONLY = (
 
 _JOB_ID = re.compile(r"[1-9][0-9]*")
 _KEPT_DIRECTIVES = ("--nodes=", "--ntasks=", "--ntasks-per-node=", "--nodelist=", "--exclude=")
+_DRIVER_END_S = 60.0
+"""How long a retry beyond the driver's own waits for the driver to end."""
 _CANCEL_SENT_S = 10.0
 """How long a sent cancel may take to show before it is sent again."""
 
@@ -223,6 +225,7 @@ def render_driver(request: SlurmRequest, allocation: int) -> str:
             if fixed
             else f"place{group.group}=$(pick {_nodes_of(group)})"
         )
+    lines += [f'put g{g.group}.nodes "${{place{g.group}#--nodelist=}}"' for g in request.groups]
     lines += [
         "# Rank 0's host: the first node of group 0.",
         'rank0="${place0#--nodelist=}"',
@@ -368,6 +371,7 @@ class Progress:
     exits: Mapping[ReplicaKey, tuple[int, int]] = field(default_factory=dict)  # attempt, code
     driver_alive: bool | None = None  # None: cannot tell (another host, no pid yet)
     cancel_requested: bool = False  # someone recorded a cancel (this process or another)
+    nodes: Mapping[int, str] = field(default_factory=dict)  # the nodes each group was given
 
 
 def _int_file(path: Path) -> int | None:
@@ -394,12 +398,17 @@ def read_progress(app_dir: str, groups: Sequence[Sequence[ReplicaKey]]) -> Progr
         names = os.listdir(state)
     except OSError:
         names = []
+    nodes: dict[int, str] = {}
     for name in names:
         found = re.fullmatch(r"a(\d+)\.g(\d+)\.rc", name)
         if found:
             rc = _int_file(state / name)
             if rc is not None:
                 rcs[(int(found.group(2)), int(found.group(1)))] = rc
+        given = re.fullmatch(r"g(\d+)\.nodes", name)
+        if given:
+            with contextlib.suppress(OSError):
+                nodes[int(given.group(1))] = (state / name).read_text().strip()
     exits: dict[ReplicaKey, tuple[int, int]] = {}
     for group in groups:
         for role, k in group:
@@ -418,7 +427,7 @@ def read_progress(app_dir: str, groups: Sequence[Sequence[ReplicaKey]]) -> Progr
     except (OSError, ValueError):
         alive = None
     cancelled = (Path(app_dir) / CANCEL_REQUEST).exists()
-    return Progress(_int_file(state / "attempt"), done, why, rcs, exits, alive, cancelled)
+    return Progress(_int_file(state / "attempt"), done, why, rcs, exits, alive, cancelled, nodes)
 
 
 @dataclass(frozen=True)
@@ -448,7 +457,10 @@ def observe(
     (group, attempt); ``allocation``: the allocation's job (None: not listed by squeue)."""
     role, k = key
     step = steps.get((group, attempt))
-    host = hosts_of_tasks(step.nodes, size)[index] if step else ""
+    # Where it runs: its step's nodes, else (a step that ended between two looks) the
+    # nodes the driver gave its group.
+    placed = step.nodes if step else progress.nodes.get(group, "")
+    host = hosts_of_tasks(placed, size)[index] if placed else ""
     recorded = progress.exits.get(key)
     if recorded is not None and recorded[0] == attempt:
         code = recorded[1]
@@ -663,7 +675,16 @@ class AllocationRuntime(AppRuntime):
         for key, attempt in attempts:
             self._attempt[key] = max(self._attempt.get(key, 0), attempt)
         progress = await anyio.to_thread.run_sync(read_progress, self.request.app_dir, self.groups)
-        if progress.done is not None and progress.done[0] < wanted and not self.stopping:
+        if wanted > self.request.max_retries:
+            # Beyond the driver's own retries: once it ended, a new one runs the attempt.
+            with anyio.move_on_after(_DRIVER_END_S):
+                while progress.done is None and progress.driver_alive is not False:
+                    await anyio.sleep(0.5)
+                    progress = await anyio.to_thread.run_sync(
+                        read_progress, self.request.app_dir, self.groups
+                    )
+        ended = progress.done is not None and progress.done[0] < wanted
+        if ended and not progress.why and not self.stopping and not self._backend.closing:
             self._over = anyio.Event()
             await start_driver(self.request.app_dir, self.request.workdir, wanted)
         self._backend.poller.poke()
@@ -723,7 +744,7 @@ async def allocation_status(transport: SlurmTransport, app: dict[str, Any]) -> A
             if seen.state == "exited":
                 if seen.exit_code == 0:
                     state = ReplicaState.SUCCEEDED
-                elif progress.done is not None and progress.done[1] == 143:
+                elif progress.cancel_requested:
                     state = ReplicaState.CANCELLED
                 else:
                     state = ReplicaState.FAILED

@@ -25,6 +25,8 @@ pick() {
 }
 place0=$(pick 1)
 place1=$(pick 2)
+put g0.nodes "${place0#--nodelist=}"
+put g1.nodes "${place1#--nodelist=}"
 # Rank 0's host: the first node of group 0.
 rank0="${place0#--nodelist=}"
 rank0="${rank0%%,*}"

@@ -7,7 +7,9 @@ The allocations are made here, with a real ``salloc --no-shell`` (and a running
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -89,6 +91,11 @@ async def _sh(*args: str) -> str:
 
 async def _alive(job: str) -> bool:
     return await anyio.to_thread.run_sync(_state, job) == "RUNNING"
+
+
+def _driver_pid(state_dir: Path, app_id: str) -> int:
+    pid_file = next(p for p in state_dir.rglob("driver/pid") if app_id in str(p))
+    return int(pid_file.read_text().split()[0])
 
 
 async def _lines(sv: Supervisor, handle: str, role: str, k: int = 0) -> list[str]:
@@ -259,5 +266,92 @@ async def test_an_allocation_that_does_not_run_is_refused(
             with pytest.raises(SubmitError, match=r"cfg\.allocation.*no job 999999"):
                 await sv.submit(AppDef(name="x", roles=[role]), "slurm", {"allocation": "999999"})
             assert await sv.list("slurm") == []  # nothing left behind
+    finally:
+        await anyio.to_thread.run_sync(_scancel, job)
+
+
+async def test_replicas_spread_over_the_allocations_nodes(
+    facts: dict[str, object], state_dir: Path
+) -> None:
+    job = await anyio.to_thread.run_sync(_salloc, "-N2")
+    try:
+        role = Role(name="r", entrypoint=PY, args=["-c", REPORT], num_replicas=2)
+        async with Supervisor(session="svc") as sv:
+            handle = await sv.submit(AppDef(name="two", roles=[role]), "slurm",
+                                     {"allocation": job})  # fmt: skip
+            status = await sv.wait(handle, timeout=120)
+            assert status.state is AppState.SUCCEEDED, status
+            nodes = [json.loads((await _lines(sv, handle, "r", k))[0])["SLURMD_NODENAME"]
+                     for k in (0, 1)]  # fmt: skip
+            assert len(set(nodes)) == 2  # one node each, as the batch job's het groups
+            hosts = [status.replica("r", k).hostname for k in (0, 1)]  # type: ignore[union-attr]
+            assert hosts == nodes
+    finally:
+        await anyio.to_thread.run_sync(_scancel, job)
+
+
+async def test_a_retry_beyond_the_drivers_own_starts_a_new_driver(
+    allocation: str, state_dir: Path
+) -> None:
+    code = "import os, sys; print('attempt', os.environ['ASUPERVISOR_ATTEMPT']); sys.exit(5)"
+    bad = Role(name="bad", entrypoint=PY, args=["-c", code], max_retries=1)
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(
+            AppDef(name="beyond", roles=[bad]),
+            "slurm",
+            {"allocation": allocation, "requeue_on_failure": False},  # the driver retries none
+        )
+        status = await sv.wait(handle, timeout=180)
+    assert status.state is AppState.FAILED, status
+    assert status.num_restarts == 1
+    assert status.replica("bad", 0).exit_code == 5  # type: ignore[union-attr]
+    async with Supervisor(session="reader") as other:
+        assert await _lines(other, handle, "bad") == ["attempt 0\n", "attempt 1\n"]
+
+
+async def test_the_app_outlives_its_supervisor_and_a_killed_driver(
+    allocation: str, state_dir: Path
+) -> None:
+    code = "import time; time.sleep(6); print('done')"
+    role = Role(name="r", entrypoint=PY, args=["-c", code])
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(
+            AppDef(name="durable", roles=[role]), "slurm", {"allocation": allocation}
+        )
+        with anyio.fail_after(120):
+            await until_running(sv, handle)
+    # Nobody follows it now; the step goes on.
+    async with Supervisor(session="reader") as other:
+        described = await other.describe(handle)
+        assert described is not None and described.state is AppState.RUNNING, described
+        app_id = handle.rsplit("/", 1)[1]
+        pid = await anyio.to_thread.run_sync(_driver_pid, state_dir, app_id)
+        os.kill(pid, signal.SIGKILL)  # a killed driver: its running step is still followed
+        final = await until(
+            lambda: other.describe(handle),
+            lambda d: d is not None and d.state is not AppState.RUNNING,
+            120,
+            "the app ends",
+        )
+        assert final is not None and final.state is AppState.SUCCEEDED, final
+        assert await _lines(other, handle, "r") == ["done\n"]
+
+
+async def test_an_allocation_that_ends_ends_the_app(
+    facts: dict[str, object], state_dir: Path
+) -> None:
+    job = await anyio.to_thread.run_sync(_salloc, "-N1")
+    try:
+        sleeper = Role(name="s", entrypoint="sleep", args=["300"], max_retries=2)
+        async with Supervisor(session="svc") as sv:
+            handle = await sv.submit(
+                AppDef(name="orphan", roles=[sleeper]), "slurm", {"allocation": job}
+            )
+            with anyio.fail_after(120):
+                await until_running(sv, handle)
+            await anyio.to_thread.run_sync(_scancel, job)
+            status = await sv.wait(handle, timeout=120)
+        assert status.state in (AppState.UNKNOWN, AppState.FAILED), status
+        assert f"allocation {job} ended" in status.msg, status
     finally:
         await anyio.to_thread.run_sync(_scancel, job)

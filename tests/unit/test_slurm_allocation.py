@@ -76,7 +76,7 @@ def test_a_nodelist_places_the_steps_instead_of_round_robin() -> None:
     app = AppDef(name="it", roles=[Role(name="r", entrypoint="true", num_replicas=2)])
     driver = render_driver(_request(app, {"nodelist": ["n2"]}, Path("/l")), 1234)
     assert "place0=--nodelist=n2" in driver
-    assert "place1=$(pick 1)" in driver
+    assert 'pick 1; place1="$picked"' in driver
 
 
 def test_allocation_problems_name_their_fields() -> None:
@@ -164,13 +164,13 @@ def test_what_a_replica_does_is_read_from_files_and_steps(
 
 
 def _stand_ins(bin_dir: Path, allocation_state: str = "RUNNING") -> None:
-    """srun runs its command (one task), squeue says how the allocation is, scontrol names n1."""
+    """srun runs its command (one task), squeue says how the allocation is; two nodes."""
     bin_dir.mkdir(parents=True)
     scripts = {
         "srun": '#!/bin/bash\nwhile [[ "$1" == --* ]]; do shift; done\n'
         'export SLURM_PROCID=0\nexec "$@"\n',
         "squeue": f'#!/bin/bash\ncase "$*" in *%T*) echo {allocation_state};; *) echo n1;; esac\n',
-        "scontrol": "#!/bin/bash\necho n1\n",
+        "scontrol": "#!/bin/bash\nprintf 'n1\\nn2\\n'\n",
     }
     for name, body in scripts.items():
         (bin_dir / name).write_text(body)
@@ -212,7 +212,7 @@ def test_the_driver_runs_each_replica_under_the_pump(tmp_path: Path) -> None:
     assert progress.rcs == {(0, 0): 0, (1, 0): 0}
     assert progress.exits == {("r", 0): (0, 0), ("r", 1): (0, 0)}
     assert progress.driver_alive is False  # it ended
-    assert progress.nodes == {0: "n1", 1: "n1"}  # round robin over the allocation's one node
+    assert progress.nodes == {0: "n1", 1: "n2"}  # round robin over the allocation's nodes
     out = (app_dir / "r" / "1" / "stdout.log").read_text()
     assert "hi $(id)" in out
 

@@ -210,12 +210,13 @@ def render_driver(request: SlurmRequest, allocation: int) -> str:
         "# as the batch job's het groups get), unless cfg.nodelist placed them.",
         'nodes=($(scontrol show hostnames "$(squeue -h -j "$allocation" -o %N)" 2>/dev/null))',
         "cursor=0",
-        "pick() {",
+        "pick() {  # sets picked (no subshell: the cursor moves on)",
         '    local n="$1" out=() i',
+        '    picked=""',
         '    [ "${#nodes[@]}" -gt 0 ] || return 0',
         '    for ((i = 0; i < n; i++)); do out+=("${nodes[(cursor + i) % ${#nodes[@]}]}"); done',
         "    cursor=$(((cursor + n) % ${#nodes[@]}))",
-        '    local IFS=,; echo "--nodelist=${out[*]}"',
+        '    local IFS=,; picked="--nodelist=${out[*]}"',
         "}",
     ]
     for group in request.groups:
@@ -223,7 +224,7 @@ def render_driver(request: SlurmRequest, allocation: int) -> str:
         lines.append(
             f"place{group.group}={q(fixed)}"
             if fixed
-            else f"place{group.group}=$(pick {_nodes_of(group)})"
+            else f'pick {_nodes_of(group)}; place{group.group}="$picked"'
         )
     lines += [f'put g{g.group}.nodes "${{place{g.group}#--nodelist=}}"' for g in request.groups]
     lines += [
@@ -244,8 +245,8 @@ def render_driver(request: SlurmRequest, allocation: int) -> str:
         "    # The allocation must still run (a retry after it ended would only fail).",
         '    now=$(squeue -h -j "$allocation" -o %T 2>&1 | head -n 1)',
         '    if [ "$now" != RUNNING ] &&',
-        '        [[ "$now" == *"Invalid job id"* || "$now" =~ ^[A-Z_]+$ ]]; then',
-        '        code=1; why="allocation $allocation ended ($now)"; break',
+        '        [[ -z "$now" || "$now" == *"Invalid job id"* || "$now" =~ ^[A-Z_]+$ ]]; then',
+        '        code=1; why="allocation $allocation ended (${now:-gone})"; break',
         "    fi",
         '    export ASUPERVISOR_ATTEMPT="$attempt"',
         '    put attempt "$attempt"',

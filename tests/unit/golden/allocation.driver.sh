@@ -16,15 +16,16 @@ export ASUP_PYTHON="${ASUPERVISOR_PYTHON:-python3}"
 # as the batch job's het groups get), unless cfg.nodelist placed them.
 nodes=($(scontrol show hostnames "$(squeue -h -j "$allocation" -o %N)" 2>/dev/null))
 cursor=0
-pick() {
+pick() {  # sets picked (no subshell: the cursor moves on)
     local n="$1" out=() i
+    picked=""
     [ "${#nodes[@]}" -gt 0 ] || return 0
     for ((i = 0; i < n; i++)); do out+=("${nodes[(cursor + i) % ${#nodes[@]}]}"); done
     cursor=$(((cursor + n) % ${#nodes[@]}))
-    local IFS=,; echo "--nodelist=${out[*]}"
+    local IFS=,; picked="--nodelist=${out[*]}"
 }
-place0=$(pick 1)
-place1=$(pick 2)
+pick 1; place0="$picked"
+pick 2; place1="$picked"
 put g0.nodes "${place0#--nodelist=}"
 put g1.nodes "${place1#--nodelist=}"
 # Rank 0's host: the first node of group 0.
@@ -44,8 +45,8 @@ while :; do
     # The allocation must still run (a retry after it ended would only fail).
     now=$(squeue -h -j "$allocation" -o %T 2>&1 | head -n 1)
     if [ "$now" != RUNNING ] &&
-        [[ "$now" == *"Invalid job id"* || "$now" =~ ^[A-Z_]+$ ]]; then
-        code=1; why="allocation $allocation ended ($now)"; break
+        [[ -z "$now" || "$now" == *"Invalid job id"* || "$now" =~ ^[A-Z_]+$ ]]; then
+        code=1; why="allocation $allocation ended (${now:-gone})"; break
     fi
     export ASUPERVISOR_ATTEMPT="$attempt"
     put attempt "$attempt"

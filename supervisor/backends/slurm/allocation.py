@@ -530,6 +530,7 @@ class AllocationRuntime(AppRuntime):
         self._notice = ""
         self.stopping = False
         self._external_cancel = False
+        self._gave_up = False
         self._over = anyio.Event()  # the driver ended: no more steps come
         self._views, self._inbox = anyio.create_memory_object_stream[StepView](1)
         backend.context.task_group.start_soon(self._follow)
@@ -597,6 +598,12 @@ class AllocationRuntime(AppRuntime):
             ]
         for event in [*exits, *later]:
             self.emit(event)
+        lost = [m.reason for m in later if isinstance(m, Lost)]
+        if lost and not self._gave_up:
+            # Nothing will run these replicas any more (the allocation ended, the driver
+            # died): the app's supervision ends, UNKNOWN with the reason.
+            self._gave_up = True
+            self.emit(AppNotice(message=lost[0], fatal=True))
         if progress.done is not None or progress.driver_alive is False:
             self._over.set()
 
@@ -726,17 +733,19 @@ async def allocation_status(transport: SlurmTransport, app: dict[str, Any]) -> A
     app_dir = str(request["app_dir"])
     allocation = int(app["job_id"])
     groups = [[(str(role), int(k)) for role, k in g] for g in request["groups"]]
-    progress = await anyio.to_thread.run_sync(read_progress, app_dir, groups)
     steps: dict[tuple[int, int], StepRecord] = {}
     record: JobRecord | None = None
     problem = ""
+    progress = await anyio.to_thread.run_sync(read_progress, app_dir, groups)
     if progress.done is None:
+        # Slurm first, the files after: a step that ends in between has recorded its exit.
         try:
             record = next((r for r in await transport.queue() if r.job_id == allocation), None)
             prefix = step_prefix(str(request["session"]), str(request["app_id"]))
             steps = _steps_by_group(prefix, await transport.steps([allocation]))
         except BackendError as e:
             problem = f"cannot ask Slurm: {e}"
+        progress = await anyio.to_thread.run_sync(read_progress, app_dir, groups)
     attempt = progress.attempt or 0
     found: dict[ReplicaKey, ReplicaStatus] = {}
     for g, keys in enumerate(groups):

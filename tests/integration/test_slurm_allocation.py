@@ -19,7 +19,16 @@ from pathlib import Path
 import anyio
 import pytest
 
-from supervisor import AppDef, AppState, ReplicaState, Role, SubmitError, Supervisor
+from supervisor import (
+    AppDef,
+    AppState,
+    BackendError,
+    ReplicaState,
+    Role,
+    SpecError,
+    SubmitError,
+    Supervisor,
+)
 
 from .slurm_cluster import ensure_cluster, until, until_running
 
@@ -123,6 +132,24 @@ async def test_an_app_runs_as_steps_of_a_salloc_allocation(
             replica = status.replica("r", k)
             assert replica is not None and replica.exit_code == 0
         assert reports[0]["SLURM_STEP_ID"] != reports[1]["SLURM_STEP_ID"]
+        # No job of its own: nothing to hold, nothing another app could wait for.
+        with pytest.raises(BackendError, match="allocation"):
+            await sv.hold(handle)
+        with pytest.raises(SpecError, match=r"cfg\.afterok"):
+            await sv.submit(AppDef(name="after", roles=[role]), "slurm", {"afterok": [handle]})
+    # Accounting lists the replicas as steps of the allocation, under the app's names.
+    app_id = handle.rsplit("/", 1)[1]
+    accounted = await until(
+        lambda: _sh("sacct", "-n", "-P", "-j", allocation, "-o", "JobID,JobName"),
+        lambda out: out.count(f"asupervisor:svc/{app_id}:g") == 2,
+        60,
+        "sacct lists the app's steps",
+    )
+    steps = {line.split("|")[1]: line.split("|")[0] for line in accounted.splitlines()}
+    for g in (0, 1):
+        step = steps[f"asupervisor:svc/{app_id}:g{g}:a0"]
+        assert step.startswith(f"{allocation}.")
+        assert step.split(".")[1] in {r["SLURM_STEP_ID"] for r in reports}
     # Another process sees the app (from its records and Slurm), and no job of its own.
     async with Supervisor(session="reader") as other:
         described = await other.describe(handle)
@@ -130,7 +157,6 @@ async def test_an_app_runs_as_steps_of_a_salloc_allocation(
         listed = {x.app_handle: x.state for x in await other.list("slurm")}
         assert listed[handle] is AppState.SUCCEEDED
     assert await _alive(allocation)
-    app_id = handle.rsplit("/", 1)[1]
     assert app_id not in await _sh("squeue", "-h", "-o", "%k")  # nothing submitted for the app
 
 

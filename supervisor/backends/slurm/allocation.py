@@ -55,7 +55,6 @@ from supervisor.backends.slurm.script import (
     owner_comment,
     pump_path,
 )
-from supervisor.backends.slurm.states import Meaning, meaning_of
 from supervisor.backends.slurm.translate import signal_name
 from supervisor.backends.slurm.transport import SlurmTransport
 from supervisor.backends.store import CANCEL_REQUEST, AppStore, _read_json
@@ -76,8 +75,11 @@ __all__ = [
     "Progress",
     "allocation_of",
     "allocation_status",
+    "cancel_elsewhere",
+    "check_allocation",
     "check_allocation_cfg",
     "driver_dir",
+    "driver_path",
     "observe",
     "read_progress",
     "render_driver",
@@ -342,14 +344,21 @@ def _clear_done(state: Path) -> None:
 
 async def check_allocation(transport: SlurmTransport, allocation: int) -> JobRecord:
     """The allocation's job, running; SubmitError naming ``cfg.allocation`` otherwise."""
-    records = [r for r in await transport.queue() if r.job_id == allocation]
+    try:
+        records = [r for r in await transport.queue() if r.job_id == allocation]
+    except BackendError as e:
+        # Nothing was started yet: the launch leaves nothing behind.
+        raise SubmitError(
+            f"cfg.{ALLOCATION}: cannot tell whether job {allocation} runs: {e}",
+            transient=e.transient,
+        ) from e
     if not records:
         raise SubmitError(
             f"cfg.{ALLOCATION}: Slurm has no job {allocation} (salloc --no-shell ... gives one)",
             transient=False,
         )
     record = records[0]
-    if meaning_of(record.state) is not Meaning.RUNNING or record.state.startswith("COMPLETING"):
+    if record.state != "RUNNING":  # not PENDING, SUSPENDED, COMPLETING, ...
         raise SubmitError(
             f"cfg.{ALLOCATION}: job {allocation} is {record.state}, not RUNNING: "
             "an app can only run inside an allocation that has its nodes",

@@ -217,8 +217,15 @@ class CliTransport(SlurmTransport):
         return [s for s in parse_steps(out) if s.job_id in job_ids]
 
     async def cancel_steps(self, step_ids: Sequence[str]) -> None:
-        if step_ids:
+        if not step_ids:
+            return
+        try:
             await self._run("scancel", *step_ids)
+        except BackendError as e:
+            # A step that ended meanwhile is cancelled already (the others were sent theirs).
+            errors = [line for line in str(e).split("scancel: error:")[1:] if line.strip()]
+            if not errors or any("Invalid job id" not in line for line in errors):
+                raise
 
     async def requeue(self, job_id: int) -> None:
         await self._run("scontrol", "requeue", str(job_id))

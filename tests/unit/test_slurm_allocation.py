@@ -20,6 +20,7 @@ from supervisor.backends.base import DryrunContext
 from supervisor.backends.slurm.allocation import (
     Progress,
     check_allocation_cfg,
+    check_allocation_request,
     driver_dir,
     observe,
     read_progress,
@@ -28,13 +29,13 @@ from supervisor.backends.slurm.allocation import (
 from supervisor.backends.slurm.options import slurm_run_opts
 from supervisor.backends.slurm.records import JobRecord, StepRecord, parse_steps
 from supervisor.backends.slurm.script import (
-    PROCS_PER_NODE,
     ClusterFacts,
     SlurmRequest,
     pump_path,
     render,
 )
 from supervisor.backends.slurm.ship import ship_pump
+from supervisor.specs import MPI, MPI_NODES, PROCS_PER_NODE
 
 GOLDEN = Path(__file__).parent / "golden"
 FACTS = ClusterFacts(version=(22, 5), default_partition="debug", real_memory_mb={"debug": 4000})
@@ -250,3 +251,14 @@ def test_the_driver_starts_nothing_once_cancelled_or_when_the_allocation_ended(
     progress = read_progress(str(cancelled), _keys(app))
     assert progress.done == (0, 143) and progress.why == "cancelled"
     assert progress.cancel_requested and progress.rcs == {}
+
+
+def test_mpi_plugins_go_on_the_steps_and_mpirun_is_refused_naming_allocation() -> None:
+    pmix = Role(name="ranks", entrypoint="a.out", num_replicas=2, metadata={MPI: "pmix"})
+    driver = render_driver(_request(AppDef(name="m", roles=[pmix]), {}, Path("/l")), 1234)
+    assert driver.count("--mpi=pmix") == 2  # each rank's step is wired up by Slurm
+    mpirun = Role(name="m", entrypoint="a.out", metadata={MPI: "mpirun", MPI_NODES: 2})
+    request = _request(AppDef(name="m", roles=[mpirun]), {}, Path("/l"))
+    with pytest.raises(SpecError) as refused:
+        check_allocation_request(request)
+    assert [p.field for p in refused.value.problems] == ["cfg.allocation"]

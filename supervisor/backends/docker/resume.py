@@ -15,15 +15,13 @@ import fcntl
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 
 from supervisor.backends.docker.runtime import ATTEMPT_FILE, log_sizes
-from supervisor.backends.store import AppStore, _read_json
-
-if TYPE_CHECKING:
-    from supervisor.backends.docker.backend import DockerBackend
+from supervisor.backends.docker.services import BackendServices
+from supervisor.backends.store import AppStore, read_json_or_none
 
 __all__ = ["COPY_LOCK", "LogResumer", "lock"]
 
@@ -48,7 +46,7 @@ def lock(path: Path, wait: bool) -> int | None:
 
 
 class LogResumer:
-    def __init__(self, backend: DockerBackend) -> None:
+    def __init__(self, backend: BackendServices) -> None:
         self._backend = backend
         self._copies: dict[str, tuple[anyio.CancelScope, anyio.Event]] = {}
 
@@ -64,7 +62,7 @@ class LogResumer:
 
         def read_marks() -> tuple[dict[str, Any], dict[str, int]] | None:
             # Tolerant, and never blocking on a FIFO: without a mark nothing is copied.
-            mark = _read_json(directory / ATTEMPT_FILE)
+            mark = read_json_or_none(directory / ATTEMPT_FILE)
             if not isinstance(mark, dict):
                 return None
             return mark, log_sizes(directory)

@@ -45,6 +45,7 @@ from supervisor.backends.base import (
     EventSink,
     LogTarget,
 )
+from supervisor.backends.slurm.cluster import job_metadata
 from supervisor.backends.slurm.poller import StepView
 from supervisor.backends.slurm.records import JobRecord, StepRecord, hosts_of_tasks
 from supervisor.backends.slurm.script import (
@@ -57,13 +58,13 @@ from supervisor.backends.slurm.script import (
 )
 from supervisor.backends.slurm.translate import signal_name
 from supervisor.backends.slurm.transport import SlurmTransport
-from supervisor.backends.store import CANCEL_REQUEST, AppStore, _read_json
+from supervisor.backends.store import CANCEL_REQUEST, AppStore, read_json_or_none
 from supervisor.errors import BackendError, Problem, SpecError, SubmitError
 from supervisor.events import Exited, Lost, ReplicaKey, Requeued, Started
 from supervisor.fsm.rules import derive_app_state
-from supervisor.fsm.states import ReplicaState
 from supervisor.logs.pump import EXIT_FILE
 from supervisor.runopts import ResolvedCfg
+from supervisor.states import ReplicaState
 from supervisor.status import AppStatus, ReplicaStatus, RoleStatus, Transition
 
 if TYPE_CHECKING:
@@ -78,6 +79,7 @@ __all__ = [
     "cancel_elsewhere",
     "check_allocation",
     "check_allocation_cfg",
+    "check_allocation_request",
     "driver_dir",
     "driver_path",
     "observe",
@@ -140,6 +142,21 @@ def check_allocation_cfg(cfg: ResolvedCfg, transport_kind: str) -> None:
                     "which already has its resources and limits",
                 )
             )
+    if problems:
+        raise SpecError(problems, context="invalid run options")
+
+
+def check_allocation_request(request: SlurmRequest) -> None:
+    """What the rendered app needs that steps cannot give: SpecError naming it."""
+    problems = [
+        Problem(
+            f"cfg.{ALLOCATION}",
+            f"role {group.replicas[0].role!r} runs mpirun in a batch script, which an app "
+            "inside an allocation has not: use the pmix or pmi2 plugin (one step of ranks)",
+        )
+        for group in request.groups
+        if group.in_batch
+    ]
     if problems:
         raise SpecError(problems, context="invalid run options")
 
@@ -259,6 +276,7 @@ def render_driver(request: SlurmRequest, allocation: int) -> str:
             f"--jobid={allocation}",
             "--overlap",
             *_step_options(group),
+            *group.step_options,  # --mpi=PLUGIN, pyxis' container options: the same for a step
             f"--chdir={request.workdir}",
             "--kill-on-bad-exit=1",
             f"--output={group.launcher_log}",
@@ -394,7 +412,7 @@ def _int_file(path: Path) -> int | None:
 def read_progress(app_dir: str, groups: Sequence[Sequence[ReplicaKey]]) -> Progress:
     """Blocks: read the driver's and the pumps' files."""
     state = driver_dir(app_dir)
-    done_record = _read_json(state / "done")
+    done_record = read_json_or_none(state / "done")
     done = None
     why = ""
     if isinstance(done_record, dict):
@@ -422,7 +440,7 @@ def read_progress(app_dir: str, groups: Sequence[Sequence[ReplicaKey]]) -> Progr
     exits: dict[ReplicaKey, tuple[int, int]] = {}
     for group in groups:
         for role, k in group:
-            record = _read_json(Path(app_dir) / role / str(k) / EXIT_FILE)
+            record = read_json_or_none(Path(app_dir) / role / str(k) / EXIT_FILE)
             if isinstance(record, dict):
                 with contextlib.suppress(KeyError, TypeError, ValueError):
                     exits[(role, k)] = (int(record["attempt"]), int(record["returncode"]))
@@ -715,6 +733,10 @@ class AllocationRuntime(AppRuntime):
 
     def log_target(self, role: str, replica_id: int) -> LogTarget:
         return self._backend.make_log_target(self.store, role, replica_id)
+
+    def metadata(self) -> Mapping[str, str]:
+        """The job its steps belong to (the allocation: no job of its own)."""
+        return {**job_metadata(self.allocation), "slurm_allocation": str(self.allocation)}
 
     async def aclose(self) -> None:
         self._backend.poller.untrack_steps(self)

@@ -14,7 +14,7 @@ import dataclasses
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -39,14 +39,17 @@ from supervisor.backends.slurm.allocation import (
     cancel_elsewhere,
     check_allocation,
     check_allocation_cfg,
+    check_allocation_request,
     driver_path,
     render_driver,
     start_driver,
 )
 from supervisor.backends.slurm.capabilities import SLURM_CAPABILITIES
+from supervisor.backends.slurm.cluster import cluster_info, job_metadata, jobs_from_json
 from supervisor.backends.slurm.identity import JobIdentity
 from supervisor.backends.slurm.options import check_slurm_cfg, slurm_run_opts
 from supervisor.backends.slurm.poller import JobView, PollerSettings, SlurmPoller
+from supervisor.backends.slurm.pyxis import probe_pyxis
 from supervisor.backends.slurm.records import hosts_of_tasks, latest_per_component
 from supervisor.backends.slurm.script import (
     ClusterFacts,
@@ -67,16 +70,17 @@ from supervisor.backends.store import (
     Index,
     IndexEntry,
     Owner,
-    _read_json,
     damaged_status,
+    read_json_or_none,
 )
+from supervisor.cluster import ClusterInfo, ClusterJob
 from supervisor.errors import BackendError, DamagedRecordError, Problem, SpecError, SubmitError
 from supervisor.events import Exited, Lost, ReplicaKey, Submitted
 from supervisor.fsm.rules import derive_app_state
-from supervisor.fsm.states import AppState, ReplicaState
 from supervisor.logs.pump import EXIT_FILE
 from supervisor.runopts import ResolvedCfg, RunOpts
 from supervisor.specs import AppDef, AppHandle, make_handle, parse_handle
+from supervisor.states import AppState, ReplicaState
 from supervisor.status import (
     AppStatus,
     DescribeAppResponse,
@@ -249,7 +253,9 @@ class SlurmRuntime(AppRuntime):
         """
         out: list[tuple[float, int | None]] = []
         for m in exits:
-            record = _read_json(self._exit_files[m.key]) if m.key in self._exit_files else None
+            record = (
+                read_json_or_none(self._exit_files[m.key]) if m.key in self._exit_files else None
+            )
             if not isinstance(record, dict) or record.get("attempt") != m.attempt:
                 out.append((float("inf"), None))
                 continue
@@ -330,6 +336,9 @@ class SlurmRuntime(AppRuntime):
     def log_target(self, role: str, replica_id: int) -> LogTarget:
         return self._backend.make_log_target(self.store, role, replica_id)
 
+    def metadata(self) -> Mapping[str, str]:
+        return job_metadata(self.job_id)
+
     async def aclose(self) -> None:
         self._backend.poller.untrack(self.job_id)
         await self._mail.aclose()
@@ -355,6 +364,8 @@ class SlurmBackend(Backend):
         self._facts_lock = anyio.Lock()
         self.closing = False
         self._facts_at = 0.0
+        self._pyxis: bool | None = None
+        self._pyxis_probed = False
 
     @classmethod
     def run_opts(cls) -> RunOpts:
@@ -372,6 +383,11 @@ class SlurmBackend(Backend):
             if self.facts is None or not fresh:
                 self.facts = await self.transport.facts()
                 self._facts_at = anyio.current_time()
+                if not self._pyxis_probed and self.transport.kind == "cli":
+                    # Once per backend: whether srun runs containers (pyxis).
+                    self._pyxis = await probe_pyxis()
+                    self._pyxis_probed = True
+                self.facts = dataclasses.replace(self.facts, pyxis=self._pyxis)
 
     def statistics(self) -> dict[str, Any]:
         return self.poller.statistics()
@@ -389,6 +405,7 @@ class SlurmBackend(Backend):
         )
         allocation = allocation_of(cfg)
         if allocation is not None:  # steps of a running job: a driver script, not sbatch's
+            check_allocation_request(request)
             request = dataclasses.replace(request, script=render_driver(request, allocation))
         return request
 
@@ -612,9 +629,22 @@ class SlurmBackend(Backend):
         store, app = found
         status = await self._final_or_live(store, app)
         transitions = await anyio.to_thread.run_sync(store.read_transitions_or_none)
+        status = dataclasses.replace(status, metadata=job_metadata(int(app["job_id"])))
         return DescribeAppResponse.from_status(
             handle.app_id, status, AppDef.from_json(app["app"]).roles, transitions
         )
+
+    async def cluster_info(self, partition: str | None = None) -> ClusterInfo:
+        """Partitions and nodes (``asupervisor cluster``); see ``cluster.py``."""
+        # Version, partitions and nodes: three calls, on either transport.
+        version = await self.transport.version_text()
+        partitions = await self.transport.partition_list()
+        nodes = await self.transport.node_list()
+        return cluster_info(version, partitions, nodes, partition)
+
+    async def cluster_jobs(self) -> list[ClusterJob]:
+        """Every job the controller holds, anyone's; ours carry their handle."""
+        return jobs_from_json(await self.transport.job_list())
 
     async def list(self) -> list[ListAppResponse]:
         """The apps recorded as launched by this library; foreign jobs are never listed."""

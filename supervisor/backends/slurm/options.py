@@ -154,6 +154,13 @@ def slurm_run_opts() -> RunOpts:
             ),
             RunOpt("hold", b, False, "submit held: it waits until `asupervisor release HANDLE`"),
             RunOpt(
+                "image_is_tag",
+                b,
+                False,
+                "a role's image is only a tag: nothing runs in a container (otherwise it is "
+                "run with pyxis' srun --container-image, and a cluster without pyxis refuses it)",
+            ),
+            RunOpt(
                 "allocation",
                 s,
                 None,

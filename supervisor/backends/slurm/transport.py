@@ -17,6 +17,7 @@ from typing import Any
 
 import anyio
 
+from supervisor.backends.slurm.cluster import partitions_from_scontrol
 from supervisor.backends.slurm.records import (
     JobRecord,
     StepRecord,
@@ -25,7 +26,9 @@ from supervisor.backends.slurm.records import (
     parse_steps,
 )
 from supervisor.backends.slurm.script import ClusterFacts
+from supervisor.cluster import PartitionInfo
 from supervisor.errors import BackendError, SubmitError
+from supervisor.observe import metrics
 
 __all__ = ["AccountingDisabled", "CliTransport", "SlurmTransport"]
 
@@ -124,6 +127,23 @@ class SlurmTransport(abc.ABC):
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release connections, if the transport holds any."""
 
+    # ------------------------------------------------------ the cluster view (cluster.py)
+    async def version_text(self) -> str:
+        """The controller's Slurm version, ``22.05.8``."""
+        raise BackendError(f"the {self.kind} transport cannot show the cluster", transient=False)
+
+    async def node_list(self) -> list[dict[str, Any]]:
+        """Every node, in the shape of ``sinfo --json``'s (and slurmrestd's) ``nodes``."""
+        raise BackendError(f"the {self.kind} transport cannot show the cluster", transient=False)
+
+    async def partition_list(self) -> list[PartitionInfo]:
+        """Every partition."""
+        raise BackendError(f"the {self.kind} transport cannot show the cluster", transient=False)
+
+    async def job_list(self) -> list[dict[str, Any]]:
+        """Every job component the controller holds, anyone's, as ``squeue --json`` has them."""
+        raise BackendError(f"the {self.kind} transport cannot show the cluster", transient=False)
+
 
 def _environment(tool: str) -> dict[str, str] | None:
     """sbatch's environment without the submitter's ``SBATCH_*`` variables.
@@ -150,6 +170,7 @@ class CliTransport(SlurmTransport):
         self, tool: str, *args: str, stdin: bytes | None = None, counted: str | None = None
     ) -> str:
         self.calls[counted or tool] += 1
+        metrics.count_slurm_call(self.kind, tool)
         try:
             with anyio.fail_after(CALL_TIMEOUT):
                 done = await anyio.run_process(
@@ -246,6 +267,23 @@ class CliTransport(SlurmTransport):
             # waiting (the leader) as an error: that is the requeue done.
             if "pending execution" not in str(e):
                 raise
+
+    async def version_text(self) -> str:
+        words = (await self._run("sinfo", "--version")).split()
+        return words[-1] if words else ""
+
+    async def node_list(self) -> list[dict[str, Any]]:
+        data = _json(await self._run("sinfo", "--json"), "sinfo")
+        nodes = data.get("nodes")
+        return [n for n in nodes if isinstance(n, dict)] if isinstance(nodes, list) else []
+
+    async def partition_list(self) -> list[PartitionInfo]:
+        return partitions_from_scontrol(await self._run("scontrol", "show", "partition", "-o"))
+
+    async def job_list(self) -> list[dict[str, Any]]:
+        data = _json(await self._run("squeue", "--json"), "squeue")
+        jobs = data.get("jobs")
+        return [j for j in jobs if isinstance(j, dict)] if isinstance(jobs, list) else []
 
     async def facts(self) -> ClusterFacts:
         version_text = await self._run("sinfo", "--version")

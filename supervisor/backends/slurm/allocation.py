@@ -34,7 +34,7 @@ import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import anyio
 
@@ -42,11 +42,12 @@ from supervisor.backends.base import (
     AppCancelRequested,
     AppNotice,
     AppRuntime,
+    BackendContext,
     EventSink,
     LogTarget,
 )
 from supervisor.backends.slurm.cluster import job_metadata
-from supervisor.backends.slurm.poller import StepView
+from supervisor.backends.slurm.poller import SlurmPoller, StepView
 from supervisor.backends.slurm.records import JobRecord, StepRecord, hosts_of_tasks
 from supervisor.backends.slurm.script import (
     RANK0_ENV,
@@ -58,7 +59,7 @@ from supervisor.backends.slurm.script import (
 )
 from supervisor.backends.slurm.translate import signal_name
 from supervisor.backends.slurm.transport import SlurmTransport
-from supervisor.backends.store import CANCEL_REQUEST, AppStore, read_json_or_none
+from supervisor.backends.store import CANCEL_REQUEST, AppStore, Owner, read_json_or_none
 from supervisor.errors import BackendError, Problem, SpecError, SubmitError
 from supervisor.events import Exited, Lost, ReplicaKey, Requeued, Started
 from supervisor.fsm.rules import derive_app_state
@@ -67,8 +68,19 @@ from supervisor.runopts import ResolvedCfg
 from supervisor.states import ReplicaState
 from supervisor.status import AppStatus, ReplicaStatus, RoleStatus, Transition
 
-if TYPE_CHECKING:
-    from supervisor.backends.slurm.backend import SlurmBackend
+
+class Host(Protocol):
+    """What a runtime needs of the backend that launched it (``SlurmBackend``; imports go
+    one way: the backend imports this module)."""
+
+    context: BackendContext
+    transport: SlurmTransport
+    poller: SlurmPoller
+    owner: Owner
+    closing: bool
+
+    def make_log_target(self, store: AppStore, role: str, replica_id: int) -> LogTarget: ...
+
 
 __all__ = [
     "ALLOCATION",
@@ -538,7 +550,7 @@ class AllocationRuntime(AppRuntime):
     """An app whose replicas run as steps of an allocation, followed through the poller."""
 
     def __init__(
-        self, backend: SlurmBackend, request: SlurmRequest, allocation: int, sink: EventSink
+        self, backend: Host, request: SlurmRequest, allocation: int, sink: EventSink
     ) -> None:
         self._backend = backend
         self.request = request

@@ -32,6 +32,18 @@ from supervisor.backends.base import (
     Request,
 )
 from supervisor.backends.listing import list_indexed
+from supervisor.backends.slurm.allocation import (
+    AllocationRuntime,
+    allocation_of,
+    allocation_status,
+    cancel_elsewhere,
+    check_allocation,
+    check_allocation_cfg,
+    check_allocation_request,
+    driver_path,
+    render_driver,
+    start_driver,
+)
 from supervisor.backends.slurm.capabilities import SLURM_CAPABILITIES
 from supervisor.backends.slurm.cluster import cluster_info, job_metadata, jobs_from_json
 from supervisor.backends.slurm.identity import JobIdentity
@@ -382,7 +394,8 @@ class SlurmBackend(Backend):
 
     def dryrun(self, app: AppDef, cfg: ResolvedCfg, ctx: DryrunContext) -> SlurmRequest:
         check_slurm_cfg(cfg)
-        return render(
+        check_allocation_cfg(cfg, self.transport.kind)
+        request = render(
             app,
             cfg,
             ctx,
@@ -390,8 +403,13 @@ class SlurmBackend(Backend):
             default_log_dir=self.context.state_dir / "logs",
             job_dir=cfg.get_str("job_dir"),
         )
+        allocation = allocation_of(cfg)
+        if allocation is not None:  # steps of a running job: a driver script, not sbatch's
+            check_allocation_request(request)
+            request = dataclasses.replace(request, script=render_driver(request, allocation))
+        return request
 
-    async def launch(self, request: Request, sink: EventSink) -> SlurmRuntime:
+    async def launch(self, request: Request, sink: EventSink) -> SlurmRuntime | AllocationRuntime:
         if not isinstance(request, SlurmRequest):
             raise TypeError(f"the slurm backend cannot run a {type(request).__name__}")
         waits = dependencies(request.script)
@@ -426,7 +444,17 @@ class SlurmBackend(Backend):
                 request.job_names,
                 time.time(),
             )
-            job_id = await self.transport.submit(request.script, request.workdir)
+            allocation = allocation_of(request.cfg)
+            if allocation is None:
+                job_id = await self.transport.submit(request.script, request.workdir)
+            else:
+                await check_allocation(self.transport, allocation)
+                driver = driver_path(request.app_dir)
+                try:
+                    await anyio.to_thread.run_sync(driver.write_text, request.script)
+                except OSError as e:
+                    raise SubmitError(f"cannot write {driver}: {e}", transient=False) from e
+                job_id = allocation
         except SubmitError:
             # A SubmitError says Slurm certainly took no job (an unanswered sbatch is
             # another BackendError: the job may exist, so its directory stays).
@@ -439,10 +467,19 @@ class SlurmBackend(Backend):
             raise
         record["job_id"] = job_id
         record["identity"] = identity.to_json()
+        if allocation is not None:
+            record["allocation"] = allocation
         await anyio.to_thread.run_sync(store.write_app, record)
         await anyio.to_thread.run_sync(
             self.index.add, request.session, request.app_id, store.app_dir
         )
+        if allocation is not None:
+            # Recorded first: the driver's steps are the app's from their first moment.
+            await start_driver(request.app_dir, request.workdir)
+            in_allocation = AllocationRuntime(self, request, allocation, sink)
+            for role, k in in_allocation.keys:
+                sink(Submitted(role=role, replica_id=k))
+            return in_allocation
         runtime = SlurmRuntime(self, request, job_id, sink, identity)
         for role, k in runtime.translator.keys:
             sink(Submitted(role=role, replica_id=k))
@@ -459,6 +496,14 @@ class SlurmBackend(Backend):
                 problems.append(
                     Problem(f"cfg.{kind}", f"{handle} is not a slurm app submitted to this cluster")
                 )
+            elif found[1].get("allocation") is not None:
+                problems.append(
+                    Problem(
+                        f"cfg.{kind}",
+                        f"{handle} runs inside allocation {found[1]['allocation']}: it is no "
+                        "job of its own that Slurm could wait for",
+                    )
+                )
             else:
                 out[handle] = int(found[1]["job_id"])
         if problems:
@@ -470,6 +515,12 @@ class SlurmBackend(Backend):
         found = await self._found(handle)
         if found is None:
             return False
+        if found[1].get("allocation") is not None:
+            raise BackendError(
+                f"{handle} runs inside allocation {found[1]['allocation']}: there is no job of "
+                "its own to hold or release",
+                transient=False,
+            )
         job_id = int(found[1]["job_id"])
         await (self.transport.release(job_id) if release else self.transport.hold(job_id))
         self.poller.poke()
@@ -491,6 +542,8 @@ class SlurmBackend(Backend):
 
     async def _status_of(self, app: dict[str, Any]) -> AppStatus:
         """The app's state as Slurm reports it now, without this process's FSM."""
+        if app.get("allocation") is not None:
+            return await allocation_status(self.transport, app)
         job_id = int(app["job_id"])
         records = [r for r in await self.transport.queue() if r.het_job_id == job_id]
         gone = f"Slurm no longer knows job {job_id}"
@@ -560,7 +613,10 @@ class SlurmBackend(Backend):
             # A recorded cancel the job does not show yet (sent while Slurm or slurmrestd
             # was away): whoever looks next sends it again.
             try:
-                await self.transport.cancel(int(app["job_id"]))
+                if app.get("allocation") is not None:
+                    await cancel_elsewhere(self.transport, app)  # its steps, never the allocation
+                else:
+                    await self.transport.cancel(int(app["job_id"]))
             except BackendError as e:
                 note = f"a recorded cancel is not delivered yet: {e}"
                 live = dataclasses.replace(live, msg="; ".join(m for m in (live.msg, note) if m))
@@ -613,6 +669,10 @@ class SlurmBackend(Backend):
         await anyio.to_thread.run_sync(found[0].request_cancel)
         job_id = int(found[1]["job_id"])
         try:
+            if found[1].get("allocation") is not None:
+                await cancel_elsewhere(self.transport, found[1])  # its steps, never the allocation
+                self.poller.poke()
+                return True
             live = [r for r in await self.transport.queue() if r.het_job_id == job_id]
             if live and _identity_of(found[1]).owns_all(live):
                 await self.transport.cancel(job_id)  # never a job that only has the app's id

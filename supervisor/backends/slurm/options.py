@@ -160,6 +160,14 @@ def slurm_run_opts() -> RunOpts:
                 "a role's image is only a tag: nothing runs in a container (otherwise it is "
                 "run with pyxis' srun --container-image, and a cluster without pyxis refuses it)",
             ),
+            RunOpt(
+                "allocation",
+                s,
+                None,
+                "job id of a running allocation (salloc, or a running batch job) to run in: "
+                "each replica is a job step of it (srun --overlap), nothing is queued; "
+                "cli transport only",
+            ),
         ],
         refused=_REFUSED,
     )

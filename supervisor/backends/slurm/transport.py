@@ -18,7 +18,13 @@ from typing import Any
 import anyio
 
 from supervisor.backends.slurm.cluster import partitions_from_scontrol
-from supervisor.backends.slurm.records import JobRecord, from_sacct, from_squeue
+from supervisor.backends.slurm.records import (
+    JobRecord,
+    StepRecord,
+    from_sacct,
+    from_squeue,
+    parse_steps,
+)
 from supervisor.backends.slurm.script import ClusterFacts
 from supervisor.cluster import PartitionInfo
 from supervisor.errors import BackendError, SubmitError
@@ -74,6 +80,22 @@ class SlurmTransport(abc.ABC):
 
     @abc.abstractmethod
     async def requeue(self, job_id: int) -> None: ...
+
+    async def steps(self, job_ids: Sequence[int]) -> list[StepRecord]:
+        """The live steps of these (running) jobs, in one call: apps run inside allocations."""
+        raise BackendError(
+            f"the {self.kind} transport cannot list job steps (cfg.allocation needs the cli "
+            "transport)",
+            transient=False,
+        )
+
+    async def cancel_steps(self, step_ids: Sequence[str]) -> None:
+        """Cancel these steps (``JOBID.STEP``), never their job."""
+        raise BackendError(
+            f"the {self.kind} transport cannot cancel job steps (cfg.allocation needs the cli "
+            "transport)",
+            transient=False,
+        )
 
     async def launch_failure_hint(self, workdir: str, app_dir: str) -> str:
         """Why a job may fail to launch on this transport ("" when nothing is known)."""
@@ -144,8 +166,10 @@ class CliTransport(SlurmTransport):
     queue_call = "squeue"
     accounting_call = "sacct"
 
-    async def _run(self, tool: str, *args: str, stdin: bytes | None = None) -> str:
-        self.calls[tool] += 1
+    async def _run(
+        self, tool: str, *args: str, stdin: bytes | None = None, counted: str | None = None
+    ) -> str:
+        self.calls[counted or tool] += 1
         metrics.count_slurm_call(self.kind, tool)
         try:
             with anyio.fail_after(CALL_TIMEOUT):
@@ -202,6 +226,27 @@ class CliTransport(SlurmTransport):
 
     async def cancel(self, job_id: int) -> None:
         await self._run("scancel", str(job_id))
+
+    async def steps(self, job_ids: Sequence[int]) -> list[StepRecord]:
+        if not job_ids:
+            return []
+        ids = ",".join(str(i) for i in job_ids)
+        # Text, not --json: 22.05's squeue --json ignores --steps (and -j).
+        out = await self._run(
+            "squeue", "--steps", "-h", "-o", "%i|%N|%j", "-j", ids, counted="squeue_steps"
+        )
+        return [s for s in parse_steps(out) if s.job_id in job_ids]
+
+    async def cancel_steps(self, step_ids: Sequence[str]) -> None:
+        if not step_ids:
+            return
+        try:
+            await self._run("scancel", *step_ids)
+        except BackendError as e:
+            # A step that ended meanwhile is cancelled already (the others were sent theirs).
+            errors = [line for line in str(e).split("scancel: error:")[1:] if line.strip()]
+            if not errors or any("Invalid job id" not in line for line in errors):
+                raise
 
     async def requeue(self, job_id: int) -> None:
         await self._run("scontrol", "requeue", str(job_id))

@@ -241,6 +241,8 @@ def targets_section(results: Json) -> list[str]:
     rows += docker_targets(cases.get("docker", {}))
     rows += fsm_targets(cases.get("fsm", {}))
     rows += loop_lag_targets(cases.get("loop_lag", {}))
+    rows += memory_apps_targets(cases.get("memory_apps", {}))
+    rows += list_index_targets(cases.get("list_index", {}))
     return table(["target", "measured (median)", "verdict"], rows)
 
 
@@ -330,6 +332,87 @@ def loop_lag_targets(case: Json) -> list[list[str]]:
                 ]
             )
     return rows
+
+
+def memory_apps_targets(case: Json) -> list[list[str]]:
+    rows: list[list[str]] = []
+    target = case.get("target_growth_mib", 10.0)
+    for row in case.get("rows", []):
+        if "error" in row:
+            continue
+        growth = row.get("growth_mib")
+        rows.append(
+            [
+                f"RSS after {row['apps_last']:,} short apps within {target:g} MB of after"
+                f" {row['apps_first']:,}",
+                f"+{fmt_num(growth, 1, ' MiB')} ({fmt_num(row.get('rss_first_mib'), 1)}"
+                f" → {fmt_num(row.get('rss_last_mib'), 1)} MiB)",
+                verdict(growth, target, lower_is_better=True, fmt=lambda v: fmt_num(v, 1, " MiB")),
+            ]
+        )
+    return rows
+
+
+def memory_apps_section(case: Json) -> list[str]:
+    body = []
+    for row in case.get("rows", []):
+        if "error" in row:
+            body.append([f"{row['n']:,}", "failed", "", "", "", ""])
+            continue
+        body.append(
+            [
+                f"{row['apps_last']:,}",
+                fmt_num(row.get("rss_first_mib"), 1, " MiB"),
+                fmt_num(row.get("rss_last_mib"), 1, " MiB"),
+                fmt_num(row.get("growth_mib"), 2, " MiB"),
+                fmt_num(row.get("per_app_kib"), 2, " KiB"),
+                f"{row.get('held_last')}",
+            ]
+        )
+    header = ["N apps", "RSS after 100", "RSS after N", "growth", "per app", "held at end"]
+    return [
+        "One Supervisor runs N short local apps (`true`, 8 in flight), each waited for;"
+        " RSS (`VmRSS`, after a garbage collection) after the first 100 and after all N."
+        " *held at end*: `len(sv.followed())`, the apps still in memory.",
+        "",
+        *table(header, body),
+    ]
+
+
+def list_index_targets(case: Json) -> list[list[str]]:
+    rows: list[list[str]] = []
+    target = case.get("target_s", 0.1)
+    for row in case.get("rows", []):
+        if "error" in row:
+            continue
+        med = median_of({"stats": row.get("all")})
+        rows.append(
+            [
+                f"`list` of {row['n']:,} apps in <= {fmt_s(target)}",
+                fmt_s(med),
+                verdict(med, target, lower_is_better=True, fmt=fmt_s),
+            ]
+        )
+    return rows
+
+
+def list_index_section(case: Json) -> list[str]:
+    body = []
+    for row in case.get("rows", []):
+        if "error" in row:
+            body.append([f"{row['n']:,}", "failed", "", "", ""])
+            continue
+        body.append(
+            [f"{row['n']:,}", *(cell(row.get(q), fmt_s) for q in ("all", "state", "name", "limit"))]
+        )
+    header = ["N apps", "all", "`state=SUCCEEDED`", "`name='short-1*'`", "`limit=20`"]
+    return [
+        '`await sv.list("local", ...)` in a fresh Supervisor of another session, after N'
+        " short apps ended: settled apps come from their index entries (one small read and"
+        " two `stat`s each), never from their records.",
+        "",
+        *table(header, body),
+    ]
 
 
 def loop_lag_section(case: Json) -> list[str]:
@@ -857,6 +940,8 @@ def render_markdown(results: Json, source: str) -> str:
         ("docker", "### 7. Docker", docker_section),
         ("fsm", "### 8. State machines", fsm_section),
         ("loop_lag", "### 9. Event loop lag", loop_lag_section),
+        ("memory_apps", "### 10. Memory of a long-running service", memory_apps_section),
+        ("list_index", "### 11. Listing from the index", list_index_section),
     ]
     for key, title, render in sections:
         case = cases.get(key)

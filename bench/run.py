@@ -35,8 +35,10 @@ from typing import Any
 from bench import (
     case_docker,
     case_fsm,
+    case_list_index,
     case_logs,
     case_loop_lag,
+    case_memory_apps,
     case_slurm,
     case_submit,
     case_supervise,
@@ -55,6 +57,8 @@ CASES: dict[str, Callable[[dict[str, Any]], Json]] = {
     "docker": case_docker.run_case,
     "fsm": case_fsm.run_case,
     "loop_lag": case_loop_lag.run_case,
+    "memory_apps": case_memory_apps.run_case,
+    "list_index": case_list_index.run_case,
 }
 
 FULL: dict[str, dict[str, Any]] = {
@@ -117,6 +121,10 @@ FULL: dict[str, dict[str, Any]] = {
         "idle_s": 2.0,
         "follow_s": 3.0,
     },
+    # 10,000 short apps (`true`) in one Supervisor: about 6 minutes on 2 cores.
+    "memory_apps": {"runs": [("asupervisor", 10_000, 1)], "in_flight": 8},
+    # 1,000 short apps run, then listed 5 times per query: about a minute.
+    "list_index": {"runs": [("asupervisor", 1000, 5)]},
 }
 
 QUICK: dict[str, dict[str, Any]] = {
@@ -169,6 +177,8 @@ QUICK: dict[str, dict[str, Any]] = {
         "idle_s": 1.0,
         "follow_s": 2.0,
     },
+    "memory_apps": {"runs": [("asupervisor", 1000, 1)], "in_flight": 8},
+    "list_index": {"runs": [("asupervisor", 200, 2)]},
 }
 
 

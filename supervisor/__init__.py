@@ -31,6 +31,7 @@ from supervisor.errors import (
 )
 from supervisor.logs import Stream
 from supervisor.observe import AppEvent, EventStream
+from supervisor.retention import Retention
 from supervisor.runopts import ResolvedCfg, RunOpt, RunOpts
 from supervisor.specs import (
     NULL_RESOURCE,
@@ -89,6 +90,7 @@ __all__ = [
     "ReplicaStatus",
     "ResolvedCfg",
     "Resource",
+    "Retention",
     "RetryPolicy",
     "Role",
     "RoleStatus",

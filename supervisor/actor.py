@@ -60,12 +60,20 @@ _Mail = ReplicaEvent | AppCancelRequested | AppNotice | _Cancel | _Barrier | _Br
 
 
 class AppActor:
-    def __init__(self, handle: str, request: Request, observer: Observer | None = None) -> None:
+    def __init__(
+        self,
+        handle: str,
+        request: Request,
+        observer: Observer | None = None,
+        on_done: Callable[[AppActor], None] | None = None,
+    ) -> None:
         self.handle = handle
         self.request = request
         self.backend_name = handle.split("://", 1)[0]
         self._observer = observer
         self._observed = 0  # transitions of the history already handed to the observer
+        # Called once, synchronously, when ``done`` is set: before any waiter resumes.
+        self._on_done = on_done
         self.fsm = AppFSM(
             [
                 RoleSpec(r.name, r.num_replicas, r.max_retries, r.retry_policy)
@@ -121,6 +129,11 @@ class AppActor:
         self._finish()
 
     # ------------------------------------------------------------------ readers
+    @property
+    def final_recorded(self) -> bool:
+        """The final record was written: other processes (and ``describe``) read the end."""
+        return self._final_written
+
     def status(self) -> AppStatus:
         return self.fsm.snapshot()
 
@@ -276,6 +289,9 @@ class AppActor:
     def _finish(self) -> None:
         self.done.set()
         self._publish()
+        on_done, self._on_done = self._on_done, None
+        if on_done is not None:
+            on_done(self)
         # Release barrier waiters that raced with the end.
         while True:
             try:

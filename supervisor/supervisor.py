@@ -5,19 +5,33 @@ launched are answered from their actor's memory (``status`` never does I/O);
 any other handle is answered by its backend's own records, so a second
 process (the CLI) can follow, cancel and read the logs of apps it did not
 start.
+
+Memory stays bounded in a service that runs for weeks: once an app has ended
+and its final record is written, its actor leaves memory (its current waiters
+keep what they hold and are served to the end). From then on ``describe``,
+``wait``, ``watch``, ``log_iter`` and ``cancel`` answer from its records on
+disk, exactly as for an app of another process; ``status`` answers from a
+small bounded cache of the final statuses of the apps that ended last
+(``FINISHED_CACHE``), and None for an app that left it. An app whose final
+record could not be written (a full disk) stays in memory: its records would
+not tell its end.
 """
 
 from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import dataclasses
+import fnmatch
 import functools
 import getpass
+import logging
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from datetime import datetime
@@ -38,6 +52,8 @@ from supervisor.backends.base import (
     LogTarget,
     Request,
 )
+from supervisor.backends.listing import newest_first
+from supervisor.backends.store import Index, IndexEntry, end_is_known, remove_app
 from supervisor.cluster import ClusterInfo, ClusterJob
 from supervisor.errors import (
     DamagedRecordError,
@@ -53,6 +69,7 @@ from supervisor.idempotency import IdempotencyKeys, fingerprint, submit_once
 from supervisor.logs import Stream, WatchHub, iter_log_lines, parse_streams
 from supervisor.observe import EventStream, Observer, metrics
 from supervisor.observe.bus import DEFAULT_MAX_BUFFER
+from supervisor.retention import Retention
 from supervisor.runopts import ResolvedCfg, RunOpts
 from supervisor.specs import AppDef, AppHandle, make_app_id, make_handle, parse_handle
 from supervisor.states import TERMINAL, AppState
@@ -60,6 +77,11 @@ from supervisor.status import AppStatus, DescribeAppResponse, ListAppResponse, T
 from supervisor.validate import MAX_APP_ID_LENGTH, check_name, validate
 
 __all__ = ["DryRunInfo", "Supervisor", "default_session", "default_state_dir"]
+
+_log = logging.getLogger(__name__)
+
+FINISHED_CACHE = 256
+"""Final statuses of ended apps kept for ``status()`` after their actors left memory."""
 
 
 def default_state_dir() -> Path:
@@ -136,6 +158,72 @@ async def _set_when_ended(
         tg.cancel_scope.cancel()
 
 
+@dataclass(frozen=True)
+class _ListQuery:
+    """The filters of ``Supervisor.list``, checked together (every problem named by field)."""
+
+    states: frozenset[AppState] | None
+    since: float | None
+    name: str | None
+    limit: int | None
+
+    @classmethod
+    def of(
+        cls,
+        state: AppState | str | Collection[AppState | str] | None,
+        since: datetime | float | None,
+        name: str | None,
+        limit: int | None,
+    ) -> _ListQuery:
+        problems: list[Problem] = []
+        states: set[AppState] | None = None
+        if state is not None:
+            wanted = [state] if isinstance(state, (AppState, str)) else state
+            states = set()
+            try:
+                items = list(wanted)
+            except TypeError:
+                items = []
+                problems.append(Problem("state", f"must be an AppState or a name, {state!r}"))
+            for item in items:
+                if isinstance(item, AppState):
+                    states.add(item)
+                elif isinstance(item, str) and item.upper() in AppState.__members__:
+                    states.add(AppState[item.upper()])
+                else:
+                    names = ", ".join(AppState.__members__)
+                    problems.append(Problem("state", f"{item!r} is not one of {names}"))
+        at: float | None = None
+        if isinstance(since, datetime):
+            at = since.timestamp()
+        elif isinstance(since, (int, float)) and not isinstance(since, bool):
+            at = float(since)
+        elif since is not None:
+            problems.append(Problem("since", f"must be a datetime or epoch seconds, {since!r}"))
+        if name is not None and (not isinstance(name, str) or not name):
+            problems.append(Problem("name", f"must be a non-empty string, {name!r}"))
+        if limit is not None and (
+            not isinstance(limit, int) or isinstance(limit, bool) or limit < 0
+        ):
+            problems.append(Problem("limit", f"must be an int >= 0, {limit!r}"))
+        if problems:
+            raise SpecError(problems, context="invalid list")
+        return cls(frozenset(states) if states is not None else None, at, name, limit)
+
+    def keeps(self, app: ListAppResponse) -> bool:
+        if self.states is not None and app.state not in self.states:
+            return False
+        if self.since is not None and (
+            app.times.submitted is None or app.times.submitted < self.since
+        ):
+            return False
+        return self.name is None or fnmatch.fnmatchcase(app.name, self.name)
+
+    def apply(self, apps: Sequence[ListAppResponse]) -> list[ListAppResponse]:
+        kept = newest_first([a for a in apps if self.keeps(a)])
+        return kept if self.limit is None else kept[: self.limit]
+
+
 def _with_metadata(actor: AppActor) -> AppStatus:
     """The actor's snapshot with what its backend knows the app by (a Slurm job id)."""
     status = actor.status()
@@ -147,6 +235,8 @@ class Supervisor:
     """Launches apps on backends and follows them; use as ``async with Supervisor() as sv``.
 
     Closing stops every replica this Supervisor started that is still running.
+    ``retention``: remove the records and logs of this session's settled apps
+    periodically, in a worker thread (see ``supervisor.retention`` and ``gc``).
 
     Shutting down, for a service: ``begin_shutdown()`` (which ``close()`` and
     leaving ``async with`` call first) ends every open ``log_iter`` follow,
@@ -163,7 +253,14 @@ class Supervisor:
         *,
         state_dir: str | Path | None = None,
         backends: Mapping[str, Any] | None = None,
+        retention: Retention | None = None,
     ) -> None:
+        if retention is not None and not isinstance(retention, Retention):
+            raise SpecError(
+                [Problem("retention", f"must be a Retention, {type(retention).__name__}")],
+                context="invalid supervisor",
+            )
+        self.retention = retention
         self.session = session if session is not None else default_session()
         problems = check_name("session", self.session)
         if problems:
@@ -174,6 +271,8 @@ class Supervisor:
         self._registry = BackendRegistry(backends)
         self._backends: dict[str, Backend] = {}
         self._actors: dict[str, AppActor] = {}
+        # The final statuses of the apps that ended last, newest at the end.
+        self._finished: OrderedDict[str, AppStatus] = OrderedDict()
         self._stack: AsyncExitStack | None = None
         self._tg: TaskGroup | None = None
         self._gpus: int | None = None
@@ -200,6 +299,8 @@ class Supervisor:
         self._tg = await self._stack.enter_async_context(anyio.create_task_group())
         self._watch_hub = WatchHub(self._tg)
         self._unregister_metrics = metrics.register_states(_StateCounts(self._actors))
+        if self.retention is not None:
+            self._tg.start_soon(self._retain, self.retention)
         return self
 
     async def __aexit__(
@@ -383,7 +484,7 @@ class Supervisor:
         handle = make_handle(info.backend, self.session, info.request.app_id)
         if handle in self._actors:
             raise DuplicateAppError(f"{handle} was already scheduled by this Supervisor")
-        actor = AppActor(handle, info.request, self._observer)
+        actor = AppActor(handle, info.request, self._observer, on_done=self._forget)
         try:
             # Shielded: a launch cut short by the caller's cancel would leave what it
             # had started (processes, a Slurm job, containers) with no handle and no
@@ -407,6 +508,28 @@ class Supervisor:
                 await actor.done.wait()
             raise
         return handle
+
+    def _forget(self, actor: AppActor) -> None:
+        """The app ended: once its end is on disk, its actor leaves memory.
+
+        Called as ``done`` is set, before any waiter resumes: those who wait on
+        it hold the actor itself and are served to the end; any later question
+        about the app is answered from its records (``status`` from the cache).
+        """
+        if actor.final_recorded and self._actors.get(actor.handle) is actor:
+            del self._actors[actor.handle]
+            self._finished[actor.handle] = _with_metadata(actor)
+            while len(self._finished) > FINISHED_CACHE:
+                self._finished.popitem(last=False)
+
+    def followed(self) -> list[str]:
+        """Handles of the apps this Supervisor holds in memory now.
+
+        An app launched here is held from its submit until it ended and its
+        final record is written; then it leaves memory (see the module's
+        docstring). The length of this list is what memory grows with.
+        """
+        return list(self._actors)
 
     async def submit(
         self,
@@ -471,9 +594,16 @@ class Supervisor:
         return {name: b.statistics() for name, b in self._backends.items()}
 
     def status(self, handle: str) -> AppStatus | None:
-        """A snapshot of an app this Supervisor follows; no I/O. None for any other handle."""
+        """A snapshot of an app this Supervisor follows; no I/O. None for any other handle.
+
+        An app launched here that ended is answered from a cache of the last
+        ``FINISHED_CACHE`` final statuses; one that left it answers None, as an
+        app of another process does: ``describe`` or ``wait`` read its records.
+        """
         actor = self._actors.get(handle)
-        return _with_metadata(actor) if actor is not None else None
+        if actor is not None:
+            return _with_metadata(actor)
+        return self._finished.get(handle)
 
     async def describe(self, handle: str) -> DescribeAppResponse | None:
         parsed = parse_handle(handle)
@@ -497,8 +627,106 @@ class Supervisor:
     async def exists(self, handle: str) -> bool:
         return await self.describe(handle) is not None
 
-    async def list(self, backend: str) -> list[ListAppResponse]:
-        return await self.backend(backend).list()
+    async def list(
+        self,
+        backend: str,
+        *,
+        state: AppState | str | Collection[AppState | str] | None = None,
+        since: datetime | float | None = None,
+        name: str | None = None,
+        limit: int | None = None,
+    ) -> list[ListAppResponse]:
+        """The apps recorded by ``backend`` in this state directory, newest submitted first.
+
+        Filters: ``state`` (one state or several, by value or name), ``since``
+        (submitted at or after: a datetime, naive meaning local time, or epoch
+        seconds), ``name`` (the AppDef's name; shell-style wildcards ``*?[]``),
+        ``limit`` (at most that many, the newest). Settled apps are listed from
+        the index alone (see ``supervisor.backends.store``).
+        """
+        query = _ListQuery.of(state, since, name, limit)
+        apps = await self.backend(backend).list()
+        return query.apply(apps)
+
+    async def gc(
+        self,
+        backend: str,
+        *,
+        older_than: float | None = None,
+        keep: int | None = None,
+        dry_run: bool = False,
+    ) -> builtins.list[str]:
+        """Remove the records, logs and index entries of this session's settled apps.
+
+        Removed: each settled app that ended more than ``older_than`` seconds
+        ago, and each beyond the newest ``keep`` settled apps (either may be
+        None; not both). Never removed: an app followed here and not yet over,
+        an app that is not settled, or one whose end is not recorded while its
+        supervising process lives, or whose index entry is damaged. Returns the
+        handles removed (with ``dry_run``: those that would be), newest first.
+        The file work runs in a worker thread.
+        """
+        Retention(max_age=older_than, max_count=keep)  # the same checks, the same fields
+        impl = self.backend(backend)
+        index: Index | None = getattr(impl, "index", None)
+        if index is None:
+            return []
+        entries = await anyio.to_thread.run_sync(lambda: list(index.entries()))
+        settled: builtins.list[tuple[float, IndexEntry]] = []
+        for entry in entries:
+            if entry.session != self.session or entry.damage is not None:
+                continue
+            handle = make_handle(backend, entry.session, entry.app_id)
+            if handle in self._actors or entry.app_dir is None:
+                continue
+            at = await self._settled_at(backend, entry)
+            if at is not None:
+                settled.append((at, entry))
+        settled.sort(key=lambda found: found[0], reverse=True)
+        cutoff = None if older_than is None else time.time() - older_than
+        doomed = [
+            entry
+            for rank, (at, entry) in enumerate(settled)
+            if (keep is not None and rank >= keep) or (cutoff is not None and at < cutoff)
+        ]
+        if not dry_run:
+
+            def remove() -> None:
+                for entry in doomed:
+                    remove_app(index, entry.session, entry.app_id, entry.app_dir)
+
+            await anyio.to_thread.run_sync(remove)
+        return [make_handle(backend, e.session, e.app_id) for e in doomed]
+
+    async def _settled_at(self, backend: str, entry: IndexEntry) -> float | None:
+        """When a removable app ended (else submitted); None when it must stay."""
+        if entry.summary is not None:  # written with its final record
+            times = entry.summary.times
+        else:
+            parsed = AppHandle(backend, entry.session, entry.app_id)
+            described = await self._describe_recorded(parsed)
+            if described is None or not described.to_status().is_settled:
+                return None
+            assert entry.app_dir is not None
+            if not await anyio.to_thread.run_sync(end_is_known, entry.app_dir):
+                return None
+            times = described.times
+        at = times.ended if times.ended is not None else times.submitted
+        if at is None and entry.path is not None:
+            with contextlib.suppress(OSError):
+                at = (await anyio.Path(entry.path).stat()).st_mtime
+        return at if at is not None else 0.0
+
+    async def _retain(self, retention: Retention) -> None:
+        """Apply ``retention`` to every backend in use, every ``interval`` seconds."""
+        while True:
+            await anyio.sleep(retention.interval)
+            for name in list(self._backends):
+                try:
+                    await self.gc(name, older_than=retention.max_age, keep=retention.max_count)
+                except Exception:
+                    # The next sweep tries again; the apps are not harmed by a late one.
+                    _log.warning("retention sweep of backend %s failed", name, exc_info=True)
 
     # ------------------------------------------------------------ the cluster
     def _cluster_backend(self, backend: str, what: str) -> Any:
@@ -629,6 +857,9 @@ class Supervisor:
         actor = self._actors.get(handle)
         if actor is not None and actor.done.is_set():
             return _with_metadata(actor)
+        finished = self._finished.get(handle) if actor is None else None
+        if finished is not None:  # ended here and left memory: no I/O, even when shutting down
+            return finished
         self._refuse_if_shutting_down(f"wait for {handle}")
         started = time.monotonic()
         status: AppStatus | None = None
@@ -651,6 +882,9 @@ class Supervisor:
         if actor is not None:
             await actor.done.wait()
             return _with_metadata(actor)
+        finished = self._finished.get(handle)
+        if finished is not None:
+            return finished
         # Another process follows this app: its backend tells when its records say it ended.
         parsed = parse_handle(handle)
         try:
@@ -678,10 +912,16 @@ class Supervisor:
         """Every transition of an app launched here, app and replica level, in order, to the end.
 
         Ends early, after the transitions so far, once ``begin_shutdown`` is called.
+        An app that ended and left memory replays the transitions it recorded.
         """
         actor = self._actors.get(handle)
         if actor is None:
-            raise UnknownAppError(f"{handle} is not followed by this Supervisor")
+            described = await self.describe(handle)
+            if described is None or not described.to_status().is_settled:
+                raise UnknownAppError(f"{handle} is not followed by this Supervisor")
+            for recorded in described.transitions:
+                yield recorded
+            return
         async for t in actor.transitions(stop=lambda: self._shutting_down):
             yield t
 

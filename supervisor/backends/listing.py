@@ -1,14 +1,16 @@
 """Listing a backend's apps from its index: a damaged record is one app's problem.
 
 Every backend lists the apps of its index the same way; what differs is how
-one app's status is found. A damaged index entry, ``app.json`` or
-``state.json`` is listed as that app, UNKNOWN, saying which file and why;
-every other app is listed as if it were not there.
+one app's status is found. A settled app whose entry holds its summary (see
+``store``) is listed from the entry alone; the others through ``one``. A
+damaged index entry, ``app.json`` or ``state.json`` is listed as that app,
+UNKNOWN, saying which file and why; every other app is listed as if it were
+not there. Newest first (by submit time); entries with no time (damaged) last.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
 
@@ -18,7 +20,15 @@ from supervisor.specs import make_handle
 from supervisor.states import AppState
 from supervisor.status import ListAppResponse
 
-__all__ = ["list_indexed"]
+__all__ = ["list_indexed", "newest_first"]
+
+
+def newest_first(apps: Sequence[ListAppResponse]) -> list[ListAppResponse]:
+    """Latest submitted first; apps with no submit time after, in their order."""
+    timed = [a for a in apps if a.times.submitted is not None]
+    untimed = [a for a in apps if a.times.submitted is None]
+    timed.sort(key=lambda a: a.times.submitted or 0.0, reverse=True)
+    return timed + untimed
 
 
 async def list_indexed(
@@ -26,13 +36,23 @@ async def list_indexed(
     backend: str,
     one: Callable[[IndexEntry], Awaitable[ListAppResponse | None]],
 ) -> list[ListAppResponse]:
-    """``one(entry)`` for each intact entry (None: gone meanwhile), in the index's order.
+    """Each app of the index, newest first: from its summary, else ``one(entry)``.
 
-    ``one`` raises ``DamagedRecordError`` for a damaged record of its app.
+    ``one`` is called for each intact entry with no summary (None: gone
+    meanwhile); it raises ``DamagedRecordError`` for a damaged record of its app.
     """
     entries = await anyio.to_thread.run_sync(lambda: list(index.entries()))
     out = []
     for entry in entries:
+        handle = make_handle(backend, entry.session, entry.app_id)
+        summary = entry.summary
+        if summary is not None:
+            out.append(
+                ListAppResponse(
+                    entry.app_id, summary.state, handle, summary.name, summary.msg, summary.times
+                )
+            )
+            continue
         damage = entry.damage
         if damage is None:
             try:
@@ -43,6 +63,5 @@ async def list_indexed(
                 if found is not None:
                     out.append(found)
                 continue
-        handle = make_handle(backend, entry.session, entry.app_id)
         out.append(ListAppResponse(entry.app_id, AppState.UNKNOWN, handle, msg=str(damage)))
-    return out
+    return newest_first(out)

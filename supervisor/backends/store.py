@@ -2,18 +2,25 @@
 
 Layout, for an app with handle ``{backend}://{session}/{app_id}``::
 
-    {state_dir}/index/{backend}/{session}/{app_id}.json   -> {"app_dir": ...}
+    {state_dir}/index/{backend}/{session}/{app_id}.json   -> {"app_dir": ..., "name": ...}
     {app_dir}/app.json           the AppDef, the request, the owner process
     {app_dir}/state.json         latest AppStatus, replaced atomically
     {app_dir}/transitions.jsonl  every transition, appended
     {app_dir}/cancel.request     created by another process to ask for a cancel
     {app_dir}/{role}/{k}/        the replica's logs
 
+Once the app's final record is written, its index entry also carries what
+``list`` shows of it (state, msg, times) and the identity (inode, size, times)
+of its ``app.json`` and ``state.json`` then: ``list`` answers a settled app
+from its entry alone, after a ``stat`` of each record shows it untouched since
+(a record changed or damaged later is read, and reported, as before).
+
 Every function here blocks (file I/O) and is meant to run in a worker thread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -35,10 +42,13 @@ __all__ = [
     "AppStore",
     "Index",
     "IndexEntry",
+    "IndexSummary",
     "Owner",
     "damaged_status",
+    "end_is_known",
     "read_json_or_none",
     "read_record",
+    "remove_app",
     "unknown_status",
     "write_json_atomic",
 ]
@@ -84,7 +94,7 @@ def write_json_atomic(path: Path, data: Any, *, durable: bool = False) -> None:
             os.close(dir_fd)
 
 
-def _read_regular(path: Path, limit: int) -> bytes | None:
+def _read_regular(path: str | Path, limit: int) -> bytes | None:
     """The bytes of the regular file at ``path``; None when there is no file there.
 
     Never blocks on what only carries a record's name: the open does not wait
@@ -119,7 +129,7 @@ def _read_regular(path: Path, limit: int) -> bytes | None:
         os.close(fd)
 
 
-def _unreadable(path: Path, e: OSError) -> BackendError:
+def _unreadable(path: str | Path, e: OSError) -> BackendError:
     if e.errno in _TRANSIENT:
         return BackendError(f"cannot read {path} now: {e.strerror}", transient=True)
     return DamagedRecordError(str(path), f"cannot be read ({e.strerror or e})")
@@ -138,7 +148,7 @@ def _kind(mode: int) -> str:
     return f"mode {mode:o}"
 
 
-def read_record(path: Path, *, limit: int = RECORD_LIMIT) -> Any:
+def read_record(path: str | Path, *, limit: int = RECORD_LIMIT) -> Any:
     """The JSON in the record at ``path``; None when there is no record there (yet).
 
     An empty file, a file cut short, or one that is not JSON is damaged
@@ -247,7 +257,7 @@ def _parse_owner(data: Any) -> Owner:
     return Owner.from_json(data)
 
 
-def _parse(path: Path, parse: Any, data: Any) -> Any:
+def _parse(path: str | Path, parse: Any, data: Any) -> Any:
     """``parse(data)``; what it finds wrong is the record's damage, named by its path."""
     try:
         return parse(data)
@@ -498,13 +508,73 @@ class AppStore:
 
 
 @dataclass(frozen=True)
+class IndexSummary:
+    """What ``list`` shows of a settled app, kept in its index entry (see the docstring)."""
+
+    state: AppState
+    name: str
+    msg: str
+    times: AppTimes
+
+
+@dataclass(frozen=True)
 class IndexEntry:
-    """One app of the index: where its records are, or why its entry is damaged."""
+    """One app of the index: where its records are, or why its entry is damaged.
+
+    ``summary``: the app's final state and times, when its entry holds them and
+    its records are as they were when it ended; None otherwise (read them).
+    ``path``: the entry's own file.
+    """
 
     session: str
     app_id: str
-    app_dir: Path | None
+    directory: str | None
     damage: DamagedRecordError | None = None
+    summary: IndexSummary | None = None
+    path: str | None = None
+
+    @property
+    def app_dir(self) -> Path | None:
+        """The app's directory; a Path made on demand (1,000 of them cost 30 ms)."""
+        return None if self.directory is None else Path(self.directory)
+
+
+_SUMMARIZED = ("app.json", "state.json")
+
+
+def _identity(path: str | Path) -> list[int] | None:
+    """What changes when the file is replaced or written: inode, size, mtime, ctime."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return [info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns]
+
+
+def _summary(data: dict[str, Any], app_dir: str) -> IndexSummary | None:
+    """The entry's summary when it is well formed and the records it stands for are unchanged."""
+    final = data.get("final")
+    if not isinstance(final, dict):
+        return None
+    try:
+        records = final["records"]
+        if not isinstance(records, list) or len(records) != len(_SUMMARIZED):
+            return None
+        for name, seen in zip(_SUMMARIZED, records, strict=True):
+            if seen is None or _identity(os.path.join(app_dir, name)) != seen:
+                return None
+        times = [final.get(k) for k in ("submitted", "started", "ended")]
+        if not all(
+            t is None or (isinstance(t, (int, float)) and not isinstance(t, bool)) for t in times
+        ):
+            return None
+        name = data.get("name", "")
+        msg = final.get("msg", "")
+        if not isinstance(name, str) or not isinstance(msg, str):
+            return None
+        return IndexSummary(AppState[final["state"]], name, msg, AppTimes(*times))
+    except (KeyError, TypeError):
+        return None
 
 
 class Index:
@@ -513,17 +583,52 @@ class Index:
     def __init__(self, state_dir: Path, backend: str) -> None:
         self.root = state_dir / "index" / backend
 
-    def add(self, session: str, app_id: str, app_dir: Path) -> None:
-        path = self.root / session / f"{_escape(app_id)}.json"
+    def add(self, session: str, app_id: str, app_dir: Path, name: str = "") -> None:
+        path = self.entry_path(session, app_id)
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(path, {"app_dir": str(app_dir), "app_id": app_id, "session": session})
+        write_json_atomic(
+            path, {"app_dir": str(app_dir), "app_id": app_id, "session": session, "name": name}
+        )
+
+    def entry_path(self, session: str, app_id: str) -> Path:
+        return self.root / session / f"{_escape(app_id)}.json"
+
+    def settle(self, session: str, app_id: str, app_dir: Path, status: AppStatus) -> None:
+        """Keep the app's final status and times in its entry, once its final record is written.
+
+        Best effort: an entry that cannot be rewritten only makes ``list`` read the
+        app's records, as it does for apps still running.
+        """
+        path = self.entry_path(session, app_id)
+        try:
+            data = read_record(path)
+        except DamagedRecordError:
+            return
+        if not isinstance(data, dict) or data.get("app_dir") != str(app_dir):
+            return
+        times = AppStore(app_dir).read_times()
+        data["final"] = {
+            "state": status.state.name,
+            "msg": status.msg,
+            "submitted": times.submitted,
+            "started": times.started,
+            "ended": times.ended,
+            "records": [_identity(app_dir / name) for name in _SUMMARIZED],
+        }
+        with contextlib.suppress(OSError):
+            write_json_atomic(path, data)
+
+    def remove(self, session: str, app_id: str) -> None:
+        """Drop the app's entry (its records go separately, after it)."""
+        self.entry_path(session, app_id).unlink(missing_ok=True)
 
     def lookup(self, session: str, app_id: str) -> Path | None:
         """The app's directory; None for an app never indexed here.
 
         Raises ``DamagedRecordError`` when its entry is damaged.
         """
-        return self._read(self.root / session / f"{_escape(app_id)}.json", session, app_id)
+        found = self._read_entry(self.entry_path(session, app_id), session, app_id)
+        return None if found is None else Path(found["app_dir"])
 
     def entries(self) -> Iterator[IndexEntry]:
         """Every app indexed here, in order; a damaged entry is one too, with its damage.
@@ -531,29 +636,44 @@ class Index:
         Names that are not entries (no ``.json`` ending: a write in progress,
         or anything else left beside them) are passed over.
         """
-        if not self.root.is_dir():
+        # os.scandir and plain strings: pathlib's parsing and ordering cost more than
+        # the reads themselves (1,000 entries: 100 ms against 30 ms).
+        root = str(self.root)
+        try:
+            with os.scandir(root) as found:
+                sessions = sorted(e.name for e in found if e.is_dir())
+        except (FileNotFoundError, NotADirectoryError):
             return
-        for session_dir in sorted(self.root.iterdir()):
-            if not session_dir.is_dir():
+        for session in sessions:
+            session_dir = os.path.join(root, session)
+            try:
+                with os.scandir(session_dir) as found:
+                    names = sorted(
+                        e.name for e in found if e.name.endswith(".json") and e.name[0] != "."
+                    )
+            except OSError:
                 continue
-            session = session_dir.name
-            for entry in sorted(session_dir.glob("*.json")):
-                app_id = _unescape(entry.name.removesuffix(".json"))
+            for name in names:
+                entry = os.path.join(session_dir, name)
+                app_id = _unescape(name.removesuffix(".json"))
                 try:
-                    app_dir = self._read(entry, session, app_id)
+                    data = self._read_entry(entry, session, app_id)
                 except DamagedRecordError as e:
-                    yield IndexEntry(session, app_id, None, e)
+                    yield IndexEntry(session, app_id, None, e, path=entry)
                     continue
-                if app_dir is not None:  # removed since the listing
-                    yield IndexEntry(session, app_id, app_dir)
+                if data is not None:  # removed since the listing
+                    app_dir = data["app_dir"]
+                    summary = _summary(data, app_dir)
+                    yield IndexEntry(session, app_id, app_dir, summary=summary, path=entry)
 
     @staticmethod
-    def _read(path: Path, session: str, app_id: str) -> Path | None:
+    def _read_entry(path: str | Path, session: str, app_id: str) -> dict[str, Any] | None:
+        """The entry's JSON, checked; None when there is none."""
         data = read_record(path)
         if data is None:
             return None
 
-        def parse(d: Any) -> Path:
+        def parse(d: Any) -> dict[str, Any]:
             _typed(d, dict, "the entry")
             _typed(d.get("app_dir"), str, "app_dir")
             _typed(d.get("session"), str, "session")
@@ -564,10 +684,42 @@ class Index:
                 )
             if not d["app_dir"]:
                 raise ValueError("app_dir is empty")
-            return Path(d["app_dir"])
+            return dict(d)
 
-        result: Path = _parse(path, parse, data)
+        result: dict[str, Any] = _parse(path, parse, data)
         return result
+
+
+def end_is_known(app_dir: Path) -> bool:
+    """The app's final record is there, or its supervising process is gone for good.
+
+    What ``gc`` requires before removing a settled app: nobody will write to
+    it any more. A damaged record whose owner cannot be read tells nothing: False.
+    """
+    store = AppStore(app_dir)
+    try:
+        if store.read_final_status() is not None:
+            return True
+    except DamagedRecordError:
+        pass
+    try:
+        app = store.read_app()
+    except DamagedRecordError:
+        return False
+    return app is not None and not Owner.from_json(app["owner"]).alive()
+
+
+def remove_app(index: Index, session: str, app_id: str, app_dir: Path | None) -> None:
+    """The app's index entry, then its directory: records and logs.
+
+    The directory goes only when it is one of an app (named by its app id):
+    an entry that names another place loses only itself.
+    """
+    index.remove(session, app_id)
+    if app_dir is None or not app_dir.as_posix().endswith("/" + app_id):
+        return
+    if app_dir.is_dir() and not app_dir.is_symlink():
+        shutil.rmtree(app_dir, ignore_errors=True)
 
 
 def _escape(app_id: str) -> str:

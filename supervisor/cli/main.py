@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +40,12 @@ from supervisor.cli.render import (
     use_color,
 )
 from supervisor.cli.runcmd import run
-from supervisor.cli.timespec import TimeSpec
+from supervisor.cli.timespec import TimeSpec, parse_duration
 from supervisor.cluster import ClusterInfo
 from supervisor.errors import InvalidHandleError, UnknownBackendError
 from supervisor.logs import Stream
 from supervisor.specs import parse_handle
+from supervisor.states import AppState
 from supervisor.status import AppStatus, DescribeAppResponse, ListAppResponse
 from supervisor.supervisor import Supervisor, default_session
 
@@ -386,6 +388,9 @@ def _hold(ctx: click.Context, handle: str, *, release: bool) -> None:
     run_async(main)
 
 
+STATE_NAMES = tuple(s.name for s in AppState)
+
+
 @cli.command("list")
 @click.option("--backend", default="local", show_default=True)
 @click.option(
@@ -403,6 +408,13 @@ def _hold(ctx: click.Context, handle: str, *, release: bool) -> None:
     help="only this state (repeatable): an app state, or with --cluster a Slurm job state",
 )
 @click.option("--partition", help="with --cluster: only jobs in this partition")
+@click.option(
+    "--since",
+    type=TimeSpec(),
+    help="only apps submitted at or after: ISO-8601, epoch seconds, or a duration ago (2h)",
+)
+@click.option("--name", help="only apps of this AppDef name (shell wildcards * ? [] allowed)")
+@click.option("--limit", type=click.IntRange(min=0), help="at most this many, the newest")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.pass_context
 def list_apps(
@@ -412,34 +424,106 @@ def list_apps(
     user: str | None,
     states: tuple[str, ...],
     partition: str | None,
+    since: datetime | float | None,
+    name: str | None,
+    limit: int | None,
     as_json: bool,
 ) -> None:
-    """Apps a backend knows: handle, name, state, and a msg where there is more to say.
+    """Apps a backend knows, newest first: handle, name, state, times, and a msg where
+    there is more to say.
 
     With --cluster (Slurm): every job the cluster holds, as squeue shows them,
     anyone's; the jobs of our apps show their handle.
     """
     if not whole_cluster and (user is not None or partition is not None):
         raise UsageFailure("--user and --partition filter the cluster's jobs: add --cluster")
+    if whole_cluster and (since is not None or name is not None or limit is not None):
+        raise UsageFailure("--since, --name and --limit filter the apps: not with --cluster")
+    if not whole_cluster:
+        unknown = [s for s in states if s.upper() not in STATE_NAMES]
+        if unknown:
+            raise UsageFailure(
+                f"--state {unknown[0]!r} is not an app state ({', '.join(STATE_NAMES)})"
+            )
 
     async def main() -> None:
         async with _supervisor(ctx) as sv:
             if whole_cluster:
                 jobs = await sv.cluster_jobs(backend, user=user, states=states, partition=partition)
             else:
-                apps = await sv.list(backend)
+                apps = await sv.list(
+                    backend, state=states or None, since=since, name=name, limit=limit
+                )
         if whole_cluster:
             if as_json:
                 echo_json(cluster_jobs_json(jobs))
             else:
                 print_cluster_jobs(console(), jobs)
             return
-        wanted = {s.upper() for s in states}
-        apps = [a for a in apps if not wanted or a.state.name in wanted]
         if as_json:
             echo_json(list_json(apps))
         else:
             print_list(console(), apps)
+
+    run_async(main)
+
+
+class DurationType(click.ParamType[float]):
+    """``90s``, ``10m``, ``2h``, ``1d``, ``1h30m`` or bare seconds."""
+
+    name = "DURATION"
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        if isinstance(value, (int, float)):
+            return float(value)
+        text = str(value).strip()
+        seconds = parse_duration(text)
+        if seconds is None and re.fullmatch(r"\d+(?:\.\d*)?", text):
+            seconds = float(text)
+        if seconds is None:
+            self.fail(f"{value!r} is not a duration (90s, 10m, 2h, 1d)", param, ctx)
+        return seconds
+
+
+@cli.command()
+@click.option("--backend", default="local", show_default=True)
+@click.option(
+    "--older-than",
+    type=DurationType(),
+    help="remove settled apps that ended longer ago than this (2h, 7d)",
+)
+@click.option("--keep", type=click.IntRange(min=0), help="keep only the newest N settled apps")
+@click.option("--dry-run", is_flag=True, help="only print what would be removed")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.pass_context
+def gc(
+    ctx: click.Context,
+    backend: str,
+    older_than: float | None,
+    keep: int | None,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Remove the records and logs of the session's settled apps.
+
+    Never removes an app that is not settled, or whose end is not recorded
+    while its supervising process lives.
+    """
+    if older_than is None and keep is None:
+        raise UsageFailure("give --older-than, --keep or both")
+
+    async def main() -> None:
+        async with _supervisor(ctx) as sv:
+            removed = await sv.gc(backend, older_than=older_than, keep=keep, dry_run=dry_run)
+        if as_json:
+            echo_json({"dry_run": dry_run, "removed": removed})
+            return
+        verb = "would remove" if dry_run else "removed"
+        for handle in removed:
+            click.echo(f"{verb}: {handle}")
+        click.echo(f"{verb} {len(removed)} app(s)", err=True)
 
     run_async(main)
 

@@ -251,12 +251,14 @@ def print_list(out: Console, apps: Sequence[ListAppResponse]) -> None:
     table.add_column("name")
     table.add_column("state")
     table.add_column("submitted", no_wrap=True)
+    table.add_column("started", no_wrap=True)
     table.add_column("ended", no_wrap=True)
     with_msg = any(a.msg for a in apps)
     if with_msg:
         table.add_column("msg", overflow="fold")
     for a in apps:
-        when = [_local(at) if at is not None else "" for at in (a.times.submitted, a.times.ended)]
+        times = (a.times.submitted, a.times.started, a.times.ended)
+        when = [_local(at) if at is not None else "" for at in times]
         row: list[Text | str] = [Text(a.app_handle), Text(a.name), state_text(a.state), *when]
         table.add_row(*row, *([Text(a.msg)] if with_msg else []))
     out.print(table)

@@ -12,7 +12,7 @@ EXPECTED = {
     "BindMount", "ClusterInfo", "ClusterJob", "DamagedRecordError", "DescribeAppResponse",
     "DeviceMount", "DryRunInfo", "EventStream", "EventsOverflowError",
     "DuplicateAppError", "InvalidHandleError", "ListAppResponse", "MissingExtraError",
-    "NodeInfo", "PartitionInfo", "Problem", "ReplicaState", "ReplicaStatus",
+    "NodeInfo", "PartitionInfo", "Problem", "ReplicaState", "ReplicaStatus", "Retention",
     "ResolvedCfg", "Resource", "RetryPolicy", "Role", "RoleStatus", "RunOpt", "RunOpts",
     "ShuttingDown", "SpecError", "Stream", "SubmitError", "Supervisor", "SupervisorError",
     "Transition",
@@ -24,7 +24,7 @@ SUPERVISOR_METHODS = {
     "dryrun", "schedule", "submit", "status", "describe", "exists", "list", "cancel",
     "wait", "watch", "events", "log_iter", "close", "run_opts", "hold", "release",
     "cluster", "cluster_jobs", "matching", "cancel_matching",
-    "begin_shutdown",
+    "begin_shutdown", "gc", "followed",
 }  # fmt: skip
 
 

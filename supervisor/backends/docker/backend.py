@@ -125,7 +125,7 @@ class DockerBackend(Backend):
             dirs = [Path(c.log_dir) for c in request.containers]
             await anyio.to_thread.run_sync(store.create, dirs, record)
             await anyio.to_thread.run_sync(
-                self.index.add, request.session, request.app_id, store.app_dir
+                self.index.add, request.session, request.app_id, store.app_dir, request.app.name
             )
         except OSError as e:
             raise SubmitError(f"cannot create {store.app_dir}: {e}", transient=False) from e

@@ -635,6 +635,14 @@ class DockerRuntime(AppRuntime):
         )
         if final:
             self.final = True
+            # ``list`` answers the app from its index entry from now on.
+            await anyio.to_thread.run_sync(
+                self._backend.index.settle,
+                self.request.session,
+                self.request.app_id,
+                self.store.app_dir,
+                status,
+            )
 
     def log_target(self, role: str, replica_id: int) -> LogTarget:
         copied = partial(self.output_copied, role, replica_id)

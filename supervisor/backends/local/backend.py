@@ -146,6 +146,7 @@ class LocalRuntime(AppRuntime):
                 self.request.session,
                 self.request.app_id,
                 self.store.app_dir,
+                self.request.app.name,
             )
         except OSError as e:
             raise SubmitError(f"cannot create {self.store.app_dir}: {e}", transient=False) from e
@@ -321,6 +322,14 @@ class LocalRuntime(AppRuntime):
             await anyio.to_thread.run_sync(write)
         if final:
             await anyio.to_thread.run_sync(self.store.release_reserve)
+            # ``list`` answers the app from its index entry from now on.
+            await anyio.to_thread.run_sync(
+                self._backend.index.settle,
+                self.request.session,
+                self.request.app_id,
+                self.store.app_dir,
+                status,
+            )
 
     def log_target(self, role: str, replica_id: int) -> LogTarget:
         return self._backend.make_log_target(self.store, role, replica_id)

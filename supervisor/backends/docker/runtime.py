@@ -15,6 +15,7 @@ and ``wait`` is not held up by the files.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import signal
 import time
@@ -54,6 +55,8 @@ OOM_CODE = 137
 CONFIRM_S = 30.0
 """How long a stop waits for the engine to confirm an exit after SIGKILL, and how long an
 engine call of a stop is retried (the engine may be away): every wait has a bound."""
+UNHEARD_EXIT_S = 3.0
+"""How long after a container's log stream ended its exit may still be announced."""
 COPY_BOUND_S = 30.0
 """How long the end of an app waits for the last fetch of a container's output."""
 
@@ -113,11 +116,17 @@ async def _each(calls: Sequence[Callable[[], Awaitable[None]]]) -> None:
         )
 
 
+def _sha256s() -> dict[str, Any]:
+    return {"stdout": hashlib.sha256(), "stderr": hashlib.sha256()}
+
+
 @dataclass
 class _Copy:
-    """Bytes of each stream received from one container, and when its copy ended."""
+    """Bytes of each stream copied from one container (count and digest), and when its
+    copy ended: the digests tell whether the follow stream gave what the engine holds."""
 
     received: dict[str, int] = field(default_factory=lambda: {"stdout": 0, "stderr": 0})
+    digests: dict[str, Any] = field(default_factory=_sha256s)
     done: anyio.Event = field(default_factory=anyio.Event)
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
 
@@ -265,6 +274,9 @@ class DockerRuntime(AppRuntime):
         # Made before the start: a container may die before ``start`` returns, and
         # the end of its copy must then find this attempt's copy, not the last one's.
         copy = slot.copy = _Copy()
+        # Where this attempt's output starts in the files: a copy found wrong at its end
+        # is written again from there.
+        self._backend.log_sink.mark_attempt(self._logs[key])
         try:
             await self.engine.start(cid)
         except BackendError as e:
@@ -319,11 +331,25 @@ class DockerRuntime(AppRuntime):
                 with copy.scope:
                     async for stream, data in self.engine.log_frames(cid, follow=follow):
                         copy.received[stream] += len(data)
+                        copy.digests[stream].update(data)
                         sink.write(log, stream, data, time.time())
         except BackendError as e:
             self.emit(AppNotice(message=str(e)))
         finally:
             copy.done.set()
+        if follow and not copy.scope.cancel_called:
+            # The engine ended the stream on its own: the container ended or is gone. Podman
+            # sometimes announces no exit of a container removed by force from outside.
+            self._backend.task_group.start_soon(self._reconcile_unless_heard, cid)
+
+    async def _reconcile_unless_heard(self, cid: str) -> None:
+        with anyio.move_on_after(UNHEARD_EXIT_S):
+            key = self._by_cid.get(cid)
+            if key is None:
+                return
+            await self._slots[key].exited.wait()
+        if not self._closed:
+            await self._reconcile()
 
     async def _end_copy(
         self, key: ReplicaKey, cid: str, copy: _Copy | None, ending: anyio.Event
@@ -370,27 +396,56 @@ class DockerRuntime(AppRuntime):
             await anyio.sleep(2.0**n)
 
     async def _drain_logs(self, cid: str, copy: _Copy, log: ReplicaLog) -> None:
-        """Stop following at once, then fetch whatever the follow stream did not deliver.
+        """Stop following at once, then fetch the whole output to complete the files.
 
         By the ``die`` event the engine holds all of the container's output
         (both engines log it before they announce the exit), but its follow
         stream ends only once the container is torn down (~50 ms later on
         dockerd, never on Podman) and may leave out the last, unterminated
-        line (dockerd 20.10). So the follow stops here and one fetch without
-        follow completes the files, skipping the bytes of each stream already
-        received.
+        line (dockerd 20.10). Under CPU load Podman's follow stream also
+        loses and reorders pieces. So the follow stops here and one fetch
+        without follow completes the files: where each stream's first bytes
+        are what the follow copied (same length, same SHA-256) only the rest
+        is appended; otherwise the attempt's part of the files is rewound and
+        written again from the fetch.
         """
         copy.scope.cancel()
         await copy.done.wait()
-        seen = copy.received  # counts what this fetch adds too: a retry skips it
+        if not await self._append_rest(cid, copy, log):
+            self._backend.log_sink.rewind(log)
+            copy.received = {"stdout": 0, "stderr": 0}  # a retry checks what it writes
+            copy.digests = _sha256s()
+            await self._append_rest(cid, copy, log)
+
+    async def _append_rest(self, cid: str, copy: _Copy, log: ReplicaLog) -> bool:
+        """Append what the engine holds past the copied bytes; False (nothing written
+        past them) when the copied bytes are not the start of what the engine holds."""
+        seen = dict(copy.received)
+        check = _sha256s()
+        checked = {stream: size == 0 for stream, size in seen.items()}
         got = {"stdout": 0, "stderr": 0}
         sink = self._backend.log_sink
         async for stream, data in self.engine.log_frames(cid, follow=False):
             skip = max(0, min(len(data), seen[stream] - got[stream]))
             got[stream] += len(data)
-            if skip < len(data):
-                seen[stream] += len(data) - skip
-                sink.write(log, stream, data[skip:], time.time())
+            if skip:
+                check[stream].update(data[:skip])
+            if skip == len(data):
+                continue
+            if not checked[stream]:
+                # The first byte past the copied ones: were the copied ones right?
+                if check[stream].digest() != copy.digests[stream].digest():
+                    return False
+                checked[stream] = True
+            rest = data[skip:]
+            copy.received[stream] += len(rest)
+            copy.digests[stream].update(rest)
+            sink.write(log, stream, rest, time.time())
+        return all(
+            checked[stream]
+            or (got[stream] == seen[stream] and check[stream].digest() == digest.digest())
+            for stream, digest in copy.digests.items()
+        )
 
     # ----------------------------------------------------------------- events
     def on_event(self, cid: str, action: str, attributes: Mapping[str, str]) -> None:
@@ -537,7 +592,10 @@ class DockerRuntime(AppRuntime):
                     continue  # still away: the next reconnect asks again
                 state = (info or {}).get("State") or {}
                 if info is None or not state.get("Running", False):
-                    attributes: dict[str, str] = {}
+                    # Gone while it ran: removed by force (``docker rm -f``), so SIGKILLed.
+                    attributes: dict[str, str] = {"exitCode": str(OOM_CODE)}
+                    if info is not None:
+                        attributes = {}
                     if info is not None and state.get("Status") in ("exited", "stopped"):
                         attributes = {"exitCode": str(state.get("ExitCode"))}
                     self.on_event(cid, "die", attributes)

@@ -29,8 +29,7 @@ BUSY_LOOPS = 4
 WRITER = (
     "import sys\n"
     "for i in range(int(sys.argv[1])):\n"
-    "    sys.stdout.write(f'line {i}\\n')\n"
-    "    if i % 97 == 0: sys.stdout.flush()\n"
+    "    print(f'line {i}')\n"
 )
 
 

@@ -40,7 +40,7 @@ from supervisor.status import AppStatus, Transition
 if TYPE_CHECKING:
     from supervisor.backends.docker.backend import DockerBackend
 
-__all__ = ["DockerRuntime", "exit_signal"]
+__all__ = ["CopyCheck", "DockerRuntime", "exit_signal"]
 
 CREATE_FAILED_CODE = 127
 CREATE_CONCURRENCY = 8
@@ -118,6 +118,48 @@ async def _each(calls: Sequence[Callable[[], Awaitable[None]]]) -> None:
 
 def _sha256s() -> dict[str, Any]:
     return {"stdout": hashlib.sha256(), "stderr": hashlib.sha256()}
+
+
+class CopyCheck:
+    """Whether a container's whole log, fed frame by frame, starts with what was copied.
+
+    ``received`` and ``digests`` are the byte count and SHA-256 per stream of
+    what the follow stream copied; they are read once, here.
+    """
+
+    def __init__(self, received: Mapping[str, int], digests: Mapping[str, Any]) -> None:
+        self._seen = dict(received)
+        self._expected = {stream: digest.digest() for stream, digest in digests.items()}
+        self._check = _sha256s()
+        self._checked = {stream: size == 0 for stream, size in self._seen.items()}
+        self._got = {"stdout": 0, "stderr": 0}
+
+    def rest(self, stream: str, data: bytes) -> bytes | None:
+        """The bytes of ``data`` past the copied ones (``b""``: none yet); None once the
+        copied bytes are known not to be the start of the stream."""
+        got = self._got[stream]
+        skip = max(0, min(len(data), self._seen[stream] - got))
+        self._got[stream] = got + len(data)
+        if skip:
+            self._check[stream].update(data[:skip])
+        if skip == len(data):
+            return b""
+        if not self._checked[stream]:
+            # The first byte past the copied ones: were the copied ones right?
+            if self._check[stream].digest() != self._expected[stream]:
+                return None
+            self._checked[stream] = True
+        return data[skip:]
+
+    def whole(self) -> bool:
+        """At the end of the log: whether every stream started with its copied bytes."""
+        return all(
+            self._checked[stream]
+            or (
+                self._got[stream] == self._seen[stream] and self._check[stream].digest() == expected
+            )
+            for stream, expected in self._expected.items()
+        )
 
 
 @dataclass
@@ -420,32 +462,17 @@ class DockerRuntime(AppRuntime):
     async def _append_rest(self, cid: str, copy: _Copy, log: ReplicaLog) -> bool:
         """Append what the engine holds past the copied bytes; False (nothing written
         past them) when the copied bytes are not the start of what the engine holds."""
-        seen = dict(copy.received)
-        check = _sha256s()
-        checked = {stream: size == 0 for stream, size in seen.items()}
-        got = {"stdout": 0, "stderr": 0}
+        check = CopyCheck(copy.received, copy.digests)
         sink = self._backend.log_sink
         async for stream, data in self.engine.log_frames(cid, follow=False):
-            skip = max(0, min(len(data), seen[stream] - got[stream]))
-            got[stream] += len(data)
-            if skip:
-                check[stream].update(data[:skip])
-            if skip == len(data):
-                continue
-            if not checked[stream]:
-                # The first byte past the copied ones: were the copied ones right?
-                if check[stream].digest() != copy.digests[stream].digest():
-                    return False
-                checked[stream] = True
-            rest = data[skip:]
-            copy.received[stream] += len(rest)
-            copy.digests[stream].update(rest)
-            sink.write(log, stream, rest, time.time())
-        return all(
-            checked[stream]
-            or (got[stream] == seen[stream] and check[stream].digest() == digest.digest())
-            for stream, digest in copy.digests.items()
-        )
+            rest = check.rest(stream, data)
+            if rest is None:
+                return False
+            if rest:
+                copy.received[stream] += len(rest)
+                copy.digests[stream].update(rest)
+                sink.write(log, stream, rest, time.time())
+        return check.whole()
 
     # ----------------------------------------------------------------- events
     def on_event(self, cid: str, action: str, attributes: Mapping[str, str]) -> None:

@@ -26,11 +26,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.docker]
 
 LINES = 20000
 BUSY_LOOPS = 4
-WRITER = (
-    "import sys\n"
-    "for i in range(int(sys.argv[1])):\n"
-    "    print(f'line {i}')\n"
-)
+WRITER = "import sys\nfor i in range(int(sys.argv[1])):\n    print(f'line {i}')\n"
 
 
 @pytest.fixture

@@ -62,7 +62,7 @@ def test_a_copy_that_is_the_start_of_the_log_lets_only_the_rest_through(
 
 
 def test_a_copy_that_lost_bytes_is_found_wrong() -> None:
-    lost = [*LOG[:1], ("stdout", b"line 2\n")]  # "line 1" never came through
+    lost = [("stdout", b"line 0\n"), ("stdout", b"line 2\n")]  # "line 1" never came
     assert appended(copied(lost), LOG) is None
 
 

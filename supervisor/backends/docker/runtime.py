@@ -51,7 +51,7 @@ LAUNCH_TRIES = 4
 ATTEMPT_FILE = ".docker-attempt.json"
 OUTPUT_COPIED = "output-copied"
 """In the app dir once the ended app's output is all in its files: other processes wait for it."""
-OOM_CODE = 137
+OOM_CODE = KILLED_CODE = 137
 CONFIRM_S = 30.0
 """How long a stop waits for the engine to confirm an exit after SIGKILL, and how long an
 engine call of a stop is retried (the engine may be away): every wait has a bound."""
@@ -385,13 +385,19 @@ class DockerRuntime(AppRuntime):
             self._backend.task_group.start_soon(self._reconcile_unless_heard, cid)
 
     async def _reconcile_unless_heard(self, cid: str) -> None:
+        """The exit of ``cid`` (still the current container of its replica) is looked up
+        on the engine unless it is heard within UNHEARD_EXIT_S."""
+        key = self._by_cid.get(cid)
+        if key is None:
+            return
+        slot = self._slots[key]
+        if slot.cid != cid:
+            return
         with anyio.move_on_after(UNHEARD_EXIT_S):
-            key = self._by_cid.get(cid)
-            if key is None:
-                return
-            await self._slots[key].exited.wait()
-        if not self._closed:
-            await self._reconcile()
+            await slot.exited.wait()
+        if not self._closed and slot.cid == cid:
+            async with self._backend.tracked():
+                await self._reconcile_one(slot)
 
     async def _end_copy(
         self, key: ReplicaKey, cid: str, copy: _Copy | None, ending: anyio.Event
@@ -610,22 +616,30 @@ class DockerRuntime(AppRuntime):
     async def _reconcile(self) -> None:
         async with self._backend.tracked():
             for slot in list(self._slots.values()):
-                cid = slot.cid
-                if cid is None or not slot.running or cid in slot.handled:
-                    continue
-                try:
-                    info = await self.engine.inspect(cid)
-                except BackendError:
-                    continue  # still away: the next reconnect asks again
-                state = (info or {}).get("State") or {}
-                if info is None or not state.get("Running", False):
-                    # Gone while it ran: removed by force (``docker rm -f``), so SIGKILLed.
-                    attributes: dict[str, str] = {"exitCode": str(OOM_CODE)}
-                    if info is not None:
-                        attributes = {}
-                    if info is not None and state.get("Status") in ("exited", "stopped"):
-                        attributes = {"exitCode": str(state.get("ExitCode"))}
-                    self.on_event(cid, "die", attributes)
+                await self._reconcile_one(slot)
+
+    async def _reconcile_one(self, slot: _Slot) -> None:
+        cid = slot.cid
+        if cid is None or not slot.running or cid in slot.handled:
+            return
+        try:
+            info = await self.engine.inspect(cid)
+        except BackendError:
+            return  # still away: the next reconnect asks again
+        state = (info or {}).get("State") or {}
+        if (
+            cid in slot.handled
+            or state.get("Running", False)
+            or state.get("Status") in ("created", "configured")
+        ):
+            return  # heard meanwhile, running, or being started right now
+        # Gone while it ran: removed by force (``docker rm -f``), so SIGKILLed.
+        attributes: dict[str, str] = {"exitCode": str(KILLED_CODE)}
+        if info is not None:
+            attributes = {}
+            if state.get("Status") in ("exited", "stopped"):
+                attributes = {"exitCode": str(state.get("ExitCode"))}
+        self.on_event(cid, "die", attributes)
 
     async def stop(self, keys: Sequence[ReplicaKey], reason: str) -> None:
         self.stopping += 1

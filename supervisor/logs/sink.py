@@ -30,6 +30,7 @@ import queue
 import threading
 import weakref
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -38,9 +39,16 @@ import anyio
 
 from supervisor.errors import BackendError
 from supervisor.logs.files import STREAM_IDS, ReplicaFiles, StreamName
-from supervisor.logs.timestamps import FILE_NAMES, INDEX_NAME, RECORD
+from supervisor.logs.timestamps import (
+    COMBINED_ID,
+    FILE_NAMES,
+    INDEX_NAME,
+    RECORD,
+    STDERR_ID,
+    STDOUT_ID,
+)
 
-__all__ = ["LogSink", "ReplicaLog", "StreamName"]
+__all__ = ["LogSink", "ReplicaLog", "StreamName", "attempt_marks"]
 
 _STREAMS: Final[tuple[StreamName, ...]] = ("stdout", "stderr")
 
@@ -88,21 +96,22 @@ class _Barrier:
 
 
 @dataclass(frozen=True, slots=True)
-class _Mark:
-    directory: Path
-
-
-@dataclass(frozen=True, slots=True)
-class _Rewind:
-    directory: Path
-
-
-@dataclass(frozen=True, slots=True)
 class _Marked:
     """The sizes of a directory's files where an attempt's output starts."""
 
     sizes: dict[int, int]
     index: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Mark:
+    directory: Path
+    at: _Marked | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Rewind:
+    directory: Path
 
 
 class _Retimer:
@@ -240,7 +249,7 @@ class _Writer:
             elif isinstance(item, _Write):
                 self._write(item)
             elif isinstance(item, _Mark):
-                self._mark(item.directory)
+                self._mark(item.directory, item.at)
             elif isinstance(item, _Rewind):
                 self._rewind(item.directory)
             else:
@@ -281,7 +290,8 @@ class _Writer:
             at = retimer.at(STREAM_IDS[item.stream], len(item.data), at)
         state.record(item.stream, item.data, at)
 
-    def _sizes(self, directory: Path) -> _Marked:
+    @staticmethod
+    def _sizes(directory: Path) -> _Marked:
         sizes = {}
         for stream_id, name in FILE_NAMES.items():
             try:
@@ -294,10 +304,10 @@ class _Writer:
             index = 0
         return _Marked(sizes, index - index % RECORD.size)
 
-    def _mark(self, directory: Path) -> None:
+    def _mark(self, directory: Path, at: _Marked | None) -> None:
         """Everything queued before is written (one thread): the files' sizes are the mark."""
         self._retimers.pop(directory, None)
-        self._marks[directory] = self._sizes(directory)
+        self._marks[directory] = at if at is not None else self._sizes(directory)
 
     def _rewind(self, directory: Path) -> None:
         """Drop what the files got since the mark; the next writes start the attempt over.
@@ -365,6 +375,16 @@ class _Writer:
                 self._close_quietly(directory)
         self._replicas.clear()
         self._open.clear()
+
+
+_MARK_KEYS: Final = {STDOUT_ID: "stdout", STDERR_ID: "stderr", COMBINED_ID: "combined"}
+
+
+def attempt_marks(directory: Path) -> dict[str, int]:
+    """Blocking: the sizes of ``directory``'s files (``stdout``, ``stderr``, ``combined``,
+    ``index``), for ``mark_attempt(at=...)`` in a process that did not write them."""
+    sizes = _Writer._sizes(directory)
+    return {**{name: sizes.sizes[sid] for sid, name in _MARK_KEYS.items()}, "index": sizes.index}
 
 
 _FULL: Final = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up"}
@@ -440,9 +460,17 @@ class LogSink:
                 self._writer.written(len(data))
                 raise
 
-    def mark_attempt(self, log: ReplicaLog) -> None:
-        """An attempt's output starts here: ``rewind`` drops what was written after it."""
-        self._submit(_Mark(log.directory))
+    def mark_attempt(self, log: ReplicaLog, at: Mapping[str, int] | None = None) -> None:
+        """An attempt's output starts here: ``rewind`` drops what was written after it.
+
+        ``at``: where it started, as ``attempt_marks`` gave it (another process marked
+        it), instead of the files' sizes once everything queued before is written.
+        """
+        marked = None
+        if at is not None:
+            sizes = {sid: int(at[name]) for sid, name in _MARK_KEYS.items()}
+            marked = _Marked(sizes, int(at["index"]))
+        self._submit(_Mark(log.directory, marked))
 
     def rewind(self, log: ReplicaLog) -> None:
         """Drop ``log``'s output written since its ``mark_attempt``, to write it again.

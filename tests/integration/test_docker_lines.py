@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import anyio
 import pytest
@@ -85,3 +86,42 @@ async def test_every_line_is_copied_once_in_order_with_the_cpu_saturated(
                             first,
                             got[first : first + 2],
                         )
+
+
+RELEASED = (
+    "import os, sys, time\n"
+    "for i in range(2000): print(f'line {i}')\n"
+    "sys.stdout.flush()\n"
+    "while not os.path.exists('/asupervisor/replica/go'): time.sleep(0.1)\n"
+    "for i in range(2000, 3000): print(f'line {i}')\n"
+)
+
+
+async def test_a_copy_found_wrong_by_the_process_that_finishes_the_app_is_rewritten(
+    engine: EngineUnderTest, tmp_path: Path
+) -> None:
+    """The launching process copied part of the output and left (its Supervisor closed);
+    another process finishes the app: it checks the files against the engine's log rather
+    than trusting their length, and writes the attempt again when they differ (here a
+    line went missing from the files while nobody followed)."""
+    role = Role("w", image=IMAGE, entrypoint="python3", args=["-c", RELEASED])
+    expected = [f"line {i}\n" for i in range(3000)]
+    with anyio.fail_after(300):
+        async with Supervisor(session=engine.session) as owner:
+            cfg = {**engine.cfg, "log_dir": str(tmp_path / "logs")}
+            handle = await owner.submit(AppDef("released", [role]), "docker", cfg)
+            async for line in owner.log_iter(handle, "w", 0, should_tail=True):
+                if line == "line 1999\n":
+                    break
+        async with Supervisor(session=engine.session) as other:
+            (stdout_log,) = (tmp_path / "logs").glob("**/w/0/stdout.log")
+            replica_dir = stdout_log.parent
+            damaged = stdout_log.read_bytes().replace(b"line 1000\n", b"", 1)
+            assert damaged != stdout_log.read_bytes()
+            stdout_log.write_bytes(damaged)
+            (replica_dir / "go").touch()
+            status = await other.wait(handle, timeout=120)
+            assert status.state is AppState.SUCCEEDED, status
+            for stream in ("stdout", "combined"):
+                got = [line async for line in other.log_iter(handle, "w", 0, streams=stream)]
+                assert got == expected, (stream, len(got))

@@ -35,12 +35,13 @@ from supervisor.backends.store import CANCEL_REQUEST, AppStore, write_json_atomi
 from supervisor.errors import BackendError
 from supervisor.events import Exited, Lost, ReplicaKey, Started, Submitted
 from supervisor.logs import ReplicaLog
+from supervisor.logs.sink import attempt_marks
 from supervisor.status import AppStatus, Transition
 
 if TYPE_CHECKING:
     from supervisor.backends.docker.backend import DockerBackend
 
-__all__ = ["CopyCheck", "DockerRuntime", "exit_signal"]
+__all__ = ["CopyCheck", "DockerRuntime", "exit_signal", "sha256s"]
 
 CREATE_FAILED_CODE = 127
 CREATE_CONCURRENCY = 8
@@ -116,7 +117,8 @@ async def _each(calls: Sequence[Callable[[], Awaitable[None]]]) -> None:
         )
 
 
-def _sha256s() -> dict[str, Any]:
+def sha256s() -> dict[str, Any]:
+    """A fresh SHA-256 per stream."""
     return {"stdout": hashlib.sha256(), "stderr": hashlib.sha256()}
 
 
@@ -130,7 +132,7 @@ class CopyCheck:
     def __init__(self, received: Mapping[str, int], digests: Mapping[str, Any]) -> None:
         self._seen = dict(received)
         self._expected = {stream: digest.digest() for stream, digest in digests.items()}
-        self._check = _sha256s()
+        self._check = sha256s()
         self._checked = {stream: size == 0 for stream, size in self._seen.items()}
         self._got = {"stdout": 0, "stderr": 0}
 
@@ -168,7 +170,7 @@ class _Copy:
     copy ended: the digests tell whether the follow stream gave what the engine holds."""
 
     received: dict[str, int] = field(default_factory=lambda: {"stdout": 0, "stderr": 0})
-    digests: dict[str, Any] = field(default_factory=_sha256s)
+    digests: dict[str, Any] = field(default_factory=sha256s)
     done: anyio.Event = field(default_factory=anyio.Event)
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
 
@@ -335,7 +337,7 @@ class DockerRuntime(AppRuntime):
         Path(slot.spec.error_file).unlink(missing_ok=True)
         write_json_atomic(
             directory / ATTEMPT_FILE,
-            {"container": slot.cid, "attempt": slot.attempt, **log_sizes(directory)},
+            {"container": slot.cid, "attempt": slot.attempt, **attempt_marks(directory)},
         )
 
     def _send_started(self, key: ReplicaKey, slot: _Slot) -> None:
@@ -462,7 +464,7 @@ class DockerRuntime(AppRuntime):
         if not await self._append_rest(cid, copy, log):
             self._backend.log_sink.rewind(log)
             copy.received = {"stdout": 0, "stderr": 0}  # a retry checks what it writes
-            copy.digests = _sha256s()
+            copy.digests = sha256s()
             await self._append_rest(cid, copy, log)
 
     async def _append_rest(self, cid: str, copy: _Copy, log: ReplicaLog) -> bool:

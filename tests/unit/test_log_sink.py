@@ -374,3 +374,30 @@ async def test_rewind_without_a_mark_is_reported(sink: LogSink, tmp_path: Path) 
     with pytest.raises(BackendError, match="no attempt was marked"):
         await sink.flush(log)
     assert _read(tmp_path / "r0", "stdout.log") == b"x\n"
+
+
+@pytest.mark.anyio
+async def test_a_mark_taken_by_another_process_is_rewound_to(tmp_path: Path) -> None:
+    """``attempt_marks`` read before an attempt (by the process that launched it); another
+    process's sink rewinds to them."""
+    from supervisor.logs.sink import attempt_marks
+
+    directory = tmp_path / "r0"
+    async with LogSink() as first:
+        log = first.open(directory)
+        first.write(log, "stdout", b"before\n", 1.0)
+        await first.flush()
+        marks = attempt_marks(directory)
+        first.write(log, "stdout", b"wrong\n", 2.0)
+        first.write(log, "stderr", b"e\n", 2.0)
+    async with LogSink() as second:
+        log = second.open(directory)
+        second.mark_attempt(log, at=marks)
+        second.rewind(log)
+        second.write(log, "stdout", b"right\n", 3.0)
+        await second.flush(log)
+    assert _read(directory, "stdout.log") == b"before\nright\n"
+    assert _read(directory, "stderr.log") == b""
+    assert _read(directory, "combined.log") == b"before\nright\n"
+    index = TimestampIndex.load(directory / INDEX_NAME)
+    assert index.time_at(STDOUT_ID, len(b"before\n")) == 2.0  # when "wrong\n" first came

@@ -6,7 +6,11 @@ finishes the app, copies the rest from the engine: the attempt file
 (``.docker-attempt.json``, written before each container starts) says where
 that container's output begins in the files, so bytes already there are
 skipped rather than written twice, and a per-replica flock keeps a second
-process from copying the same bytes at the same time.
+process from copying the same bytes at the same time. Once the container
+ended, the bytes already there are first checked against the engine's log
+(length and SHA-256 per stream; the launcher's live copy may have lost or
+reordered pieces on Podman) and the attempt is written again when they differ.
+A copy of a container still running trusts their length.
 """
 
 from __future__ import annotations

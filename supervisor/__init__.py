@@ -11,13 +11,16 @@ Everything public is re-exported here; ``tests/unit/test_public_api.py`` pins it
 """
 
 from supervisor.clash import warn_if_mixed
+from supervisor.cluster import ClusterInfo, ClusterJob, NodeInfo, PartitionInfo
 from supervisor.errors import (
     BackendError,
     DamagedRecordError,
     DuplicateAppError,
+    EventsOverflowError,
     InvalidHandleError,
     MissingExtraError,
     Problem,
+    ShuttingDown,
     SpecError,
     SubmitError,
     SupervisorError,
@@ -26,8 +29,8 @@ from supervisor.errors import (
     UnsupportedAsyncLibraryError,
     WaitTimeout,
 )
-from supervisor.fsm.states import AppState, ReplicaState
 from supervisor.logs import Stream
+from supervisor.observe import AppEvent, EventStream
 from supervisor.runopts import ResolvedCfg, RunOpt, RunOpts
 from supervisor.specs import (
     NULL_RESOURCE,
@@ -43,6 +46,7 @@ from supervisor.specs import (
     make_handle,
     parse_handle,
 )
+from supervisor.states import AppState, ReplicaState
 from supervisor.status import (
     AppStatus,
     DescribeAppResponse,
@@ -60,19 +64,26 @@ warn_if_mixed()  # supervisord's modules beside ours: say so before an uninstall
 __all__ = [
     "NULL_RESOURCE",
     "AppDef",
+    "AppEvent",
     "AppHandle",
     "AppState",
     "AppStatus",
     "BackendError",
     "BindMount",
+    "ClusterInfo",
+    "ClusterJob",
     "DamagedRecordError",
     "DescribeAppResponse",
     "DeviceMount",
     "DryRunInfo",
     "DuplicateAppError",
+    "EventStream",
+    "EventsOverflowError",
     "InvalidHandleError",
     "ListAppResponse",
     "MissingExtraError",
+    "NodeInfo",
+    "PartitionInfo",
     "Problem",
     "ReplicaState",
     "ReplicaStatus",
@@ -83,6 +94,7 @@ __all__ = [
     "RoleStatus",
     "RunOpt",
     "RunOpts",
+    "ShuttingDown",
     "SpecError",
     "Stream",
     "SubmitError",

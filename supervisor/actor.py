@@ -12,7 +12,7 @@ on the trailing edge of a burst, the final record last.
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import anyio
@@ -23,7 +23,8 @@ from supervisor.backends.base import AppCancelRequested, AppNotice, AppRuntime, 
 from supervisor.errors import BackendError
 from supervisor.events import Lost, ReplicaEvent
 from supervisor.fsm.app import AppFSM, RestartReplicas, RoleSpec, StopReplicas
-from supervisor.fsm.states import TERMINAL
+from supervisor.observe import Observer
+from supervisor.states import TERMINAL
 from supervisor.status import AppStatus, Transition
 
 __all__ = ["AppActor"]
@@ -59,9 +60,12 @@ _Mail = ReplicaEvent | AppCancelRequested | AppNotice | _Cancel | _Barrier | _Br
 
 
 class AppActor:
-    def __init__(self, handle: str, request: Request) -> None:
+    def __init__(self, handle: str, request: Request, observer: Observer | None = None) -> None:
         self.handle = handle
         self.request = request
+        self.backend_name = handle.split("://", 1)[0]
+        self._observer = observer
+        self._observed = 0  # transitions of the history already handed to the observer
         self.fsm = AppFSM(
             [
                 RoleSpec(r.name, r.num_replicas, r.max_retries, r.retry_policy)
@@ -124,7 +128,13 @@ class AppActor:
         """Without a snapshot: N followers starting while N replicas start stay O(N), not O(N²)."""
         return (role, replica_id) in self.fsm.replicas
 
-    async def transitions(self) -> AsyncIterator[Transition]:
+    async def transitions(
+        self, stop: Callable[[], bool] | None = None
+    ) -> AsyncIterator[Transition]:
+        """Every transition so far, then each new one; ends with the app, or once ``stop()``.
+
+        ``stop`` is asked after each catch-up; ``wake_readers`` makes it be asked now.
+        """
         seen = 0
         while True:
             changed = self._changed
@@ -132,9 +142,14 @@ class AppActor:
             while seen < len(history):
                 yield history[seen]
                 seen += 1
-            if self.done.is_set():
+            if self.done.is_set() or (stop is not None and stop()):
                 return
             await changed.wait()
+
+    def wake_readers(self) -> None:
+        """Wake every ``transitions`` reader to ask its ``stop`` again (nothing changed)."""
+        self._changed.set()
+        self._changed = anyio.Event()
 
     # -------------------------------------------------------------------- loop
     async def run(self, runtime: AppRuntime, task_group: TaskGroup) -> None:
@@ -205,6 +220,12 @@ class AppActor:
         else:
             raise TypeError(f"unexpected mail {item!r}")
         for action in actions:
+            if self._observer is not None:
+                if isinstance(action, StopReplicas):
+                    self._observer.stop(self.handle, action.keys, action.reason)
+                else:
+                    keys = [key for key, _ in action.attempts]
+                    self._observer.restart(self.handle, self.backend_name, keys, action.reason)
             task_group.start_soon(self._carry_out, runtime, action)
 
     async def _abandon(self, runtime: AppRuntime, exc: Exception) -> None:
@@ -213,6 +234,8 @@ class AppActor:
         while isinstance(cause, BaseExceptionGroup) and len(cause.exceptions) == 1:
             cause = cause.exceptions[0]  # the task group's wrapping says nothing
         reason = f"supervising this app failed ({type(cause).__name__}: {cause})"
+        if self._observer is not None:
+            self._observer.internal_error(self.handle, "supervising this app", cause)
         with anyio.CancelScope(shield=True):
             live = [
                 (key, model.attempt)
@@ -265,6 +288,10 @@ class AppActor:
         self._recv.close()
 
     def _publish(self) -> None:
+        history = self.fsm.history
+        if self._observer is not None and self._observed < len(history):
+            new, self._observed = history[self._observed :], len(history)
+            self._observer.transitions(self.handle, self.backend_name, new)
         self._version += 1
         self._changed.set()
         self._changed = anyio.Event()

@@ -10,7 +10,9 @@ catch the branch they can act on::
     ├── UnknownAppError (also LookupError)   the handle names no app this backend knows
     ├── WaitTimeout (also TimeoutError)      ``wait(timeout=...)`` ran out
     ├── UnsupportedAsyncLibraryError (also RuntimeError)  not running under asyncio
+    ├── ShuttingDown (also RuntimeError)     the Supervisor is shutting down: no new submit or wait
     ├── MissingExtraError (also ImportError) a backend's extra is not installed
+    ├── EventsOverflowError                  an ``events()`` reader fell too far behind
     └── BackendError                         the backend failed; ``transient``: may a retry help
         ├── SubmitError                      launching failed; nothing was left running
         │   └── DuplicateAppError            that app id was already launched (here or elsewhere)
@@ -29,9 +31,11 @@ __all__ = [
     "BackendError",
     "DamagedRecordError",
     "DuplicateAppError",
+    "EventsOverflowError",
     "InvalidHandleError",
     "MissingExtraError",
     "Problem",
+    "ShuttingDown",
     "SpecError",
     "SubmitError",
     "SupervisorError",
@@ -95,12 +99,31 @@ class WaitTimeout(SupervisorError, TimeoutError):
     """``wait`` gave up before the app reached a terminal state."""
 
 
+class EventsOverflowError(SupervisorError):
+    """A reader of ``Supervisor.events()`` fell more events behind than its stream holds.
+
+    The stream stays usable: the next read returns what came after the gap. Raised
+    rather than buffering without bound inside a service that runs for weeks.
+    """
+
+
 class UnsupportedAsyncLibraryError(SupervisorError, RuntimeError):
     """The Supervisor was entered under an event loop other than asyncio (trio, ...).
 
     Backends watch files and processes with asyncio-only machinery (inotify
     readers, subprocess pipes), so the Supervisor refuses at once on entry
     instead of failing at the first submit with an error from deep inside.
+    """
+
+
+class ShuttingDown(SupervisorError, RuntimeError):
+    """The Supervisor is shutting down (``begin_shutdown``, ``close``).
+
+    Raised by a ``wait`` that was open (or started) once the shutdown began, whose
+    app had not ended, and by a ``submit`` or ``schedule`` from then on: a
+    service's handler can answer "unavailable" at once instead of holding its
+    request open while the server waits for it. Retrying on this Supervisor cannot
+    help; the app itself goes on as the shutdown documents (``Supervisor.close``).
     """
 
 

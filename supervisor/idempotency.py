@@ -34,7 +34,7 @@ from pathlib import Path
 
 import anyio
 
-from supervisor.backends.store import _read_json, write_json_atomic
+from supervisor.backends.store import read_json_or_none, write_json_atomic
 from supervisor.errors import Problem, SpecError
 from supervisor.specs import AppDef
 
@@ -107,7 +107,7 @@ class IdempotencyKeys:
         if fd is None:  # pragma: no cover - only after a cancel, which raised above
             raise RuntimeError("idempotency lock abandoned")
         try:
-            record = await anyio.to_thread.run_sync(_read_json, base.with_suffix(".json"))
+            record = await anyio.to_thread.run_sync(read_json_or_none, base.with_suffix(".json"))
             record = record if isinstance(record, dict) else {}
             handle, submitted = record.get("handle"), record.get("submitted")
             yield _Entry(

@@ -25,7 +25,11 @@ from typing import Any, ClassVar
 from supervisor.errors import InvalidHandleError
 
 __all__ = [
+    "MPI",
+    "MPI_NODES",
+    "MPI_PLUGINS",
     "NULL_RESOURCE",
+    "PROCS_PER_NODE",
     "AppDef",
     "AppHandle",
     "BindMount",
@@ -69,7 +73,11 @@ class RetryPolicy(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Resource:
-    """Per-replica request. ``-1`` everywhere means "unset" (TorchX's NULL_RESOURCE)."""
+    """Per-replica request. ``-1`` everywhere means "unset" (TorchX's NULL_RESOURCE).
+
+    ``cpu=0`` and ``memMB=0`` are accepted as TorchX accepts them: no request
+    (no limit), as ``-1``.
+    """
 
     cpu: int = -1
     gpu: int = -1
@@ -81,8 +89,27 @@ class Resource:
         object.__setattr__(self, "capabilities", _frozen_map(self.capabilities))
         object.__setattr__(self, "devices", _frozen_map(self.devices))
 
+    @staticmethod
+    def copy(original: Resource, **capabilities: Any) -> Resource:
+        """A copy of ``original`` with ``capabilities`` merged over its own (TorchX's).
+
+        Called as ``Resource.copy(res, key=value)``; ``original`` is not changed.
+        """
+        return dataclasses.replace(original, capabilities={**original.capabilities, **capabilities})
+
 
 NULL_RESOURCE = Resource()
+
+PROCS_PER_NODE = "asupervisor/procs_per_node"
+"""Role metadata: this many consecutive replicas share a node (the Slurm backend makes
+the role one het group). Declared here, with the data model, because components set
+it and backends read it, and neither may import the other."""
+MPI = "asupervisor/mpi"
+"""Role metadata: how the role's replicas start as MPI ranks (one of :data:`MPI_PLUGINS`;
+the ``mpi`` component sets it, the Slurm backend renders it)."""
+MPI_PLUGINS = ("pmix", "pmi2", "mpirun")
+MPI_NODES = "asupervisor/mpi_nodes"
+"""Role metadata (``mpirun``): the nodes to allocate; with PROCS_PER_NODE, tasks on each."""
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from supervisor.fsm.states import TERMINAL, AppState, ReplicaState
 from supervisor.specs import Role
+from supervisor.states import TERMINAL, AppState, ReplicaState
 
 __all__ = [
     "AppStatus",
@@ -86,6 +86,8 @@ class AppStatus:
     structured_error_msg: str = ""
     ui_url: str | None = None
     roles: Sequence[RoleStatus] = ()
+    # What the backend knows the app by (Slurm: ``slurm_job_id``); strings, empty elsewhere.
+    metadata: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def is_terminal(self) -> bool:
@@ -114,6 +116,7 @@ class AppStatus:
             "msg": self.msg,
             "structured_error_msg": self.structured_error_msg,
             "ui_url": self.ui_url,
+            "metadata": dict(self.metadata),
             "roles": [r.to_json() for r in self.roles],
         }
 
@@ -126,6 +129,7 @@ class AppStatus:
             structured_error_msg=d.get("structured_error_msg", ""),
             ui_url=d.get("ui_url"),
             roles=tuple(RoleStatus.from_json(r) for r in d.get("roles", [])),
+            metadata=dict(d.get("metadata") or {}),
         )
 
     def __str__(self) -> str:
@@ -228,6 +232,7 @@ class DescribeAppResponse:
     # Every transition the app recorded, app and replica level, in order (empty when
     # the backend has no record of them).
     transitions: Sequence[Transition] = ()
+    metadata: Mapping[str, str] = field(default_factory=dict)  # as AppStatus.metadata
 
     @property
     def times(self) -> AppTimes:
@@ -251,6 +256,7 @@ class DescribeAppResponse:
             roles_statuses=tuple(status.roles),
             roles=tuple(roles),
             transitions=tuple(transitions),
+            metadata=dict(status.metadata),
         )
 
     def to_status(self) -> AppStatus:
@@ -261,6 +267,7 @@ class DescribeAppResponse:
             structured_error_msg=self.structured_error_msg,
             ui_url=self.ui_url,
             roles=tuple(self.roles_statuses),
+            metadata=dict(self.metadata),
         )
 
 

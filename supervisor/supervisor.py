@@ -10,11 +10,14 @@ start.
 from __future__ import annotations
 
 import asyncio
+import builtins
+import dataclasses
 import functools
 import getpass
 import os
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from datetime import datetime
@@ -35,20 +38,24 @@ from supervisor.backends.base import (
     LogTarget,
     Request,
 )
+from supervisor.cluster import ClusterInfo, ClusterJob
 from supervisor.errors import (
     DamagedRecordError,
     DuplicateAppError,
     Problem,
+    ShuttingDown,
     SpecError,
     UnknownAppError,
     UnsupportedAsyncLibraryError,
     WaitTimeout,
 )
-from supervisor.fsm.states import AppState
 from supervisor.idempotency import IdempotencyKeys, fingerprint, submit_once
 from supervisor.logs import Stream, WatchHub, iter_log_lines, parse_streams
+from supervisor.observe import EventStream, Observer, metrics
+from supervisor.observe.bus import DEFAULT_MAX_BUFFER
 from supervisor.runopts import ResolvedCfg, RunOpts
 from supervisor.specs import AppDef, AppHandle, make_app_id, make_handle, parse_handle
+from supervisor.states import TERMINAL, AppState
 from supervisor.status import AppStatus, DescribeAppResponse, ListAppResponse, Transition
 from supervisor.validate import MAX_APP_ID_LENGTH, check_name, validate
 
@@ -129,10 +136,25 @@ async def _set_when_ended(
         tg.cancel_scope.cancel()
 
 
+def _with_metadata(actor: AppActor) -> AppStatus:
+    """The actor's snapshot with what its backend knows the app by (a Slurm job id)."""
+    status = actor.status()
+    extra = actor.runtime.metadata() if actor.runtime is not None else {}
+    return dataclasses.replace(status, metadata={**status.metadata, **extra}) if extra else status
+
+
 class Supervisor:
     """Launches apps on backends and follows them; use as ``async with Supervisor() as sv``.
 
     Closing stops every replica this Supervisor started that is still running.
+
+    Shutting down, for a service: ``begin_shutdown()`` (which ``close()`` and
+    leaving ``async with`` call first) ends every open ``log_iter`` follow,
+    ``watch`` and ``events()`` stream of this Supervisor naturally (the
+    iterator stops, as if the app had ended, after what was already there) and
+    makes every open ``wait`` raise ``ShuttingDown``, at once; a new ``submit`` raises
+    ``ShuttingDown`` too. The apps are not touched by it: ``close()`` then stops
+    the local apps it started, and durable ones (Docker, Slurm) run on.
     """
 
     def __init__(
@@ -157,6 +179,12 @@ class Supervisor:
         self._gpus: int | None = None
         self._closed = False
         self._watch_hub: WatchHub | None = None
+        self._observer = Observer()
+        self._unregister_metrics: Callable[[], None] | None = None
+        self._shutting_down = False
+        # What begin_shutdown ends: the scopes of open waits, the end events of follows.
+        self._open_waits: set[anyio.CancelScope] = set()
+        self._follows: set[anyio.Event] = set()
 
     # --------------------------------------------------------------- lifecycle
     async def __aenter__(self) -> Supervisor:
@@ -171,6 +199,7 @@ class Supervisor:
         self._stack = AsyncExitStack()
         self._tg = await self._stack.enter_async_context(anyio.create_task_group())
         self._watch_hub = WatchHub(self._tg)
+        self._unregister_metrics = metrics.register_states(_StateCounts(self._actors))
         return self
 
     async def __aexit__(
@@ -195,11 +224,57 @@ class Supervisor:
                         raise
         return None
 
+    @property
+    def shutting_down(self) -> bool:
+        """True once ``begin_shutdown`` (or ``close``) was called."""
+        return self._shutting_down
+
+    def begin_shutdown(self) -> None:
+        """End every open follow, ``watch``, ``events`` and ``wait`` of this Supervisor now.
+
+        For a service whose server waits for open requests before it runs its
+        shutdown code (uvicorn does): call this where the shutdown starts (its
+        signal handling), so that streaming responses end and the server can
+        stop; ``close()`` comes later, from the lifespan. Synchronous and
+        cheap, but call it on the event loop's thread (from a signal handler,
+        through ``loop.call_soon_threadsafe``).
+
+        Idempotent. From then on ``log_iter(..., should_tail=True)``, ``watch``
+        and ``events()`` streams end naturally (``StopAsyncIteration``) once they
+        gave what was already there; ``wait`` returns the status of an app that already ended and
+        raises ``ShuttingDown`` otherwise; ``submit`` and ``schedule`` raise
+        ``ShuttingDown``. Apps keep running (and ``status``, ``describe``,
+        ``cancel`` and reads to the end keep working) until ``close()``.
+        """
+        if self._shutting_down:
+            return
+        self._shutting_down = True
+        for scope in list(self._open_waits):
+            scope.cancel()
+        for ended in list(self._follows):
+            ended.set()
+        for actor in self._actors.values():
+            actor.wake_readers()
+        self._observer.bus.close()  # every ``events()`` stream ends after what it holds
+
+    def _refuse_if_shutting_down(self, what: str) -> None:
+        if self._shutting_down:
+            raise ShuttingDown(f"the Supervisor is shutting down: no new {what}")
+
     async def close(self) -> None:
-        """Cancel the apps still running here, wait for them to stop, release backends."""
+        """End follows, watches and waits; stop the local apps; release the backends.
+
+        Calls ``begin_shutdown`` first (see there); then cancels the apps of
+        backends that are not durable (local) this Supervisor started and waits
+        for them to stop. Durable apps (Docker, Slurm) keep running, and any
+        process can follow them on.
+        """
+        self.begin_shutdown()
         if self._closed:
             return
         self._closed = True
+        if self._unregister_metrics is not None:
+            self._unregister_metrics()
         with anyio.CancelScope(shield=True):
             owned = [
                 actor
@@ -302,12 +377,13 @@ class Supervisor:
 
     async def schedule(self, info: DryRunInfo) -> str:
         """Launch a dry-run request; returns the handle once the launch was recorded."""
+        self._refuse_if_shutting_down("schedule")
         tg = self._task_group()
         impl = self.backend(info.backend)
         handle = make_handle(info.backend, self.session, info.request.app_id)
         if handle in self._actors:
             raise DuplicateAppError(f"{handle} was already scheduled by this Supervisor")
-        actor = AppActor(handle, info.request)
+        actor = AppActor(handle, info.request, self._observer)
         try:
             # Shielded: a launch cut short by the caller's cancel would leave what it
             # had started (processes, a Slurm job, containers) with no handle and no
@@ -347,6 +423,19 @@ class Supervisor:
         returns the first submit's handle instead of starting a second run;
         see ``supervisor.idempotency``.
         """
+        self._refuse_if_shutting_down("submit")
+        started = time.monotonic()
+        handle = await self._submit(app, backend, cfg, idempotency_key)
+        metrics.record_submit(backend, time.monotonic() - started)
+        return handle
+
+    async def _submit(
+        self,
+        app: AppDef,
+        backend: str,
+        cfg: Mapping[str, object] | None,
+        idempotency_key: str | None,
+    ) -> str:
         await self.prepare(backend)
         if idempotency_key is None:
             return await self.schedule(self.dryrun(app, backend, cfg))
@@ -384,14 +473,17 @@ class Supervisor:
     def status(self, handle: str) -> AppStatus | None:
         """A snapshot of an app this Supervisor follows; no I/O. None for any other handle."""
         actor = self._actors.get(handle)
-        return actor.status() if actor is not None else None
+        return _with_metadata(actor) if actor is not None else None
 
     async def describe(self, handle: str) -> DescribeAppResponse | None:
         parsed = parse_handle(handle)
         actor = self._actors.get(handle)
         if actor is not None:
             return DescribeAppResponse.from_status(
-                parsed.app_id, actor.status(), actor.request.app.roles, tuple(actor.fsm.history)
+                parsed.app_id,
+                _with_metadata(actor),
+                actor.request.app.roles,
+                tuple(actor.fsm.history),
             )
         return await self._describe_recorded(parsed)
 
@@ -407,6 +499,96 @@ class Supervisor:
 
     async def list(self, backend: str) -> list[ListAppResponse]:
         return await self.backend(backend).list()
+
+    # ------------------------------------------------------------ the cluster
+    def _cluster_backend(self, backend: str, what: str) -> Any:
+        impl = self.backend(backend)
+        if not callable(getattr(impl, "cluster_info", None)):
+            raise SpecError(
+                [Problem("backend", f"{backend!r} has no cluster to {what}; slurm has")],
+                context="invalid request",
+            )
+        return impl
+
+    async def cluster(self, backend: str = "slurm", *, partition: str | None = None) -> ClusterInfo:
+        """The cluster's partitions and nodes (state, CPUs, memory, GRES), as ``sinfo`` shows.
+
+        With ``partition``, that partition and its nodes only. A backend with no
+        cluster (local, docker) raises ``SpecError``.
+        """
+        info: ClusterInfo = await self._cluster_backend(backend, "show").cluster_info(partition)
+        return info
+
+    async def cluster_jobs(
+        self,
+        backend: str = "slurm",
+        *,
+        user: str | None = None,
+        states: Collection[str] = (),
+        partition: str | None = None,
+    ) -> builtins.list[ClusterJob]:
+        """Every job the scheduler holds, anyone's, as ``squeue`` shows; ours carry ``handle``.
+
+        Filters: the job's ``user``, its Slurm ``states`` (PENDING, RUNNING, ...;
+        any case) and ``partition``.
+        """
+        impl = self._cluster_backend(backend, "list")
+        jobs: builtins.list[ClusterJob] = await impl.cluster_jobs()
+        wanted = {s.upper() for s in states}
+        return [
+            j
+            for j in jobs
+            if (user is None or j.user == user)
+            and (not wanted or j.state in wanted)
+            and (partition is None or j.partition == partition)
+        ]
+
+    async def matching(
+        self,
+        backend: str,
+        *,
+        states: Collection[str] = (),
+        partition: str | None = None,
+    ) -> builtins.list[ListAppResponse]:
+        """This session's apps on ``backend`` that have not ended, filtered: ``states`` are
+        app states (PENDING, RUNNING, ...), ``partition`` the Slurm partition their job is in.
+
+        Never another session's app, nor a job this library did not launch: what
+        ``cancel_matching`` (and ``asupervisor cancel --state/--partition/--all``) stops.
+        """
+        known = {s.name for s in AppState}
+        wanted = {s.upper() for s in states}
+        unknown = sorted(wanted - known)
+        if unknown:
+            raise SpecError(
+                [Problem("states", f"{', '.join(unknown)}: not app states ({', '.join(known)})")],
+                context="invalid filter",
+            )
+        ours = [
+            a
+            for a in await self.list(backend)
+            if parse_handle(a.app_handle).session == self.session
+            and a.state.name not in TERMINAL
+            and (not wanted or a.state.name in wanted)
+        ]
+        if partition is not None:
+            jobs = await self.cluster_jobs(backend, partition=partition)
+            in_partition = {j.handle for j in jobs if j.handle is not None}
+            ours = [a for a in ours if a.app_handle in in_partition]
+        return ours
+
+    async def cancel_matching(
+        self,
+        backend: str,
+        *,
+        states: Collection[str] = (),
+        partition: str | None = None,
+    ) -> builtins.list[str]:
+        """Cancel what ``matching`` finds; the handles asked to stop."""
+        found = await self.matching(backend, states=states, partition=partition)
+        for app in found:
+            await self.cancel(app.app_handle)
+        return [a.app_handle for a in found]
 
     async def cancel(self, handle: str) -> None:
         """Ask the app to stop and return at once; repeating it, or a finished app, is fine."""
@@ -439,18 +621,36 @@ class Supervisor:
             raise UnknownAppError(f"no app {handle}")
 
     async def wait(self, handle: str, timeout: float | None = None) -> AppStatus:
-        """The final status, once the app is terminal (event-driven for apps launched here)."""
-        with anyio.move_on_after(timeout) as scope:
-            status = await self._wait(handle)
-        if scope.cancelled_caught:
+        """The final status, once the app is terminal (event-driven for apps launched here).
+
+        Raises ``WaitTimeout`` after ``timeout`` seconds, and ``ShuttingDown`` once
+        ``begin_shutdown`` (or ``close``) was called before the app ended.
+        """
+        actor = self._actors.get(handle)
+        if actor is not None and actor.done.is_set():
+            return _with_metadata(actor)
+        self._refuse_if_shutting_down(f"wait for {handle}")
+        started = time.monotonic()
+        status: AppStatus | None = None
+        with anyio.move_on_after(timeout):
+            with anyio.CancelScope() as shutdown:  # only begin_shutdown cancels this one
+                self._open_waits.add(shutdown)
+                try:
+                    status = await self._wait(handle)
+                finally:
+                    self._open_waits.discard(shutdown)
+            if shutdown.cancelled_caught:
+                raise ShuttingDown(f"the Supervisor began shutting down while waiting for {handle}")
+        if status is None:
             raise WaitTimeout(f"{handle} was not terminal after {timeout} s")
+        metrics.record_wait(handle.split("://", 1)[0], time.monotonic() - started)
         return status
 
     async def _wait(self, handle: str) -> AppStatus:
         actor = self._actors.get(handle)
         if actor is not None:
             await actor.done.wait()
-            return actor.status()
+            return _with_metadata(actor)
         # Another process follows this app: its backend tells when its records say it ended.
         parsed = parse_handle(handle)
         try:
@@ -462,12 +662,27 @@ class Supervisor:
             raise UnknownAppError(f"no app {handle}")
         return status
 
+    def events(self, max_buffer: int = DEFAULT_MAX_BUFFER) -> EventStream:
+        """Every transition of every app this Supervisor follows, from now on, as they happen.
+
+        One stream for all apps (``watch`` follows one), app and replica level, each
+        app's transitions in order. It ends when the Supervisor closes. A reader more
+        than ``max_buffer`` events behind gets ``EventsOverflowError`` once (the
+        stream goes on after the gap); publishing never waits for a reader.
+        """
+        if max_buffer < 1:
+            raise SpecError([Problem("max_buffer", "must be at least 1")], context="invalid events")
+        return self._observer.bus.open(max_buffer)
+
     async def watch(self, handle: str) -> AsyncIterator[Transition]:
-        """Every transition of an app launched here, app and replica level, in order, to the end."""
+        """Every transition of an app launched here, app and replica level, in order, to the end.
+
+        Ends early, after the transitions so far, once ``begin_shutdown`` is called.
+        """
         actor = self._actors.get(handle)
         if actor is None:
             raise UnknownAppError(f"{handle} is not followed by this Supervisor")
-        async for t in actor.transitions():
+        async for t in actor.transitions(stop=lambda: self._shutting_down):
             yield t
 
     async def log_iter(
@@ -481,7 +696,11 @@ class Supervisor:
         should_tail: bool = False,
         streams: Stream | str | None = None,
     ) -> AsyncIterator[str]:
-        """Lines of one replica's output, each with its ``\\n``; see logs.iter_log_lines."""
+        """Lines of one replica's output, each with its ``\\n``; see logs.iter_log_lines.
+
+        A follow (``should_tail=True``) ends with the app, or, after the lines
+        already in the files, once ``begin_shutdown`` is called.
+        """
         stream = parse_streams(streams)
         target, finished = await self._log_target(handle, role_name, k)
         stop_watching = anyio.Event()
@@ -507,6 +726,19 @@ class Supervisor:
             # whose owner died): it ends the follow at once.
             finished = anyio.Event()
             self._task_group().start_soon(_set_when_ended, target.ended, finished, stop_watching)
+        follow_end: anyio.Event | None = None
+        if should_tail:
+            # What ends this follow: the app's end as above, or begin_shutdown (which
+            # sets every such event; the app's own event is shared, so not that one).
+            follow_end = anyio.Event()
+            if self._shutting_down:
+                follow_end.set()
+            elif finished is not None:
+                self._task_group().start_soon(
+                    _set_when_ended, finished.wait, follow_end, stop_watching
+                )
+            finished = follow_end
+            self._follows.add(follow_end)
         try:
             async for line in iter_log_lines(
                 target.directory,
@@ -523,6 +755,8 @@ class Supervisor:
                 yield line
         finally:
             stop_watching.set()
+            if follow_end is not None:
+                self._follows.discard(follow_end)
 
     async def _log_target(
         self, handle: str, role: str, k: int
@@ -551,3 +785,25 @@ class Supervisor:
         if target is None:
             raise UnknownAppError(f"no app {handle}")
         return target, None
+
+
+class _StateCounts:
+    """The Supervisor's apps and replicas by state, for the metrics' observable counters."""
+
+    def __init__(self, actors: Mapping[str, AppActor]) -> None:
+        self._actors = actors
+
+    def app_states(self) -> list[tuple[str, str, int]]:
+        counts: dict[tuple[str, str], int] = {}
+        for actor in list(self._actors.values()):
+            key = (actor.backend_name, actor.fsm.state.name)
+            counts[key] = counts.get(key, 0) + 1
+        return [(backend, state, n) for (backend, state), n in counts.items()]
+
+    def replica_states(self) -> list[tuple[str, str, int]]:
+        counts: dict[tuple[str, str], int] = {}
+        for actor in list(self._actors.values()):
+            for state, n in actor.fsm.replica_counts().items():
+                key = (actor.backend_name, state.name)
+                counts[key] = counts.get(key, 0) + n
+        return [(backend, state, n) for (backend, state), n in counts.items() if n]

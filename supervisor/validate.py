@@ -64,6 +64,8 @@ class Capabilities:
     ``requires_image`` is set by backends that run containers, where an empty
     image cannot mean "the host". ``replicas_hint`` is appended to the message
     about too many replicas: how to raise the limit, when it can be raised.
+    ``mounts_note`` and ``image_note`` qualify, in docs/support.md, how
+    mounts and images are used (Slurm: only through pyxis).
     """
 
     backend: str
@@ -72,6 +74,8 @@ class Capabilities:
     max_replicas_per_role: int | None = None
     requires_image: bool = False
     replicas_hint: str = ""
+    mounts_note: str = ""
+    image_note: str = ""
 
 
 # A role name becomes a directory name and part of environment variable names.
@@ -327,9 +331,10 @@ class _Checker:
         if not isinstance(resource, Resource):
             self.add(path, f"expected a Resource, got {type(resource).__name__}")
             return
-        self.check_count(f"{path}.cpu", resource.cpu, minimum=1, unset_ok=True)
+        # 0 is no request, as TorchX takes it (its schedulers only set what is > 0).
+        self.check_count(f"{path}.cpu", resource.cpu, minimum=0, unset_ok=True)
         self.check_count(f"{path}.gpu", resource.gpu, minimum=0, unset_ok=True)
-        self.check_count(f"{path}.memMB", resource.memMB, minimum=1, unset_ok=True)
+        self.check_count(f"{path}.memMB", resource.memMB, minimum=0, unset_ok=True)
         self.check_str_keys(f"{path}.capabilities", resource.capabilities)
         devices = resource.devices
         if not isinstance(devices, Mapping):

@@ -1,17 +1,23 @@
-"""Shared fixtures: anyio on asyncio, a private state directory per test, and the one
-place that keeps every Slurm test off the cluster under ``ASUPERVISOR_SLURM_CLUSTER=skip``."""
+"""Shared fixtures: anyio on asyncio, a private state directory per test, the one
+place that keeps every Slurm test off the cluster under ``ASUPERVISOR_SLURM_CLUSTER=skip``,
+and the cross-run lock on the cluster (``tests/host_lock.py``): every Slurm test holds it
+shared, a ``slurm_exclusive`` one (it disturbs every user of the cluster) exclusive."""
 
 from __future__ import annotations
 
 import logging
 import shutil
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.host_lock import HostLockError, host_lock
 from tests.integration.slurm_cluster import is_slurm_test, skip_reason
+
+_LOCK_FAILED = pytest.StashKey[str]()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -26,6 +32,56 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
             reporter.write_line(f"{reason} ({len(skipped)} tests skipped)")
+
+
+def _cluster_lock_mode(item: pytest.Item) -> str | None:
+    """How a test holds the cluster lock: ``exclusive``, ``shared``, or not at all."""
+    if skip_reason() is not None:
+        return None
+    if item.get_closest_marker("slurm_exclusive") is not None:
+        return "exclusive"
+    return "shared" if is_slurm_test(item) else None
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
+    """Hold the cluster lock over the test's setup, call and teardown (module fixtures
+    that reconfigure the cluster included). Outside pytest-timeout's timer: a wait for
+    another run is bounded by ``ASUPERVISOR_TEST_LOCK_WAIT``, not the test's timeout."""
+    mode = _cluster_lock_mode(item)
+    if mode is None:
+        yield
+        return
+    lock = host_lock()
+    reporter = item.config.pluginmanager.get_plugin("terminalreporter")
+    queued_at = 0.0
+
+    def queued() -> None:
+        nonlocal queued_at
+        queued_at = time.monotonic()
+        if reporter is not None:
+            reporter.write_line(f"{item.nodeid}: waits for the Slurm cluster lock ({mode})")
+
+    try:
+        lock.acquire(exclusive=mode == "exclusive", what=item.nodeid, on_queued=queued)
+        if queued_at and reporter is not None:
+            waited = time.monotonic() - queued_at
+            reporter.write_line(f"{item.nodeid}: has the lock ({mode}) after {waited:.1f} s")
+    except HostLockError as e:
+        item.stash[_LOCK_FAILED] = str(e)  # failed in its setup, below: no internal error
+        yield
+        return
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    failure = item.stash.get(_LOCK_FAILED, None)
+    if failure is not None:
+        pytest.fail(failure, pytrace=False)
 
 
 @pytest.fixture

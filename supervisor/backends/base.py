@@ -166,6 +166,10 @@ class AppRuntime(abc.ABC):
         the request for whoever looks next. Others need nothing.
         """
 
+    def metadata(self) -> Mapping[str, str]:
+        """What the backend knows the app by (Slurm: ``slurm_job_id``), for its status."""
+        return {}
+
     @abc.abstractmethod
     async def aclose(self) -> None:
         """Release what the runtime holds once the app is terminal."""

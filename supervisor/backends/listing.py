@@ -14,8 +14,8 @@ import anyio
 
 from supervisor.backends.store import Index, IndexEntry
 from supervisor.errors import DamagedRecordError
-from supervisor.fsm.states import AppState
 from supervisor.specs import make_handle
+from supervisor.states import AppState
 from supervisor.status import ListAppResponse
 
 __all__ = ["list_indexed"]

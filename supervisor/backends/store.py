@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.errors import BackendError, DamagedRecordError, DuplicateAppError
-from supervisor.fsm.states import AppState, ReplicaState
 from supervisor.specs import AppDef, Role
+from supervisor.states import AppState, ReplicaState
 from supervisor.status import AppStatus, AppTimes, ReplicaStatus, RoleStatus, Transition
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "IndexEntry",
     "Owner",
     "damaged_status",
+    "read_json_or_none",
     "read_record",
     "unknown_status",
     "write_json_atomic",
@@ -154,7 +155,7 @@ def read_record(path: Path, *, limit: int = RECORD_LIMIT) -> Any:
         raise DamagedRecordError(str(path), why) from e
 
 
-def _read_json(path: Path) -> Any:
+def read_json_or_none(path: Path) -> Any:
     """The file's JSON, or None when there is none or it cannot be read as JSON.
 
     For files whose damage is no app's business (an idempotency key's record,
@@ -214,6 +215,7 @@ def _parse_status(data: Any) -> AppStatus:
         _typed(role.get("replicas"), list, f"roles[{i}].replicas")
         for j, replica in enumerate(role["replicas"]):
             _typed(replica, dict, f"roles[{i}].replicas[{j}]")
+    _typed(data.get("metadata") or {}, dict, "metadata")
     try:
         status = AppStatus.from_json(data)
     except KeyError as e:

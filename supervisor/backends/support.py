@@ -68,10 +68,19 @@ def _feature_rows(classes: dict[str, type[Backend]]) -> list[tuple[str, dict[str
                 for n, c in caps.items()
             },
         ),
-        ("Mounts (bind, volume, device)", {n: _yes(c.mounts) for n, c in caps.items()}),
+        (
+            "Mounts (bind, volume, device)",
+            {
+                n: _yes(c.mounts) + (f" ({c.mounts_note})" if c.mounts_note else "")
+                for n, c in caps.items()
+            },
+        ),
         (
             "`Role.image`",
-            {n: "required" if c.requires_image else "not used" for n, c in caps.items()},
+            {
+                n: c.image_note or ("required" if c.requires_image else "not used")
+                for n, c in caps.items()
+            },
         ),
         ("Replicas per role", {n: replicas(c) for n, c in caps.items()}),
         (

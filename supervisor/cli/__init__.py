@@ -6,8 +6,10 @@ Commands (``asupervisor COMMAND --help`` for each; ``-h`` works everywhere)::
     status HANDLE [--json]
     describe HANDLE [--json]
     log HANDLE [ROLE[/K]] [-f] [--regex R] [--since T] [--until T] [--streams S]
-    cancel HANDLE
-    list [--backend B] [--json]
+    cancel HANDLE | cancel [--backend B] --state S | --partition P | --all [--yes]
+    list [--backend B] [--cluster [--user U] [--partition P]] [--state S] [--json]
+    cluster [--backend slurm] [--partition P] [--json]
+    hold HANDLE / release HANDLE
     runopts BACKEND [--json]
     completion bash|zsh|fish
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 
-from supervisor.fsm.states import AppState
+from supervisor.states import AppState
 
 __all__ = [
     "CANCELLED",

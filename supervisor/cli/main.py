@@ -17,6 +17,13 @@ import click
 from click.shell_completion import get_completion_class
 
 from supervisor.cli import codes
+from supervisor.cli.clusterview import (
+    cluster_jobs_json,
+    confirm_cancel,
+    print_cluster,
+    print_cluster_jobs,
+    print_matches,
+)
 from supervisor.cli.errors import CliError, UsageFailure, run_async
 from supervisor.cli.follow import LogQuery, follow_logs
 from supervisor.cli.render import (
@@ -33,10 +40,11 @@ from supervisor.cli.render import (
 )
 from supervisor.cli.runcmd import run
 from supervisor.cli.timespec import TimeSpec
+from supervisor.cluster import ClusterInfo
 from supervisor.errors import InvalidHandleError, UnknownBackendError
 from supervisor.logs import Stream
 from supervisor.specs import parse_handle
-from supervisor.status import AppStatus, DescribeAppResponse
+from supervisor.status import AppStatus, DescribeAppResponse, ListAppResponse
 from supervisor.supervisor import Supervisor, default_session
 
 __all__ = ["cli", "main"]
@@ -265,10 +273,50 @@ def log(
 
 
 @cli.command()
-@click.argument("handle", type=HANDLE)
+@click.argument("handle", type=HANDLE, required=False)
+@click.option(
+    "--state",
+    "states",
+    multiple=True,
+    metavar="STATE",
+    help="cancel this session's apps in this app state (PENDING, RUNNING, ...; repeatable)",
+)
+@click.option("--partition", help="cancel this session's apps whose Slurm job is in PARTITION")
+@click.option("--all", "every", is_flag=True, help="cancel every app of this session not ended")
+@click.option(
+    "--backend",
+    default="local",
+    show_default=True,
+    help="the backend whose apps --state/--partition/--all choose from",
+)
+@click.option("-y", "--yes", is_flag=True, help="cancel without asking")
 @click.pass_context
-def cancel(ctx: click.Context, handle: str) -> None:
-    """Ask an app to stop; returns at once. Exit 0 if it exists (even finished), 1 if not."""
+def cancel(
+    ctx: click.Context,
+    handle: str | None,
+    states: tuple[str, ...],
+    partition: str | None,
+    every: bool,
+    backend: str,
+    yes: bool,
+) -> None:
+    """Ask an app to stop, or this session's apps a filter chooses; returns at once.
+
+    With HANDLE: exit 0 if the app exists (even finished), 1 if not. With
+    --state, --partition (Slurm) or --all instead: only apps of this session
+    (--session, default your user name) that have not ended, never another
+    session's, nor a job asupervisor did not launch. They are listed, then
+    cancelled once you confirm (--yes: without asking; with no terminal to ask
+    on it refuses, exit 2). A "no" exits 1, nothing cancelled.
+    """
+    filtered = bool(states or partition is not None or every)
+    if handle is not None and filtered:
+        raise UsageFailure("give HANDLE or --state/--partition/--all, not both")
+    if handle is None:
+        if not filtered:
+            raise UsageFailure("give HANDLE, or choose apps with --state, --partition or --all")
+        _cancel_matching(ctx, backend, states, partition, yes)
+        return
 
     async def main() -> None:
         async with _supervisor(ctx) as sv:
@@ -280,6 +328,33 @@ def cancel(ctx: click.Context, handle: str) -> None:
         click.echo(f"cancel requested: {handle}", err=True)
 
     run_async(main)
+
+
+def _cancel_matching(
+    ctx: click.Context,
+    backend: str,
+    states: tuple[str, ...],
+    partition: str | None,
+    yes: bool,
+) -> None:
+    async def find() -> list[ListAppResponse]:
+        async with _supervisor(ctx) as sv:
+            return await sv.matching(backend, states=states, partition=partition)
+
+    found = run_async(find)
+    if not found:
+        click.echo("no app of this session matches: nothing to cancel", err=True)
+        return
+    print_matches(console(stderr=True), found)
+    confirm_cancel(len(found), yes)
+
+    async def stop() -> None:
+        async with _supervisor(ctx) as sv:
+            for app in found:
+                await sv.cancel(app.app_handle)
+                click.echo(f"cancel requested: {app.app_handle}", err=True)
+
+    run_async(stop)
 
 
 @cli.command()
@@ -313,20 +388,84 @@ def _hold(ctx: click.Context, handle: str, *, release: bool) -> None:
 
 @cli.command("list")
 @click.option("--backend", default="local", show_default=True)
+@click.option(
+    "--cluster",
+    "whole_cluster",
+    is_flag=True,
+    help="every job the scheduler holds, anyone's (Slurm), ours marked with their handle",
+)
+@click.option("--user", help="with --cluster: only this user's jobs")
+@click.option(
+    "--state",
+    "states",
+    multiple=True,
+    metavar="STATE",
+    help="only this state (repeatable): an app state, or with --cluster a Slurm job state",
+)
+@click.option("--partition", help="with --cluster: only jobs in this partition")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.pass_context
-def list_apps(ctx: click.Context, backend: str, as_json: bool) -> None:
-    """Apps a backend knows: handle, name, state, and a msg where there is more to say."""
+def list_apps(
+    ctx: click.Context,
+    backend: str,
+    whole_cluster: bool,
+    user: str | None,
+    states: tuple[str, ...],
+    partition: str | None,
+    as_json: bool,
+) -> None:
+    """Apps a backend knows: handle, name, state, and a msg where there is more to say.
+
+    With --cluster (Slurm): every job the cluster holds, as squeue shows them,
+    anyone's; the jobs of our apps show their handle.
+    """
+    if not whole_cluster and (user is not None or partition is not None):
+        raise UsageFailure("--user and --partition filter the cluster's jobs: add --cluster")
 
     async def main() -> None:
         async with _supervisor(ctx) as sv:
-            apps = await sv.list(backend)
+            if whole_cluster:
+                jobs = await sv.cluster_jobs(backend, user=user, states=states, partition=partition)
+            else:
+                apps = await sv.list(backend)
+        if whole_cluster:
+            if as_json:
+                echo_json(cluster_jobs_json(jobs))
+            else:
+                print_cluster_jobs(console(), jobs)
+            return
+        wanted = {s.upper() for s in states}
+        apps = [a for a in apps if not wanted or a.state.name in wanted]
         if as_json:
             echo_json(list_json(apps))
         else:
             print_list(console(), apps)
 
     run_async(main)
+
+
+@cli.command("cluster")
+@click.option("--backend", default="slurm", show_default=True)
+@click.option("--partition", help="only this partition and its nodes")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.pass_context
+def cluster_cmd(ctx: click.Context, backend: str, partition: str | None, as_json: bool) -> None:
+    """The cluster's partitions and nodes, as sinfo shows them.
+
+    Partitions: state, node count, CPUs, node list (`*` marks the default).
+    Nodes: state, CPUs and memory (MB) allocated out of the total, GRES,
+    partitions.
+    """
+
+    async def main() -> ClusterInfo:
+        async with _supervisor(ctx) as sv:
+            return await sv.cluster(backend, partition=partition)
+
+    info = run_async(main)
+    if as_json:
+        echo_json(info.to_json())
+    else:
+        print_cluster(console(), info)
 
 
 @cli.command()

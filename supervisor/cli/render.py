@@ -20,8 +20,8 @@ from rich.table import Table
 from rich.text import Text
 
 from supervisor.errorfile import ErrorReport, parse_error_file
-from supervisor.fsm.states import AppState, ReplicaState
 from supervisor.specs import AppDef, Role
+from supervisor.states import AppState, ReplicaState
 from supervisor.status import (
     AppStatus,
     AppTimes,
@@ -178,6 +178,8 @@ def print_status(
     out.print(head)
     if times is not None and times.submitted is not None:
         out.print(Text(times_text(times), style="dim"))
+    if status.metadata:
+        out.print(Text("  ".join(f"{k}: {v}" for k, v in status.metadata.items())))
     if status.msg:
         out.print(Text(f"msg: {status.msg}"))
     if status.structured_error_msg:

@@ -7,7 +7,8 @@ help. These are the ones that ship with asupervisor:
 
 * ``echo``: print a message from each replica (a smoke test);
 * ``sh``: run a shell snippet on each replica;
-* ``ddp``: a torchrun-style data-parallel job for a Python script.
+* ``ddp``: a torchrun-style data-parallel job for a Python script;
+* ``mpi``: an MPI program over NNODES x NPROC ranks (Slurm: ``srun --mpi``, or mpirun).
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from types import MappingProxyType
 
 from supervisor.components.basic import echo, sh
 from supervisor.components.dist import MASTER_PORT, ddp, parse_j
+from supervisor.components.mpi import mpi
 from supervisor.specs import AppDef
 
-__all__ = ["BUILTINS", "MASTER_PORT", "ddp", "echo", "parse_j", "sh"]
+__all__ = ["BUILTINS", "MASTER_PORT", "ddp", "echo", "mpi", "parse_j", "sh"]
 
 BUILTINS: Mapping[str, Callable[..., AppDef]] = MappingProxyType(
-    {"echo": echo, "sh": sh, "ddp": ddp}
+    {"echo": echo, "sh": sh, "ddp": ddp, "mpi": mpi}
 )
 """Built-in components by the name the CLI knows them by."""

@@ -27,13 +27,11 @@ import socket
 from collections.abc import Mapping
 from pathlib import Path
 
-from supervisor.backends.slurm.script import PROCS_PER_NODE
-from supervisor.specs import AppDef, Resource, Role, macros
+from supervisor.specs import PROCS_PER_NODE, AppDef, Resource, Role, macros
 
 __all__ = [
     "MASTER_PORT",
     "NAMED_RESOURCES",
-    "PROCS_PER_NODE",
     "TORCHRUN_ENV",
     "ddp",
     "parse_j",

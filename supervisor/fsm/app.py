@@ -27,8 +27,8 @@ from supervisor.events import (
 from supervisor.fsm.ingest import ANY_APP_TRIGGER, APP_PATHS, REPLICA_PATHS, Drop
 from supervisor.fsm.machines import APP_ENGINE, REPLICA_ENGINE, AppModel, ReplicaModel, StopReason
 from supervisor.fsm.rules import ExitOutcome, derive_from_counts, exit_outcome
-from supervisor.fsm.states import TERMINAL, AppState, ReplicaState
 from supervisor.specs import RetryPolicy
+from supervisor.states import TERMINAL, AppState, ReplicaState
 from supervisor.status import AppStatus, ReplicaStatus, RoleStatus, Transition
 
 __all__ = ["Action", "AppFSM", "RestartReplicas", "RoleSpec", "StopReplicas"]
@@ -119,6 +119,10 @@ class AppFSM:
     @property
     def is_terminal(self) -> bool:
         return self.app.state.name in TERMINAL
+
+    def replica_counts(self) -> dict[ReplicaState, int]:
+        """How many replicas are in each state now (kept up to date, so O(states))."""
+        return dict(self._counts)
 
     def snapshot(self) -> AppStatus:
         """The current status; rebuilt only after a change, so reads are cheap."""

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from supervisor.fsm.states import TERMINAL
 from supervisor.fsm.tables import APP_TRANSITIONS, REPLICA_TRANSITIONS, S, TransitionRow
+from supervisor.states import TERMINAL
 
 __all__ = ["mermaid", "render_fsm_doc"]
 

@@ -18,7 +18,6 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from supervisor.fsm.states import TERMINAL, AppState, ReplicaState
 from supervisor.fsm.tables import (
     ADVANCE,
     APP_TRANSITIONS,
@@ -26,6 +25,7 @@ from supervisor.fsm.tables import (
     S,
     TransitionRow,
 )
+from supervisor.states import TERMINAL, AppState, ReplicaState
 
 __all__ = [
     "ANY_APP_TRIGGER",

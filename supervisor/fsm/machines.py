@@ -28,8 +28,8 @@ from typing import Generic
 from transitions import Event, Machine, Transition
 from transitions.core import EventData, MachineError, State
 
-from supervisor.fsm.states import AppState, ReplicaState
 from supervisor.fsm.tables import APP_TRANSITIONS, REPLICA_TRANSITIONS, S, TransitionRow
+from supervisor.states import AppState, ReplicaState
 
 __all__ = [
     "APP_ENGINE",

@@ -10,7 +10,7 @@ import enum
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
-from supervisor.fsm.states import AppState, ReplicaState
+from supervisor.states import AppState, ReplicaState
 
 __all__ = ["ExitOutcome", "derive_app_state", "derive_from_counts", "exit_outcome"]
 

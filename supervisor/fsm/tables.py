@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from supervisor.fsm.states import AppState, ReplicaState
+from supervisor.states import AppState, ReplicaState
 
 __all__ = [
     "ADVANCE",

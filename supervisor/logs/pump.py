@@ -36,13 +36,35 @@ FORWARDED = (
 )
 
 
+INHERITED_FD_VARS = ("PMI_FD",)
+"""Variables naming a descriptor the command must inherit: Slurm's ``--mpi=pmi2`` gives each
+task its PMI connection as ``PMI_FD``, which a rank behind the pump must still have open."""
+
+
+def inherited_fds() -> tuple[int, ...]:
+    """The open descriptors named by :data:`INHERITED_FD_VARS` (kept open in the command)."""
+    out = []
+    for name in INHERITED_FD_VARS:
+        try:
+            fd = int(os.environ.get(name, ""))
+            os.fstat(fd)
+        except (ValueError, OSError):
+            continue
+        out.append(fd)
+    return tuple(out)
+
+
 def run(log_dir: Path, argv: list[str]) -> int:
     """Returns the command's wait status as Popen gives it (negative: killed by that signal)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     files = ReplicaFiles(log_dir)
     try:
         child = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=inherited_fds(),
         )
     except OSError as e:
         files.record(

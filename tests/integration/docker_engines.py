@@ -14,6 +14,7 @@ import os
 import secrets
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -65,11 +66,15 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
-def api(host: str, method: str, path: str) -> Any:
+def api(host: str, method: str, path: str, body: Any = None) -> Any:
     """One blocking Engine API call (for test set-up and checks, never inside the library)."""
     conn = _UnixConnection(host.removeprefix("unix://"))
     try:
-        conn.request(method, path)
+        if body is None:
+            conn.request(method, path)
+        else:
+            headers = {"Content-Type": "application/json"}
+            conn.request(method, path, body=json.dumps(body), headers=headers)
         response = conn.getresponse()
         body = response.read()
     finally:
@@ -104,7 +109,16 @@ def remove_leftovers(host: str, session: str) -> None:
     for c in labelled(host, "containers", label):
         api(host, "DELETE", f"/containers/{c['Id']}?force=1")
     for n in labelled(host, "networks", label):
-        api(host, "DELETE", f"/networks/{n['Id']}")
+        # dockerd under load shows removed containers' endpoints for a while.
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                api(host, "DELETE", f"/networks/{n['Id']}")
+                break
+            except RuntimeError as e:
+                if "active endpoints" not in str(e) or time.monotonic() > deadline:
+                    raise
+            time.sleep(1)
 
 
 class EngineUnderTest:

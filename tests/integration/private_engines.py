@@ -5,7 +5,8 @@ engine starts its own. A private Podman API (``podman system service`` on a
 socket of its own) is cheap and shares Podman's storage, so the test image is
 already there. A private dockerd has its own data root, exec root, pid file,
 socket and no bridge or iptables rules of its own (apps bring their own
-internal networks); the test image is copied in from the shared dockerd.
+internal networks, from address pools room for 256 of them); the test image is
+copied in from the shared dockerd.
 """
 
 from __future__ import annotations
@@ -129,8 +130,13 @@ def private_podman(session: str) -> Iterator[PrivateEngine]:
 
 
 @contextmanager
-def private_dockerd(session: str, shared_host: str) -> Iterator[PrivateEngine]:
-    """A private dockerd (own roots, socket, pid file; no bridge, no iptables), test image in."""
+def private_dockerd(
+    session: str, shared_host: str, address_pool: str = "base=10.213.0.0/16,size=24"
+) -> Iterator[PrivateEngine]:
+    """A private dockerd (own roots, socket, pid file; no bridge, no iptables), test image in.
+
+    ``address_pool`` is its ``--default-address-pool``: by default room for 256 networks
+    (dockerd's own default pools hold 31), one per app."""
     tmp = Path(tempfile.mkdtemp(prefix="sv-dockerd-", dir="/var/tmp"))
     run = Path(tempfile.mkdtemp(prefix="sv-dockerd-", dir="/run"))
     sock = run / "docker.sock"
@@ -144,6 +150,7 @@ def private_dockerd(session: str, shared_host: str) -> Iterator[PrivateEngine]:
         "--iptables=false",
         "--ip-forward=false",
         "--ip-masq=false",
+        f"--default-address-pool={address_pool}",
         f"--containerd-namespace=sv{os.getpid()}",
         f"--containerd-plugins-namespace=sv{os.getpid()}p",
     ]

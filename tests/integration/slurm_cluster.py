@@ -37,10 +37,11 @@ def skip_reason() -> str | None:
 
 
 def is_slurm_test(item: pytest.Item) -> bool:
-    """Marked ``slurm``, or in an integration module named for Slurm."""
+    """Marked ``slurm`` (or ``slurm_exclusive``), or in an integration module named for Slurm."""
     path = Path(str(item.path))
     in_slurm_module = path.parent.name == "integration" and path.name.startswith("test_slurm_")
-    return item.get_closest_marker("slurm") is not None or in_slurm_module
+    marked = any(item.get_closest_marker(m) is not None for m in ("slurm", "slurm_exclusive"))
+    return marked or in_slurm_module
 
 
 def _run(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:

@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 import pytest
 
-from supervisor import AppDef, AppState, ReplicaState, Role, Supervisor
+from supervisor import AppDef, AppState, ReplicaState, Role, ShuttingDown, Supervisor
 
 from .docker_engines import (
     IMAGE,
@@ -235,3 +235,89 @@ async def test_a_cli_follower_sees_an_unfollowed_app_to_its_end(
     final = await anyio.to_thread.run_sync(cli, engine, state_dir, "status", handle, "--json")
     assert json.loads(final.stdout)["state"] == "SUCCEEDED"
     assert not labelled(engine.host, "containers", f"io.asupervisor.session={engine.session}")
+
+
+async def test_a_cli_follower_ends_soon_after_the_app_not_at_its_re_check(
+    engine: EngineUnderTest, tmp_path: Path, state_dir: Path
+) -> None:
+    """The engine's die event ends ``log -f``, not the follower's 30 s re-check.
+
+    Nothing in the replica's directory changes when a container nobody follows
+    exits, so only the engine's events can tell the follower in time. The bound
+    leaves room for a slow engine and a loaded machine, and is still well short
+    of the 30 s re-check.
+    """
+    async with Supervisor(session=engine.session) as owner:
+        handle = await owner.submit(gated_app(tmp_path), "docker", engine.cfg)
+        assert await first_line(owner, handle) == "started 0\n"
+    # The owner closed (as `asupervisor run` does when it exits): the container runs on.
+    env = {
+        **os.environ,
+        "ASUPERVISOR_HOME": str(state_dir),
+        "DOCKER_HOST": engine.host,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    argv = [sys.executable, "-m", "supervisor.cli.main", "log", "-f", handle, "w/0"]
+    async with await anyio.open_process(argv, env=env) as follower:
+        assert follower.stdout is not None
+        assert await follower.stdout.receive() == b"started 0\n"
+        rest = b""
+        (tmp_path / "go").touch()
+        with anyio.fail_after(20):
+            async for chunk in follower.stdout:
+                rest += chunk
+            assert await follower.wait() == 0
+    assert rest == b"after the gate\n"
+    final = await anyio.to_thread.run_sync(cli, engine, state_dir, "status", handle, "--json")
+    assert json.loads(final.stdout)["state"] == "SUCCEEDED"
+
+
+async def test_close_ends_open_streams_of_a_docker_app_which_runs_on(
+    engine: EngineUnderTest, tmp_path: Path
+) -> None:
+    """Leaving ``async with`` ends a follow, a watch and a wait; the durable app runs on."""
+    ended: dict[str, object] = {}
+    all_ended = anyio.Event()
+
+    def end(what: str, value: object) -> None:
+        ended[what] = value
+        if len(ended) == 3:
+            all_ended.set()
+
+    async with anyio.create_task_group() as tg:
+        async with Supervisor(session=engine.session) as owner:
+            handle = await owner.submit(gated_app(tmp_path), "docker", engine.cfg)
+            following = anyio.Event()
+
+            async def follow() -> None:
+                lines = []
+                async for line in owner.log_iter(handle, "w", 0, should_tail=True):
+                    lines.append(line)
+                    following.set()
+                end("log", lines)
+
+            async def watch() -> None:
+                end("watch", [t.dest async for t in owner.watch(handle) if t.role is None])
+
+            async def wait() -> None:
+                try:
+                    await owner.wait(handle)
+                except ShuttingDown as e:
+                    end("wait", e)
+
+            tg.start_soon(follow)
+            tg.start_soon(watch)
+            tg.start_soon(wait)
+            await following.wait()
+        with anyio.fail_after(20):  # far below the 30 s re-check and the gate (never opened)
+            await all_ended.wait()
+    assert ended["log"] == ["started 0\n"]
+    watched = ended["watch"]
+    assert isinstance(watched, list) and watched[-1] == "RUNNING", watched
+    assert isinstance(ended["wait"], ShuttingDown)
+    assert len(running_containers(engine)) == 1  # durable: it runs on
+    async with Supervisor(session=engine.session) as other:
+        (tmp_path / "go").touch()
+        status = await other.wait(handle, timeout=60)
+        assert status.state is AppState.SUCCEEDED, status
+    assert not running_containers(engine)

@@ -8,6 +8,7 @@ replica only under ``inherit`` (the default, as TorchX).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -56,7 +57,7 @@ async def test_clean_passes_nothing_of_the_service(
     assert "MY_DB_PASSWORD" not in env
     assert "ALLOWED_VAR" not in env
     assert "HOME" not in env
-    assert env["PATH"] == "/bin:/usr/bin"
+    assert env["PATH"] == f"/bin:/usr/bin:{os.getcwd()}"  # the cwd last, as TorchX
     # What the library sets and what the role asks for still arrive.
     assert env["ROLE_VAR"] == "from-role"
     assert env["ASUPERVISOR_ROLE"] == "r"
@@ -76,7 +77,7 @@ async def test_allow_passes_only_the_named_variables(
     assert env["ALLOWED_VAR"] == "yes"
     assert env["ALLOWED_OTHER"] == "also"
     assert env["LANG_TEST_X"] == "fr"
-    assert env["PATH"] == "/bin:/usr/bin"  # PATH was not allowed
+    assert env["PATH"] == f"/bin:/usr/bin:{os.getcwd()}"  # PATH was not allowed
     assert env["ROLE_VAR"] == "from-role"
 
 
@@ -85,7 +86,7 @@ async def test_allow_of_path_keeps_the_inherited_one(
 ) -> None:
     monkeypatch.setenv("PATH", "/opt/made-up/bin:/usr/bin:/bin")
     env = await _replica_env(monkeypatch, state_dir, {"env_policy": "allow", "env_allow": ["PATH"]})
-    assert env["PATH"] == "/opt/made-up/bin:/usr/bin:/bin"
+    assert env["PATH"] == f"/opt/made-up/bin:/usr/bin:/bin:{os.getcwd()}"
     assert "MY_DB_PASSWORD" not in env
 
 

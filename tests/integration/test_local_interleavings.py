@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 from supervisor import AppDef, AppState, RetryPolicy, Role, Supervisor, Transition
-from supervisor.fsm.states import TERMINAL
+from supervisor.states import TERMINAL
 
 from .test_faults_processes import TOKEN_VAR, kill_token, survivors, token_pids
 

@@ -316,7 +316,7 @@ async def test_a_roles_path_is_joined_with_the_inherited_one(
     assert status.state is AppState.SUCCEEDED, status
     assert direct == ["hi-from-role-path\n"]
     assert shell[:2] == ["hi-from-role-path\n", "inherited-ok\n"]
-    assert shell[2] == f"{bindir}{os.pathsep}{os.environ['PATH']}\n"
+    assert shell[2] == os.pathsep.join([str(bindir), os.environ["PATH"], os.getcwd()]) + "\n"
 
 
 def test_run_opts_through_a_partial_or_a_plain_factory(state_dir: Path) -> None:

@@ -60,6 +60,7 @@ async def _lines(sv: Supervisor, handle: str, role: str, k: int = 0) -> list[str
     return [line async for line in sv.log_iter(handle, role, k, streams="stdout")]
 
 
+@pytest.mark.slurm_exclusive  # needs all 3 nodes at once
 async def test_two_roles_succeed_on_distinct_nodes_with_logs(
     cluster: dict[str, object], state_dir: Path
 ) -> None:

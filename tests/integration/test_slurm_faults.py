@@ -41,6 +41,7 @@ def cluster() -> dict[str, object]:
     return ensure_cluster(accounting=True)
 
 
+@pytest.mark.slurm_exclusive  # a node DOWN fails every job on it
 async def test_node_failure_requeues_and_the_app_still_succeeds(
     cluster: dict[str, object], state_dir: Path
 ) -> None:
@@ -71,6 +72,7 @@ async def test_node_failure_requeues_and_the_app_still_succeeds(
     assert replica is not None and replica.restarts == 1
 
 
+@pytest.mark.slurm_exclusive  # slurmctld away for everyone
 async def test_controller_restart_causes_no_false_terminal_state(
     cluster: dict[str, object], state_dir: Path
 ) -> None:
@@ -122,6 +124,7 @@ async def _down_for_a_moment(node: str) -> None:
         )
 
 
+@pytest.mark.slurm_exclusive  # a node DOWN fails every job on it
 async def test_the_leaders_node_failing_under_two_replicas_is_one_requeue(
     cluster: dict[str, object], state_dir: Path
 ) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from supervisor import AppDef, AppState, AppStatus, Role, SubmitError, Supervisor
+from supervisor import AppDef, AppState, AppStatus, Role, ShuttingDown, SubmitError, Supervisor
 from supervisor.backends.slurm import SlurmBackend
 from supervisor.backends.slurm.poller import PollerSettings
 
@@ -155,6 +155,7 @@ async def _slurm_state(job_id: str) -> str:
     return done.stdout.decode().strip()
 
 
+@pytest.mark.slurm_exclusive  # takes every node, exclusively
 async def test_a_waiting_app_says_why_and_its_cancel_records_no_start(
     cluster: dict[str, object], state_dir: Path, tmp_path: Path
 ) -> None:
@@ -258,3 +259,55 @@ async def test_each_replica_of_a_multi_node_group_reports_its_own_node(
     assert hosts == ran_on and len(set(hosts)) == 2, (hosts, ran_on)
     assert seen is not None
     assert [r.hostname for r in seen.roles_statuses[0].replicas] == ran_on, seen
+
+
+async def test_leaving_async_with_ends_a_follow_watch_and_wait_and_the_job_runs_on(
+    cluster: dict[str, object], state_dir: Path
+) -> None:
+    """``close`` (begin_shutdown) ends the streams of a durable app at once; it runs on."""
+    role = Role(name="s", entrypoint="sh", args=["-c", "echo up; exec sleep 60"])
+    ended: dict[str, object] = {}
+    all_ended = anyio.Event()
+
+    def end(what: str, value: object) -> None:
+        ended[what] = value
+        if len(ended) == 3:
+            all_ended.set()
+
+    async with anyio.create_task_group() as tg:
+        async with Supervisor(session="svc") as sv:
+            handle = await sv.submit(AppDef(name="durable", roles=[role]), "slurm")
+            following = anyio.Event()
+
+            async def follow() -> None:
+                lines = []
+                async for line in sv.log_iter(handle, "s", 0, should_tail=True):
+                    lines.append(line)
+                    following.set()
+                end("log", lines)
+
+            async def watch() -> None:
+                end("watch", [t.dest async for t in sv.watch(handle) if t.role is None])
+
+            async def wait() -> None:
+                try:
+                    await sv.wait(handle)
+                except ShuttingDown as e:
+                    end("wait", e)
+
+            tg.start_soon(follow)
+            tg.start_soon(watch)
+            tg.start_soon(wait)
+            with anyio.fail_after(60):
+                await following.wait()
+        with anyio.fail_after(20):  # the job runs for a minute
+            await all_ended.wait()
+    assert ended["log"] == ["up\n"]
+    watched = ended["watch"]
+    assert isinstance(watched, list) and watched[-1] == "RUNNING", watched
+    assert isinstance(ended["wait"], ShuttingDown)
+    async with Supervisor(session="other") as other:
+        described = await other.describe(handle)
+        assert described is not None and described.state is AppState.RUNNING, described
+        await other.cancel(handle)
+        assert (await other.wait(handle, timeout=60)).state is AppState.CANCELLED

@@ -19,7 +19,13 @@ from supervisor import AppDef, AppState, ReplicaState, Role, Supervisor
 
 from .slurm_cluster import ensure_cluster
 
-pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slurm]
+# Switching accounting off restarts the cluster's daemons under every other user: exclusive.
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.integration,
+    pytest.mark.slurm,
+    pytest.mark.slurm_exclusive,
+]
 
 
 @pytest.fixture(scope="module")

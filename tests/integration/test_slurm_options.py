@@ -74,6 +74,7 @@ async def test_nodelist_and_exclude_choose_the_replicas_nodes(
     assert _hosts(second) == ["n3"]
 
 
+@pytest.mark.slurm_exclusive  # n1 for itself alone
 async def test_an_exclusive_app_shares_its_node_with_nobody(
     cluster: dict[str, object], state_dir: Path
 ) -> None:
@@ -107,6 +108,7 @@ def reservation() -> Iterator[str]:
         )
 
 
+@pytest.mark.slurm_exclusive  # reserves n3: nobody else's job starts there
 async def test_a_reservation_runs_the_app_on_the_reserved_node(
     cluster: dict[str, object], state_dir: Path, reservation: str
 ) -> None:

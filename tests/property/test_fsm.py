@@ -11,9 +11,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from supervisor.events import Exited, Lost, Queued, ReplicaEvent, Requeued, Started, Submitted
 from supervisor.fsm.app import AppFSM, RoleSpec
 from supervisor.fsm.rules import derive_app_state
-from supervisor.fsm.states import TERMINAL, AppState
 from supervisor.fsm.tables import APP_TRANSITIONS, REPLICA_TRANSITIONS, S, TransitionRow
 from supervisor.specs import RetryPolicy
+from supervisor.states import TERMINAL, AppState
 
 role_specs = st.lists(
     st.builds(

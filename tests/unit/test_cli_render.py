@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from supervisor.cli.render import failure_line, times_json, times_text
-from supervisor.fsm.states import AppState, ReplicaState
+from supervisor.states import AppState, ReplicaState
 from supervisor.status import AppStatus, AppTimes, ReplicaStatus, RoleStatus, Transition
 
 

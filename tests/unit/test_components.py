@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from supervisor import AppDef, RetryPolicy, Role, macros
-from supervisor.backends.slurm.script import PROCS_PER_NODE
 from supervisor.components import BUILTINS, ddp, echo, parse_j, sh
+from supervisor.specs import PROCS_PER_NODE
 from supervisor.validate import Capabilities, validate
 
 LOCAL = Capabilities(backend="local")
@@ -26,7 +26,7 @@ def only_role(app: AppDef) -> Role:
 
 
 def test_builtins_are_named_and_documented() -> None:
-    assert set(BUILTINS) == {"echo", "sh", "ddp"}
+    assert set(BUILTINS) == {"echo", "sh", "ddp", "mpi"}
     for fn in BUILTINS.values():
         assert fn.__doc__ and fn.__doc__.strip().splitlines()[0]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -17,16 +18,20 @@ from supervisor import (
 )
 from supervisor.backends.base import DryrunContext
 from supervisor.backends.docker.options import DOCKER_CAPABILITIES, docker_run_opts
-from supervisor.backends.docker.request import LABEL, DockerRequest, render
+from supervisor.backends.docker.request import LABEL, DockerRequest, container_name, render
 from supervisor.backends.docker.runtime import exit_signal
 from supervisor.validate import validate
 
 CTX = DryrunContext(session="s1", app_id="app-1234", cwd="/work", gpu_count=0)
 
 
-def _render(app: AppDef, **cfg: object) -> DockerRequest:
+def _render(
+    app: AppDef, ctx: DryrunContext = CTX, environ: dict[str, str] | None = None, **cfg: object
+) -> DockerRequest:
     resolved = docker_run_opts().resolve(cfg)
-    return render(app, resolved, CTX, host="unix:///x.sock", default_log_dir=Path("/logs"))
+    return render(
+        app, resolved, ctx, host="unix:///x.sock", default_log_dir=Path("/logs"), environ=environ
+    )
 
 
 def _app(**role: object) -> AppDef:
@@ -80,6 +85,8 @@ def test_resources_and_mounts_become_host_config() -> None:
     )
     host = _render(app).containers[0].body["HostConfig"]
     assert host["Memory"] == 64 * 1024 * 1024
+    assert host["ShmSize"] == 64 * 1024 * 1024  # /dev/shm sized like the memory, as TorchX
+    assert "Privileged" not in host
     assert host["NanoCpus"] == 2_000_000_000
     assert host["Init"] is True
     assert host["Mounts"][1:] == [
@@ -105,7 +112,10 @@ def test_gpus_beyond_the_machine_are_refused_before_any_engine_sees_them() -> No
         default_log_dir=Path("/logs"),
     )
     requests = req.containers[0].body["HostConfig"]["DeviceRequests"]
-    assert requests[0]["Count"] == 2 and requests[0]["Capabilities"] == [["gpu"]]
+    # The capabilities TorchX asks for (CUDA libraries and nvidia-smi). No GPU here: the
+    # request body is what can be checked; the NVIDIA runtime honouring it cannot.
+    assert requests[0]["Count"] == 2
+    assert requests[0]["Capabilities"] == [["compute", "utility"]]
 
 
 def test_the_request_is_deterministic_and_printable() -> None:
@@ -146,3 +156,97 @@ def test_a_roles_error_file_is_kept_and_read_back_where_the_host_can_see_it() ->
 def test_a_relative_log_dir_is_made_absolute_from_the_dry_runs_directory() -> None:
     req = _render(_app(), log_dir="rel/logs")
     assert req.app_dir == "/work/rel/logs/s1/app-1234"
+
+
+def _env(body: dict[str, object]) -> dict[str, str]:
+    items = body["Env"]
+    assert isinstance(items, list)
+    return dict(str(e).split("=", 1) for e in items)
+
+
+def test_copy_env_and_env_options_reach_every_container_under_the_roles_env() -> None:
+    environ = {"AWS_REGION": "x", "AWS_KEY": "k", "HOME": "/root", "MY_B": "host"}
+    app = _app(env={"MY_B": "role"})
+    req = _render(app, environ=environ, copy_env=["AWS_*", "MY_B"], env=["MY_A=1", "MY_C=a=b"])
+    trainer, ps = (_env(c.config(0)) for c in (req.containers[0], req.containers[1]))
+    for env in (trainer, ps):
+        assert env["AWS_REGION"] == "x" and env["AWS_KEY"] == "k"
+        assert "HOME" not in env  # only what a pattern names
+        assert env["MY_A"] == "1" and env["MY_C"] == "a=b"
+    assert trainer["MY_B"] == "role" and ps["MY_B"] == "host"  # the role's env wins
+    # The library's own variables are never overridden by the options.
+    forced = _render(app, env=["ASUPERVISOR_ROLE=x", "TORCHX_RANK0_HOST=y"])
+    env = _env(forced.containers[0].config(0))
+    assert env["ASUPERVISOR_ROLE"] == "trainer" and env["TORCHX_RANK0_HOST"] == "app-1234-trainer-0"
+    # Without copy_env nothing of the submitting process goes in.
+    assert "AWS_REGION" not in _env(_render(app, environ=environ).containers[0].config(0))
+
+
+def test_a_malformed_env_item_is_refused_naming_it_with_every_other_problem() -> None:
+    with pytest.raises(SpecError) as caught:
+        _render(_app(resource=Resource(gpu=1)), env=["A=1", "B", "=3"])
+    assert caught.value.fields == ("cfg.env[1]", "cfg.env[2]", "roles[0].resource.gpu")
+    with pytest.raises(SpecError) as caught:
+        docker_run_opts().resolve({"env": "A=1;B=2"})  # a list option: the CLI form splits it
+    assert caught.value.fields == ("cfg.env",)
+
+
+def test_privileged_and_shm_only_when_asked() -> None:
+    host = _render(_app(), privileged=True).containers[0].body["HostConfig"]
+    assert host["Privileged"] is True
+    assert "ShmSize" not in host  # no memMB: the engine's default /dev/shm
+
+
+def test_joining_an_existing_network_creates_and_removes_none() -> None:
+    req = _render(_app(num_replicas=2), network="shared-net")
+    assert req.network == "shared-net" and not req.owns_network
+    assert req.network_body == {}
+    for c in req.containers:
+        body = c.config(0)
+        assert body["HostConfig"]["NetworkMode"] == "shared-net"
+        assert body["NetworkingConfig"] == {
+            "EndpointsConfig": {"shared-net": {"Aliases": [c.name]}}
+        }
+    assert "joined" in str(req) and req.to_json()["network_body"] == {}
+    assert _render(_app()).owns_network
+
+
+def test_named_devices_map_to_host_devices_as_torchx_does() -> None:
+    """EFA and Neuron hardware is not on this machine: the create body is what is checked."""
+    res = Resource(devices={"vpc.amazonaws.com/efa": 2, "aws.amazon.com/neurondevice": 1})
+    host = _render(_app(resource=res, mounts=[DeviceMount("/dev/fuse", "/dev/fuse")]))
+    devices = host.containers[0].body["HostConfig"]["Devices"]
+    assert [(d["PathOnHost"], d["PathInContainer"], d["CgroupPermissions"]) for d in devices] == [
+        ("/dev/fuse", "/dev/fuse", "rwm"),
+        ("/dev/infiniband/uverbs0", "/dev/infiniband/uverbs0", "rwm"),
+        ("/dev/infiniband/uverbs1", "/dev/infiniband/uverbs1", "rwm"),
+        ("/dev/neuron0", "/dev/neuron0", "rwm"),
+    ]
+    with pytest.raises(SpecError) as caught:
+        _render(_app(resource=Resource(devices={"example.com/fpga": 1})))
+    assert caught.value.fields == ("roles[0].resource.devices",)
+    assert "example.com/fpga" in str(caught.value)
+
+
+def test_every_name_a_replica_resolves_is_a_dns_label_and_unique() -> None:
+    label = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+    app_id = "a-forty-character-application-name-xxxx-0123abcd"
+    roles = [
+        Role("trainer_with_a_rather_long_role_name_a", image="i", entrypoint="e", num_replicas=11),
+        Role("trainer_with_a_rather_long_role_name_b", image="i", entrypoint="e"),
+    ]
+    ctx = DryrunContext(session="s1", app_id=app_id, cwd="/w")
+    req = _render(AppDef("a", roles), ctx)
+    names = [c.name for c in req.containers]
+    assert len(set(names)) == len(names) == 12
+    for c in req.containers:
+        assert label.fullmatch(c.name), c.name
+        assert c.name.endswith(f"-{c.replica_id}")
+        body = c.config(0)
+        assert body["Hostname"] == c.name
+        assert body["NetworkingConfig"]["EndpointsConfig"][req.network]["Aliases"] == [c.name]
+        env = _env(body)
+        assert env["TORCHX_RANK0_HOST"] == env["ASUPERVISOR_RANK0_HOST"] == names[0]
+    assert names[0] == container_name(app_id, roles[0].name, 0)
+    # A name that already is a label is kept as it is.
+    assert container_name("app-1234", "trainer", 3) == "app-1234-trainer-3"

@@ -8,7 +8,7 @@ from transitions.core import MachineError
 from supervisor.fsm.diagram import render_fsm_doc
 from supervisor.fsm.ingest import APP_PATHS, REPLICA_PATHS, Drop, Plan, Steps
 from supervisor.fsm.machines import APP_ENGINE, REPLICA_ENGINE, AppModel, ReplicaModel
-from supervisor.fsm.states import ReplicaState
+from supervisor.states import ReplicaState
 
 R = ReplicaState
 

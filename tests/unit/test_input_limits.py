@@ -202,8 +202,11 @@ def test_role_path_is_joined_in_front_of_the_inherited_one() -> None:
     (plain,) = render(app, local_run_opts().resolve({}), CTX, Path("/s")).replicas
     assert "PATH" not in plain.env  # never replaces the inherited PATH
     assert plain.path_prepend == "/opt/a:/opt/b"
-    assert "PATH=/opt/a:/opt/b:$PATH" in plain.command_line()
+    assert plain.path_append == "/work/dir"  # the working directory goes last (TorchX)
+    assert "PATH=/opt/a:/opt/b:$PATH:/work/dir" in plain.command_line()
+    assert plain.spawn_path("/usr/bin") == "/opt/a:/opt/b:/usr/bin:/work/dir"
     cfg = local_run_opts().resolve({"prepend_cwd": True})
     (first,) = render(app, cfg, CTX, Path("/s")).replicas
     assert first.path_prepend == "/work/dir:/opt/a:/opt/b"
+    assert first.path_append is None
     assert join_path(None, "", ":/x:", "/y") == "/x:/y"

@@ -8,7 +8,12 @@ import pytest
 
 from supervisor import AppDef, Resource, Role
 from supervisor.backends.base import DryrunContext
-from supervisor.backends.local.request import local_run_opts, render, replica_base_env
+from supervisor.backends.local.request import (
+    is_path_like,
+    local_run_opts,
+    render,
+    replica_base_env,
+)
 from supervisor.errors import SpecError
 
 CTX = DryrunContext(session="svc", app_id="app-1", cwd="/work/dir", gpu_count=4)
@@ -126,3 +131,76 @@ def test_env_policy_is_refused_elsewhere_with_the_reason(backend: str) -> None:
     assert [p.field for p in bad.value.problems] == ["cfg.env_policy", "cfg.env_allow"]
     assert "not supported by this backend" in str(bad.value)
     assert ("image's ENV" if backend == "docker" else "--export=ALL") in str(bad.value)
+
+
+# -- TorchX's local schedulers: local_cwd and local_dir ------------------------
+
+
+def test_img_root_is_the_working_directory_and_the_image_is_ignored() -> None:
+    """local_cwd: ``${img_root}`` is the cwd, whatever the image says (not the image string)."""
+    role = Role(name="r", image="python:3.12", entrypoint="p", args=["${img_root}/x"])
+    (replica,) = render(
+        AppDef(name="x", roles=[role]), local_run_opts().resolve({}), CTX, Path("/s")
+    ).replicas
+    assert replica.argv == ("p", "/work/dir/x")
+    assert replica.cwd == "/work/dir"
+
+
+def test_a_directory_image_is_the_working_directory_and_img_root() -> None:
+    """local_dir: the replica runs in the image directory; a relative entrypoint is found there."""
+    roles = [
+        Role(
+            name="d",
+            image="./pkg",
+            entrypoint="bin/run",
+            args=["${img_root}"],
+            env={"ROOT": "${img_root}"},
+        ),
+        Role(name="c", image="./not-a-dir", entrypoint="p", args=["${img_root}"]),
+    ]
+    request = render(
+        AppDef(name="x", roles=roles),
+        local_run_opts().resolve({}),
+        CTX,
+        Path("/s"),
+        image_dirs={"./pkg": "/work/dir/pkg"},
+    )
+    d, c = request.replicas
+    assert (d.cwd, d.argv, d.env["ROOT"]) == (
+        "/work/dir/pkg",
+        ("bin/run", "/work/dir/pkg"),
+        "/work/dir/pkg",
+    )
+    assert d.path_append == "/work/dir/pkg"
+    assert (c.cwd, c.argv) == ("/work/dir", ("p", "/work/dir"))
+    assert c.path_append == "/work/dir"
+
+
+def test_cwd_goes_last_on_path_unless_prepend_cwd() -> None:
+    app = AppDef(name="x", roles=[Role(name="r", entrypoint="p")])
+    (last,) = render(app, local_run_opts().resolve({}), CTX, Path("/s")).replicas
+    assert last.spawn_path("/usr/bin:/bin") == "/usr/bin:/bin:/work/dir"
+    assert last.spawn_path(None) == "/work/dir"  # an environment without PATH: PATH=cwd
+    (first,) = render(
+        app, local_run_opts().resolve({"prepend_cwd": True}), CTX, Path("/s")
+    ).replicas
+    assert first.spawn_path("/usr/bin:/bin") == "/work/dir:/usr/bin:/bin"
+    assert first.spawn_path(None) == "/work/dir"
+
+
+def test_torchx_job_id_is_the_handle() -> None:
+    app = AppDef(name="x", roles=[Role(name="r", entrypoint="p", num_replicas=2)])
+    request = render(app, local_run_opts().resolve({}), CTX, Path("/s"))
+    assert {r.env["TORCHX_JOB_ID"] for r in request.replicas} == {"local://svc/app-1"}
+
+
+def test_is_path_like() -> None:
+    assert [is_path_like(i) for i in ("/abs", "./rel", "../up", "a/b", ".", "busybox", "py:3")] == [
+        True,
+        True,
+        True,
+        True,
+        True,
+        False,
+        False,
+    ]

@@ -8,19 +8,23 @@ import sys
 import supervisor
 
 EXPECTED = {
-    "NULL_RESOURCE", "AppDef", "AppHandle", "AppState", "AppStatus", "BackendError",
-    "BindMount", "DamagedRecordError", "DescribeAppResponse", "DeviceMount", "DryRunInfo",
+    "NULL_RESOURCE", "AppDef", "AppEvent", "AppHandle", "AppState", "AppStatus", "BackendError",
+    "BindMount", "ClusterInfo", "ClusterJob", "DamagedRecordError", "DescribeAppResponse",
+    "DeviceMount", "DryRunInfo", "EventStream", "EventsOverflowError",
     "DuplicateAppError", "InvalidHandleError", "ListAppResponse", "MissingExtraError",
-    "Problem", "ReplicaState", "ReplicaStatus",
+    "NodeInfo", "PartitionInfo", "Problem", "ReplicaState", "ReplicaStatus",
     "ResolvedCfg", "Resource", "RetryPolicy", "Role", "RoleStatus", "RunOpt", "RunOpts",
-    "SpecError", "Stream", "SubmitError", "Supervisor", "SupervisorError", "Transition",
+    "ShuttingDown", "SpecError", "Stream", "SubmitError", "Supervisor", "SupervisorError",
+    "Transition",
     "UnknownAppError", "UnknownBackendError", "UnsupportedAsyncLibraryError", "VolumeMount",
     "WaitTimeout", "__version__", "macros", "make_handle", "parse_handle",
 }  # fmt: skip
 
 SUPERVISOR_METHODS = {
     "dryrun", "schedule", "submit", "status", "describe", "exists", "list", "cancel",
-    "wait", "watch", "log_iter", "close", "run_opts", "hold", "release",
+    "wait", "watch", "events", "log_iter", "close", "run_opts", "hold", "release",
+    "cluster", "cluster_jobs", "matching", "cancel_matching",
+    "begin_shutdown",
 }  # fmt: skip
 
 

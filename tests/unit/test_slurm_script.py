@@ -22,13 +22,13 @@ from supervisor.backends.slurm.options import (
     valid_time,
 )
 from supervisor.backends.slurm.script import (
-    PROCS_PER_NODE,
     ClusterFacts,
     dependencies,
     group_keys,
     render,
     with_dependencies,
 )
+from supervisor.specs import PROCS_PER_NODE
 
 GOLDEN = Path(__file__).parent / "golden"
 CTX = DryrunContext(session="svc", app_id="train-0001", cwd="/home/me/project")

@@ -19,7 +19,7 @@ from supervisor.backends.slurm.records import (
 from supervisor.backends.slurm.translate import Mail, ViewTranslator
 from supervisor.events import ReplicaEvent
 from supervisor.fsm.app import AppFSM, RoleSpec
-from supervisor.fsm.states import AppState, ReplicaState
+from supervisor.states import AppState, ReplicaState
 
 KEYS = [("trainer", 0), ("trainer", 1)]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor import AppDef, Role
+from supervisor import AppDef, Resource, Role
 
 
 def _app() -> AppDef:
@@ -47,3 +47,16 @@ def test_an_unknown_role_name_is_an_error_naming_it() -> None:
         _app().replace_role("nope", num_replicas=1)
     with pytest.raises(ValueError, match="'nope'"):
         _app().with_env({"A": "2"}, roles=["nope"])
+
+
+def test_resource_copy_merges_capabilities_as_torchx() -> None:
+    """``Resource.copy(original, **capabilities)``: TorchX's static method, same call."""
+    original = Resource(cpu=2, gpu=1, memMB=1024, capabilities={"a": 1, "b": 2}, devices={"efa": 1})
+    copied = Resource.copy(original, b=3, c="x")
+    assert (copied.cpu, copied.gpu, copied.memMB) == (2, 1, 1024)
+    assert dict(copied.capabilities) == {"a": 1, "b": 3, "c": "x"}
+    assert dict(copied.devices) == {"efa": 1}
+    assert dict(original.capabilities) == {"a": 1, "b": 2}  # the original is not changed
+    assert Resource.copy(original) == original
+    with pytest.raises(TypeError):
+        copied.capabilities["d"] = 1  # type: ignore[index]

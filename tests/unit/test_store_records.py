@@ -117,6 +117,7 @@ def test_no_record_yet_is_none_not_damage(tmp_path: Path) -> None:
         (_state(status={**STATUS.to_json(), "roles": [{"role": "r"}]}), "roles[0].replicas"),
         (_state(status={**STATUS.to_json(), "roles": [5]}), "roles[0] is 5"),
         (_state(status={**STATUS.to_json(), "ui_url": 1}), "ui_url is 1, not str or null"),
+        (_state(status={**STATUS.to_json(), "metadata": [1]}), "metadata is [1], not dict"),
         (_replica_field("state", "DONE"), "unknown state"),
         (_replica_field("id", "1"), "roles[0].replicas[1].id is '1'"),
         (_replica_field("exit_code", "0"), "roles[0].replicas[1].exit_code is '0'"),

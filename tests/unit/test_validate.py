@@ -322,9 +322,8 @@ def test_backend_without_retries() -> None:
 @pytest.mark.parametrize(
     ("resource", "field", "message"),
     [
-        (Resource(cpu=0), "roles[0].resource.cpu", "must be >= 1, or -1 for unset"),
-        (Resource(cpu=-2), "roles[0].resource.cpu", "must be >= 1, or -1 for unset"),
-        (Resource(memMB=0), "roles[0].resource.memMB", "must be >= 1, or -1 for unset"),
+        (Resource(cpu=-2), "roles[0].resource.cpu", "must be >= 0, or -1 for unset"),
+        (Resource(memMB=-5), "roles[0].resource.memMB", "must be >= 0, or -1 for unset"),
         (Resource(gpu=-3), "roles[0].resource.gpu", "must be >= 0, or -1 for unset"),
         (Resource(cpu=1.5), "roles[0].resource.cpu", "must be an int, got float 1.5"),  # type: ignore[arg-type]
         (Resource(gpu=True), "roles[0].resource.gpu", "must be an int, got bool True"),
@@ -346,6 +345,13 @@ def test_resource(resource: Resource, field: str, message: str) -> None:
 
 def test_resource_zero_gpu_is_fine() -> None:
     validate(app_of(trainer(resource=Resource(cpu=1, gpu=0, memMB=1))), LOCAL)
+
+
+def test_resource_zero_cpu_and_memory_are_accepted_as_torchx_does() -> None:
+    """TorchX takes cpu=0 / memMB=0 as "no request" (its schedulers set only what is > 0)."""
+    zero = Resource(cpu=0, gpu=0, memMB=0)
+    for caps in (LOCAL, DOCKER, SLURM):
+        validate(app_of(trainer(resource=zero, image="img")), caps)
 
 
 def test_resource_wrong_type() -> None:

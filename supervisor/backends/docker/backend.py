@@ -20,6 +20,7 @@ What this process follows is heard from one engine event stream per backend.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -49,6 +50,7 @@ from supervisor.backends.docker.runtime import CONFIRM_S, CREATE_CONCURRENCY, Do
 from supervisor.backends.store import AppStore, Index, Owner
 from supervisor.errors import BackendError, SubmitError
 from supervisor.logs import LogSink
+from supervisor.observe import metrics
 from supervisor.runopts import ResolvedCfg, RunOpts
 from supervisor.specs import AppDef, AppHandle, make_handle
 from supervisor.status import AppStatus, DescribeAppResponse, ListAppResponse
@@ -104,6 +106,7 @@ class DockerBackend(Backend):
             ctx,
             host=cfg.get_str("host") or self.host,
             default_log_dir=self.context.state_dir / "logs",
+            environ=os.environ,  # copy_env's source, read here as TorchX does
         )
 
     async def launch(self, request: Request, sink: EventSink) -> DockerRuntime:
@@ -208,6 +211,7 @@ class DockerBackend(Backend):
 
     def _dispatch(self, event: dict[str, Any]) -> None:
         action = event_action(event)
+        metrics.count_engine_event(action)
         if action != "start" and action not in EXIT_ACTIONS:
             return
         cid = event_container(event)

@@ -19,6 +19,7 @@ import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Literal, ParamSpec, TypeVar
+from urllib.parse import quote
 
 import anyio
 
@@ -34,6 +35,8 @@ __all__ = ["EXIT_ACTIONS", "Engine", "StreamName"]
 
 StreamName = Literal["stdout", "stderr"]
 EXIT_ACTIONS = frozenset({"die", "died"})
+NETWORK_ENDPOINTS_S = 60.0
+"""How long a network whose containers are gone may still show their endpoints."""
 _FRAME = struct.Struct(">BxxxL")
 _STREAMS: dict[int, StreamName] = {1: "stdout", 2: "stderr"}
 P = ParamSpec("P")
@@ -136,17 +139,48 @@ class Engine:
         try:
             network = await self.client().networks.create(dict(body))
         except aiodocker.DockerError as e:
-            raise _error(e, f"cannot create network {body.get('Name')!r}", submit=True) from e
+            what = f"cannot create network {body.get('Name')!r}"
+            if "address pool" in e.message.lower():
+                # dockerd's default pools hold 31 networks: one per app, 31 apps at once.
+                raise SubmitError(
+                    f"{what}: the engine has no free address pool for it ({e.message}); each "
+                    "app has a network of its own, so this engine runs only so many apps at "
+                    "once: wait for some to end, or give it larger pools (dockerd "
+                    "--default-address-pool base=10.200.0.0/16,size=24)",
+                    transient=True,  # passes once other apps end and free their networks
+                ) from e
+            raise _error(e, what, submit=True) from e
         return str(network.id)
 
     @_translated
     async def remove_network(self, name: str) -> None:
+        """Remove it (gone already is fine). dockerd under load still shows the endpoints of
+        containers it has just removed for a while ("has active endpoints"): retried, with
+        back-off, for up to NETWORK_ENDPOINTS_S."""
+        deadline = anyio.current_time() + NETWORK_ENDPOINTS_S
+        pause = 0.2
+        while True:
+            try:
+                async with self._response(f"networks/{name}", method="DELETE"):
+                    pass
+                return
+            except aiodocker.DockerError as e:
+                if e.status == 404:
+                    return
+                if "active endpoints" not in e.message or anyio.current_time() >= deadline:
+                    raise _error(e, f"cannot remove network {name!r}") from e
+            await anyio.sleep(pause)
+            pause = min(pause * 2, 5.0)
+
+    @_translated
+    async def network_exists(self, name: str) -> bool:
         try:
-            async with self._response(f"networks/{name}", method="DELETE"):
-                pass
+            async with self._response(f"networks/{quote(name, safe='')}"):
+                return True
         except aiodocker.DockerError as e:
-            if e.status != 404:
-                raise _error(e, f"cannot remove network {name!r}") from e
+            if e.status == 404:
+                return False
+            raise _error(e, f"cannot look up network {name!r}", submit=True) from e
 
     @_translated
     async def list_networks(self, labels: Mapping[str, str]) -> list[dict[str, Any]]:

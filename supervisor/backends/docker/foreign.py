@@ -12,9 +12,10 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 from asyncinotify import Inotify, Mask
@@ -24,6 +25,7 @@ from supervisor.backends.docker.engine import EXIT_ACTIONS, Engine, event_action
 from supervisor.backends.docker.request import LABEL
 from supervisor.backends.docker.resume import LogResumer, lock
 from supervisor.backends.docker.runtime import OUTPUT_COPIED, exit_signal
+from supervisor.backends.docker.services import BackendServices
 from supervisor.backends.listing import list_indexed
 from supervisor.backends.store import (
     AppStore,
@@ -34,8 +36,8 @@ from supervisor.backends.store import (
 )
 from supervisor.errors import BackendError, DamagedRecordError
 from supervisor.fsm.rules import derive_app_state
-from supervisor.fsm.states import AppState, ReplicaState, is_terminal
 from supervisor.specs import AppDef, AppHandle
+from supervisor.states import AppState, ReplicaState, is_terminal
 from supervisor.status import (
     AppStatus,
     DescribeAppResponse,
@@ -43,9 +45,6 @@ from supervisor.status import (
     ReplicaStatus,
     RoleStatus,
 )
-
-if TYPE_CHECKING:
-    from supervisor.backends.docker.backend import DockerBackend
 
 __all__ = ["RELEASED", "ForeignApps"]
 
@@ -82,9 +81,12 @@ async def _process_exit(pid: int) -> None:
 
 
 class ForeignApps:
-    def __init__(self, backend: DockerBackend) -> None:
+    def __init__(self, backend: BackendServices) -> None:
         self._backend = backend
         self.logs = LogResumer(backend)
+        # One ``wait`` per app followed here, however many of its replicas' logs are
+        # followed: each opens an event stream and an inotify instance.
+        self._endings: dict[tuple[str, str], tuple[anyio.CancelScope, anyio.Event]] = {}
 
     # ---------------------------------------------------------------- finding
     async def find(self, handle: AppHandle) -> _Found | None:
@@ -275,7 +277,8 @@ class ForeignApps:
         engine = self.engine_of(app)
         for c in await self.containers(app):
             await engine.remove(str(c["Id"]))
-        await engine.remove_network(str(app["request"]["network"]))
+        if app["request"].get("network_body", True):  # not a joined network: the app's own
+            await engine.remove_network(str(app["request"]["network"]))
         return status
 
     # ------------------------------------------------------------------ verbs
@@ -433,7 +436,39 @@ class ForeignApps:
             if status.is_settled:
                 await self.wait(handle)
 
-        return self._backend.make_log_target(store, role, replica_id, copied=copied)
+        target = self._backend.make_log_target(store, role, replica_id, copied=copied)
+        # The engine's die and destroy events of the app's containers (and the owner's
+        # records, and its death) end a follower at once: nothing in the replica's
+        # directory changes when an unfollowed container exits, so without this it
+        # would notice only at its 30 s re-check.
+        return replace(target, ended=self._ended(handle))
+
+    def _ended(self, handle: AppHandle) -> Callable[[], Awaitable[None]]:
+        """Returns once ``wait`` would: the app settled and its output is in the files."""
+        key = (handle.session, handle.app_id)
+
+        async def ended() -> None:
+            known = self._endings.get(key)
+            if known is None:
+                known = self._endings[key] = (anyio.CancelScope(), anyio.Event())
+                self._backend.task_group.start_soon(self._wait_end, handle, *known)
+            await known[1].wait()
+
+        return ended
+
+    async def _wait_end(
+        self, handle: AppHandle, scope: anyio.CancelScope, ended: anyio.Event
+    ) -> None:
+        try:
+            with scope:
+                await self.wait(handle)
+                ended.set()
+        except (BackendError, OSError):
+            pass  # not set: the followers end at their re-check, as without events
+        finally:
+            self._endings.pop((handle.session, handle.app_id), None)
 
     async def aclose(self) -> None:
+        for scope, _ in list(self._endings.values()):
+            scope.cancel()
         await self.logs.aclose()

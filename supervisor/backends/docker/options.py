@@ -63,7 +63,35 @@ def docker_run_opts() -> RunOpts:
                 type=OptType.BOOL,
                 default=True,
                 help="put the app's containers on an internal network (no traffic leaves the "
-                "machine); false lets them reach outside",
+                "machine); false lets them reach outside (the network this backend creates "
+                "only: not one joined with 'network')",
+            ),
+            RunOpt(
+                name="network",
+                type=OptType.STR,
+                default=None,
+                help="join this existing engine network instead of creating one per app; "
+                "it is neither created nor removed here (default: a network of the app's own)",
+            ),
+            RunOpt(
+                name="copy_env",
+                type=OptType.LIST,
+                default=None,
+                help="variables of the submitting process copied into every container, by name "
+                "or shell glob (e.g. AWS_*;HF_TOKEN), read at dryrun",
+            ),
+            RunOpt(
+                name="env",
+                type=OptType.LIST,
+                default=None,
+                help="variables set in every container, NAME=VALUE items (e.g. A=1;B=2); "
+                "over copy_env, under each role's own env",
+            ),
+            RunOpt(
+                name="privileged",
+                type=OptType.BOOL,
+                default=False,
+                help="run the containers privileged (every capability, every host device)",
             ),
         ],
         refused=_REFUSED,
@@ -71,8 +99,8 @@ def docker_run_opts() -> RunOpts:
 
 
 _NO_HOST_ENV = (
-    "a container never inherits this process's environment: it sees its image's ENV "
-    "and its role's env only (what env_policy=clean gives a local replica)"
+    "a container never inherits this process's environment: it sees its image's ENV, "
+    "the variables named by copy_env and env, and its role's env"
 )
 #: Options of the local backend that mean nothing here, with why (see docs/backends/docker.md).
 _REFUSED = {"env_policy": _NO_HOST_ENV, "env_allow": _NO_HOST_ENV}

@@ -1,8 +1,12 @@
 """Pure rendering of an AppDef into container and network requests (the docker ``dryrun``).
 
 Each replica becomes one container named ``{app_id}-{role}-{k}`` on the app's
-own user network, so replicas find each other by name through the engine's
-DNS; the first replica's name is the rank-0 host. Everything an engine needs
+own user network (or on an existing one it joins, the ``network`` option), so
+replicas find each other by name through the engine's DNS; the first
+replica's name is the rank-0 host. A name must be a DNS label to be resolved
+(at most 63 letters, digits and ``-``): a longer one, or one with other
+characters, is cut and ends in a hash of the full name (``container_name``),
+the one function every name a replica resolves comes from. Everything an engine needs
 is decided here and frozen in the request, in the Engine API's own JSON
 shape, except what changes per attempt (the attempt label and
 ``ASUPERVISOR_ATTEMPT``), which ``ContainerSpec.config`` adds.
@@ -18,8 +22,11 @@ backend when the replica fails.
 
 from __future__ import annotations
 
+import fnmatch
+import hashlib
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,9 +40,11 @@ from supervisor.specs import AppDef, BindMount, DeviceMount, Role, VolumeMount, 
 __all__ = [
     "CONTAINER_REPLICA_DIR",
     "LABEL",
+    "NAMED_DEVICES",
     "RANK0_ENV",
     "ContainerSpec",
     "DockerRequest",
+    "container_name",
     "render",
 ]
 
@@ -105,6 +114,7 @@ class DockerRequest(Request):
     app_dir: str = ""
     network: str = ""
     network_body: Mapping[str, Any] = field(default_factory=dict)
+    """The create body of the app's own network; empty when it joins an existing one."""
     stop_grace: float = DEFAULT_STOP_GRACE
     containers: tuple[ContainerSpec, ...] = ()
 
@@ -112,12 +122,19 @@ class DockerRequest(Request):
         lines = [
             f"docker app {self.app_id} (session {self.session}) on {self.host}",
             f"  app dir: {self.app_dir}",
-            f"  network: {self.network} (internal: {self.network_body.get('Internal')})",
+            f"  network: {self.network} (internal: {self.network_body.get('Internal')})"
+            if self.owns_network
+            else f"  network: {self.network} (joined: neither created nor removed)",
         ]
         for c in self.containers:
             argv = [*c.body["Entrypoint"], *c.body["Cmd"]]
             lines.append(f"  {c.role}/{c.replica_id}: container {c.name} image {c.image}: {argv}")
         return "\n".join(lines)
+
+    @property
+    def owns_network(self) -> bool:
+        """The network is the app's own: created at launch, removed at its end."""
+        return bool(self.network_body)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -131,8 +148,48 @@ class DockerRequest(Request):
         }
 
 
+DNS_LABEL_MAX = 63
+_DNS_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?")
+_NOT_DNS = re.compile(r"[^A-Za-z0-9-]+")
+
+
 def container_name(app_id: str, role: str, replica_id: int) -> str:
-    return f"{app_id}-{role}-{replica_id}"
+    """``{app_id}-{role}-{k}``, or, when that is not a DNS label, a label made from it.
+
+    Engines resolve a peer's name only when it is one DNS label (RFC 1035: at
+    most 63 letters, digits and inner ``-``). Any other name is cut, its other
+    characters become ``-``, and it ends in ``-{hash}-{k}``, the hash of the
+    full name: names stay unique and show the replica. Every name a replica
+    resolves (its peers, rank 0) comes from here.
+    """
+    full = f"{app_id}-{role}-{replica_id}"
+    if len(full) <= DNS_LABEL_MAX and _DNS_LABEL.fullmatch(full):
+        return full
+    digest = hashlib.sha256(full.encode()).hexdigest()[:8]
+    tail = f"-{digest}-{replica_id}"
+    head = _NOT_DNS.sub("-", f"{app_id}-{role}").strip("-")
+    head = head[: DNS_LABEL_MAX - len(tail)].rstrip("-")
+    return f"{head}{tail}" if head else tail.lstrip("-")
+
+
+def _uverbs(count: int) -> list[DeviceMount]:
+    return [
+        DeviceMount(f"/dev/infiniband/uverbs{i}", f"/dev/infiniband/uverbs{i}")
+        for i in range(count)
+    ]
+
+
+def _neuron(count: int) -> list[DeviceMount]:
+    return [DeviceMount(f"/dev/neuron{i}", f"/dev/neuron{i}") for i in range(count)]
+
+
+#: ``Resource.devices`` names this backend maps to host devices, as TorchX's docker
+#: scheduler does: n EFA adapters are the host's first n uverbs devices, n Neuron
+#: devices its first n /dev/neuron devices, each passed through with rwm.
+NAMED_DEVICES: Mapping[str, Callable[[int], list[DeviceMount]]] = {
+    "vpc.amazonaws.com/efa": _uverbs,
+    "aws.amazon.com/neurondevice": _neuron,
+}
 
 
 def _mounts(role: Role, replica_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -141,7 +198,8 @@ def _mounts(role: Role, replica_dir: Path) -> tuple[list[dict[str, Any]], list[d
         {"Type": "bind", "Source": str(replica_dir), "Target": CONTAINER_REPLICA_DIR}
     ]
     devices: list[dict[str, Any]] = []
-    for m in role.mounts:
+    named = [m for name, n in role.resource.devices.items() for m in NAMED_DEVICES[name](n)]
+    for m in [*role.mounts, *named]:
         if isinstance(m, BindMount):
             bind = {"Type": "bind", "Source": m.src_path, "Target": m.dst_path}
             mounts.append({**bind, "ReadOnly": m.read_only})
@@ -160,9 +218,19 @@ def _mounts(role: Role, replica_dir: Path) -> tuple[list[dict[str, Any]], list[d
     return mounts, devices
 
 
-def _check_resources(app: AppDef, ctx: DryrunContext) -> None:
-    """What an engine would silently ignore (Podman drops GPU requests) is refused here."""
+def _check(app: AppDef, cfg: ResolvedCfg, ctx: DryrunContext) -> dict[str, str]:
+    """What an engine would silently ignore (Podman drops GPU requests) is refused here,
+    with what the ``env`` option does not say right; returns that option's variables."""
     problems = []
+    env: dict[str, str] = {}
+    for i, item in enumerate(cfg.get_list("env", ())):
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            problems.append(
+                Problem(f"cfg.env[{i}]", f"expected NAME=VALUE (e.g. A=1;B=2), got {item!r}")
+            )
+        else:
+            env[name.strip()] = value
     for i, role in enumerate(app.roles):
         res = role.resource
         if res.gpu > 0 and res.gpu > ctx.gpu_count:
@@ -173,18 +241,21 @@ def _check_resources(app: AppDef, ctx: DryrunContext) -> None:
                     f"{ctx.gpu_count}; some engines would run it without any",
                 )
             )
-        if res.devices:
+        unknown = sorted(name for name in res.devices if name not in NAMED_DEVICES)
+        if unknown:
             problems.append(
                 Problem(
                     f"roles[{i}].resource.devices",
-                    "named devices are not supported by backend 'docker'; use a DeviceMount",
+                    f"backend 'docker' maps only {', '.join(sorted(NAMED_DEVICES))} to host "
+                    f"devices, not {', '.join(map(repr, unknown))}; use a DeviceMount",
                 )
             )
     if problems:
         raise SpecError(problems, context="the docker backend cannot honour this app")
+    return env
 
 
-def _host_config(role: Role, replica_dir: Path, network: str) -> dict[str, Any]:
+def _host_config(role: Role, replica_dir: Path, network: str, privileged: bool) -> dict[str, Any]:
     mounts, devices = _mounts(role, replica_dir)
     host: dict[str, Any] = {
         "NetworkMode": network,
@@ -194,26 +265,52 @@ def _host_config(role: Role, replica_dir: Path, network: str) -> dict[str, Any]:
     }
     if devices:
         host["Devices"] = devices
+    if privileged:
+        host["Privileged"] = True
     res = role.resource
     if res.memMB > 0:
         host["Memory"] = res.memMB * 1024 * 1024
+        # /dev/shm as large as the memory (as TorchX): the engines' 64 MB default
+        # breaks the data loaders and NCCL of a training job.
+        host["ShmSize"] = res.memMB * 1024 * 1024
     if res.cpu > 0:
         host["NanoCpus"] = res.cpu * 1_000_000_000
     if res.gpu > 0:
         host["DeviceRequests"] = [
-            {"Driver": "", "Count": res.gpu, "DeviceIDs": None, "Capabilities": [["gpu"]]}
+            # The capabilities TorchX asks for: the NVIDIA runtime mounts the CUDA
+            # libraries (compute) and nvidia-smi (utility) for them.
+            {
+                "Driver": "",
+                "Count": res.gpu,
+                "DeviceIDs": None,
+                "Capabilities": [["compute", "utility"]],
+            }
         ]
     return host
 
 
 def render(
-    app: AppDef, cfg: ResolvedCfg, ctx: DryrunContext, *, host: str, default_log_dir: Path
+    app: AppDef,
+    cfg: ResolvedCfg,
+    ctx: DryrunContext,
+    *,
+    host: str,
+    default_log_dir: Path,
+    environ: Mapping[str, str] | None = None,
 ) -> DockerRequest:
-    _check_resources(app, ctx)
+    """``environ``: the submitting process's variables, where ``copy_env`` copies from."""
+    cfg_env = _check(app, cfg, ctx)
+    copied = {
+        name: value
+        for name, value in sorted((environ or {}).items())
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in cfg.get_list("copy_env", ()))
+    }
+    joined = cfg.get_str("network")
+    privileged = cfg.get_bool("privileged", False)
     # Absolute (relative to the dry run's directory): other processes read it.
     log_root = Path(ctx.cwd, cfg.get_str("log_dir") or default_log_dir)
     app_dir = log_root / ctx.session / ctx.app_id
-    network = f"asupervisor-{ctx.app_id}"
+    network = joined or f"asupervisor-{ctx.app_id}"
     base_labels = {
         LABEL.SESSION: ctx.session,
         LABEL.APP_ID: ctx.app_id,
@@ -234,6 +331,9 @@ def render(
                 # Defaults only: a role's own error file and log dir are kept (as TorchX does).
                 "TORCHELASTIC_ERROR_FILE": f"{CONTAINER_REPLICA_DIR}/error.json",
                 "PET_LOG_DIR": CONTAINER_REPLICA_DIR,
+                # As TorchX: copy_env, then the env option over it, then the role's env.
+                **copied,
+                **cfg_env,
                 **resolved.env,
                 "ASUPERVISOR_APP_ID": ctx.app_id,
                 "ASUPERVISOR_SESSION": ctx.session,
@@ -248,13 +348,13 @@ def render(
                 "Entrypoint": [resolved.entrypoint],
                 "Cmd": list(resolved.args),
                 "Env": [f"{k_}={v}" for k_, v in env.items()],
-                "Hostname": name[:63],
+                "Hostname": name,
                 "Labels": {
                     **base_labels,
                     LABEL.ROLE: role.name,
                     LABEL.REPLICA_ID: str(k),
                 },
-                "HostConfig": _host_config(role, replica_dir, network),
+                "HostConfig": _host_config(role, replica_dir, network, privileged),
                 "NetworkingConfig": {"EndpointsConfig": {network: {"Aliases": [name]}}},
             }
             specs.append(
@@ -276,7 +376,9 @@ def render(
         host=host,
         app_dir=str(app_dir),
         network=network,
-        network_body={
+        network_body={}
+        if joined
+        else {
             "Name": network,
             "Driver": "bridge",
             "Internal": cfg.get_bool("internal_network", True),

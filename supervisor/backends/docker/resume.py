@@ -19,15 +19,13 @@ import fcntl
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 
 from supervisor.backends.docker.runtime import ATTEMPT_FILE, CopyCheck, log_sizes, sha256s
-from supervisor.backends.store import AppStore, _read_json
-
-if TYPE_CHECKING:
-    from supervisor.backends.docker.backend import DockerBackend
+from supervisor.backends.docker.services import BackendServices
+from supervisor.backends.store import AppStore, read_json_or_none
 
 __all__ = ["COPY_LOCK", "LogResumer", "lock"]
 
@@ -83,7 +81,7 @@ def _digests(directory: Path, marks: dict[str, int], sizes: dict[str, int]) -> d
 
 
 class LogResumer:
-    def __init__(self, backend: DockerBackend) -> None:
+    def __init__(self, backend: BackendServices) -> None:
         self._backend = backend
         self._copies: dict[str, tuple[anyio.CancelScope, anyio.Event]] = {}
 
@@ -99,7 +97,7 @@ class LogResumer:
 
         def read_marks() -> tuple[dict[str, Any], dict[str, int]] | None:
             # Tolerant, and never blocking on a FIFO: without a mark nothing is copied.
-            mark = _read_json(directory / ATTEMPT_FILE)
+            mark = read_json_or_none(directory / ATTEMPT_FILE)
             if not isinstance(mark, dict):
                 return None
             return mark, log_sizes(directory)

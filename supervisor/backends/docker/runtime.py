@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 from asyncinotify import Inotify, Mask
@@ -31,15 +31,13 @@ from asyncinotify import Inotify, Mask
 from supervisor.backends.base import AppCancelRequested, AppNotice, AppRuntime, EventSink, LogTarget
 from supervisor.backends.docker.engine import Engine
 from supervisor.backends.docker.request import LABEL, ContainerSpec, DockerRequest
+from supervisor.backends.docker.services import BackendServices
 from supervisor.backends.store import CANCEL_REQUEST, AppStore, write_json_atomic
-from supervisor.errors import BackendError
+from supervisor.errors import BackendError, SubmitError
 from supervisor.events import Exited, Lost, ReplicaKey, Started, Submitted
 from supervisor.logs import ReplicaLog
 from supervisor.logs.sink import attempt_marks
 from supervisor.status import AppStatus, Transition
-
-if TYPE_CHECKING:
-    from supervisor.backends.docker.backend import DockerBackend
 
 __all__ = ["CopyCheck", "DockerRuntime", "exit_signal", "sha256s"]
 
@@ -190,7 +188,7 @@ class _Slot:
 
 
 class DockerRuntime(AppRuntime):
-    def __init__(self, backend: DockerBackend, request: DockerRequest, sink: EventSink) -> None:
+    def __init__(self, backend: BackendServices, request: DockerRequest, sink: EventSink) -> None:
         self._backend = backend
         self.engine: Engine = backend.engine
         self.request = request
@@ -240,6 +238,15 @@ class DockerRuntime(AppRuntime):
         async def network() -> None:
             nonlocal network_made
             if network_made:
+                return
+            if not req.owns_network:
+                # Joined, never ours: it must be there before any container is made.
+                if not await self.engine.network_exists(req.network):
+                    raise SubmitError(
+                        f"run option 'network': no network {req.network!r} on the engine at "
+                        f"{self.engine.host} (it is joined, never created: create it first)",
+                        transient=False,
+                    )
                 return
             try:
                 await self.engine.create_network(req.network_body)
@@ -781,7 +788,8 @@ class DockerRuntime(AppRuntime):
             marked = e
         for cid in list(self._by_cid):
             await self.engine.remove(cid)
-        await self.engine.remove_network(self.request.network)
+        if self.request.owns_network:
+            await self.engine.remove_network(self.request.network)
         if marked is not None:
             # Other processes then wait for this one to exit before reading to the end.
             raise BackendError(f"cannot mark the app's output complete: {marked}", transient=False)

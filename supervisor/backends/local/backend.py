@@ -41,6 +41,7 @@ from supervisor.backends.local.request import (
     DEFAULT_MAX_REPLICAS,
     LocalRequest,
     ReplicaLaunch,
+    is_path_like,
     local_run_opts,
     render,
 )
@@ -55,10 +56,10 @@ from supervisor.backends.store import (
 )
 from supervisor.errors import BackendError, DamagedRecordError, SubmitError
 from supervisor.events import Exited, ReplicaKey, Started, Submitted
-from supervisor.fsm.states import TERMINAL, AppState, ReplicaState
 from supervisor.logs import LogSink, ReplicaLog
 from supervisor.runopts import ResolvedCfg, RunOpts
 from supervisor.specs import AppDef, AppHandle, RetryPolicy, make_handle
+from supervisor.states import TERMINAL, AppState, ReplicaState
 from supervisor.status import (
     AppStatus,
     DescribeAppResponse,
@@ -89,6 +90,23 @@ def _reserve_size(replicas: int) -> int:
     """Bytes set aside for an app's final record: its state, and the transitions since the
     last record that could be written (a few per replica)."""
     return 64 * 1024 + 1024 * replicas
+
+
+def image_dirs(app: AppDef, cwd: str) -> dict[str, str]:
+    """The roles' images that are directories (``local_dir``), each to its absolute path.
+
+    Only path-like images are looked at (one ``stat`` each, as ``os.getcwd`` in
+    the dry run); a relative one is taken relative to ``cwd``.
+    """
+    found: dict[str, str] = {}
+    for role in app.roles:
+        image = role.image
+        if image in found or not is_path_like(image):
+            continue
+        path = os.path.normpath(os.path.join(cwd, image))
+        if os.path.isdir(path):
+            found[image] = path
+    return found
 
 
 @dataclass
@@ -161,8 +179,9 @@ class LocalRuntime(AppRuntime):
             **launch.env,
             "ASUPERVISOR_ATTEMPT": str(slot.attempt),
         }
-        if launch.path_prepend:
-            env["PATH"] = launch.path_prepend + os.pathsep + env.get("PATH", os.defpath)
+        path = launch.spawn_path(env.get("PATH"))
+        if path is not None:
+            env["PATH"] = path
         log = self._logs[key]
         try:
             proc = await ReplicaProcess.start(
@@ -409,7 +428,7 @@ class LocalBackend(Backend):
         return self.context.state_dir / "logs"
 
     def dryrun(self, app: AppDef, cfg: ResolvedCfg, ctx: DryrunContext) -> LocalRequest:
-        return render(app, cfg, ctx, self.default_log_dir())
+        return render(app, cfg, ctx, self.default_log_dir(), image_dirs(app, ctx.cwd))
 
     async def launch(self, request: Request, sink: EventSink) -> LocalRuntime:
         if not isinstance(request, LocalRequest):

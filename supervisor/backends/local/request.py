@@ -16,6 +16,7 @@ Environment each replica sees, beyond the role's own ``env``:
 ``ASUPERVISOR_RANK0_HOST``     host of the app's first replica
 ``ASUPERVISOR_ATTEMPT``        0, then 1, 2, ... after restarts (set at spawn)
 ``TORCHX_RANK0_HOST``          same as ASUPERVISOR_RANK0_HOST (``${rank0_env}``)
+``TORCHX_JOB_ID``              the app's handle, ``local://{session}/{app_id}``
 ``TORCHELASTIC_ERROR_FILE``    where the replica may write a structured error
 ``PET_LOG_DIR``                the replica's log directory
 ``PYTHONUNBUFFERED``           ``1``, so Python output reaches the logs at once
@@ -24,8 +25,17 @@ Environment each replica sees, beyond the role's own ``env``:
 The last three are defaults: a value the role's ``env`` gives wins (TorchX keeps
 a role's own ``TORCHELASTIC_ERROR_FILE`` too), and the error file read after a
 failure is then the role's. A role's ``PATH`` is joined in front of the
-inherited ``PATH`` instead of replacing it (TorchX's ``join_PATH``), after the
-working directory when ``prepend_cwd`` is set.
+inherited ``PATH`` (by TorchX's ``join_PATH`` rules) where TorchX replaces it,
+so ``sh`` and ``python`` still resolve (docs/torchx.md lists it).
+
+Working directory and image, as TorchX's local schedulers: a role whose
+``image`` looks like a path (starts with ``/`` or ``.``, or contains ``/``) and
+names an existing directory runs *in* that directory (``local_dir``): ``cwd``
+and ``${img_root}`` are the directory, so a relative entrypoint is found there.
+Any other image is ignored (``local_cwd``): ``cwd`` and ``${img_root}`` are the
+dry run's working directory. The working directory is then appended to
+``PATH`` (binaries on ``PATH`` win), or put first with ``prepend_cwd``; a
+replica whose inherited environment has no ``PATH`` gets ``PATH={cwd}``.
 
 What the overlay is applied over is the run option ``env_policy``:
 
@@ -64,15 +74,17 @@ from supervisor.runopts import (
     RunOpts,
     stop_grace_opt,
 )
-from supervisor.specs import AppDef, macros
+from supervisor.specs import AppDef, AppHandle, macros
 
 __all__ = [
     "CLEAN_PATH",
     "DEFAULT_MAX_REPLICAS",
     "ENV_POLICIES",
+    "JOB_ID_ENV",
     "RANK0_ENV",
     "LocalRequest",
     "ReplicaLaunch",
+    "is_path_like",
     "join_path",
     "local_run_opts",
     "render",
@@ -80,6 +92,8 @@ __all__ = [
 ]
 
 RANK0_ENV = "TORCHX_RANK0_HOST"
+#: TorchX's variable for the handle of the app a replica belongs to.
+JOB_ID_ENV = "TORCHX_JOB_ID"
 #: Replicas one role may ask for unless ``cfg max_replicas_per_role`` says more: each is
 #: a process on this machine, and a typo like ``10**6`` would otherwise spend a minute
 #: and most of a GiB rendering the dry run alone.
@@ -106,7 +120,7 @@ def local_run_opts() -> RunOpts:
                 name="prepend_cwd",
                 type=OptType.BOOL,
                 default=False,
-                help="put the working directory first on each replica's PATH",
+                help="put the working directory first on each replica's PATH (else it goes last)",
             ),
             RunOpt(
                 name="auto_set_cuda_visible_devices",
@@ -199,6 +213,15 @@ def join_path(*parts: str | None) -> str:
     return os.pathsep.join(piece for piece in pieces if piece)
 
 
+def is_path_like(image: str) -> bool:
+    """Whether a role's image reads as a directory path rather than an image name.
+
+    Only such an image is looked up as a directory (``local_dir``): ``python:3.12``
+    or ``busybox`` never are, even when a directory of that name happens to exist.
+    """
+    return image.startswith(("/", ".")) or os.sep in image
+
+
 @dataclass(frozen=True)
 class ReplicaLaunch:
     role: str
@@ -208,6 +231,7 @@ class ReplicaLaunch:
     cwd: str
     log_dir: str
     path_prepend: str | None = None
+    path_append: str | None = None
 
     @property
     def error_file(self) -> str:
@@ -217,8 +241,16 @@ class ReplicaLaunch:
 
     def command_line(self) -> str:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
-        path = f"PATH={shlex.quote(self.path_prepend)}:$PATH " if self.path_prepend else ""
+        path = ""
+        if self.path_prepend or self.path_append:
+            front = f"{shlex.quote(self.path_prepend)}:" if self.path_prepend else ""
+            back = f":{shlex.quote(self.path_append)}" if self.path_append else ""
+            path = f"PATH={front}$PATH{back} "
         return f"cd {shlex.quote(self.cwd)} && {path}{env} {shlex.join(self.argv)}"
+
+    def spawn_path(self, inherited: str | None) -> str | None:
+        """The replica's ``PATH`` given the one its base environment has (None: no PATH)."""
+        return join_path(self.path_prepend, inherited, self.path_append) or None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -229,6 +261,7 @@ class ReplicaLaunch:
             "cwd": self.cwd,
             "log_dir": self.log_dir,
             "path_prepend": self.path_prepend,
+            "path_append": self.path_append,
         }
 
 
@@ -290,8 +323,18 @@ def _gpu_blocks(app: AppDef, gpu_count: int) -> dict[tuple[str, int], str]:
 
 
 def render(
-    app: AppDef, cfg: ResolvedCfg, ctx: DryrunContext, default_log_dir: Path
+    app: AppDef,
+    cfg: ResolvedCfg,
+    ctx: DryrunContext,
+    default_log_dir: Path,
+    image_dirs: Mapping[str, str] | None = None,
 ) -> LocalRequest:
+    """The local request for ``app``.
+
+    ``image_dirs`` maps each role image that is a directory (see ``is_path_like``)
+    to its absolute path; the caller looks them up, so this stays pure.
+    """
+    image_dirs = image_dirs or {}
     env_policy, env_allow = check_env_cfg(cfg)
     # Absolute, so the records point at the same place from any directory.
     log_root = Path(os.path.normpath(Path(ctx.cwd, cfg.get_str("log_dir") or default_log_dir)))
@@ -299,11 +342,14 @@ def render(
     prepend_cwd = cfg.get_bool("prepend_cwd", False)
     auto_gpus = cfg.get_bool("auto_set_cuda_visible_devices", False)
     gpus = _gpu_blocks(app, ctx.gpu_count) if auto_gpus else {}
+    job_id = str(AppHandle("local", ctx.session, ctx.app_id))
     launches = []
     for role in app.roles:
+        # local_dir when the image is a directory, else local_cwd (the image is ignored).
+        workdir = image_dirs.get(role.image, ctx.cwd)
         for k in range(role.num_replicas):
             values = macros.Values(
-                img_root=role.image or ctx.cwd,
+                img_root=workdir,
                 app_id=ctx.app_id,
                 replica_id=str(k),
                 rank0_env=RANK0_ENV,
@@ -327,9 +373,10 @@ def render(
                     "ASUPERVISOR_NUM_REPLICAS": str(role.num_replicas),
                     "ASUPERVISOR_RANK0_HOST": "localhost",
                     RANK0_ENV: "localhost",
+                    JOB_ID_ENV: job_id,
                 }
             )
-            path_prepend = join_path(ctx.cwd if prepend_cwd else None, role_path)
+            path_prepend = join_path(workdir if prepend_cwd else None, role_path)
             if (role.name, k) in gpus:
                 env["CUDA_VISIBLE_DEVICES"] = gpus[(role.name, k)]
             launches.append(
@@ -338,9 +385,10 @@ def render(
                     replica_id=k,
                     argv=(resolved.entrypoint, *resolved.args),
                     env=env,
-                    cwd=ctx.cwd,
+                    cwd=workdir,
                     log_dir=str(replica_dir),
                     path_prepend=path_prepend or None,
+                    path_append=None if prepend_cwd else workdir,
                 )
             )
     return LocalRequest(

@@ -14,7 +14,7 @@ import dataclasses
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -32,10 +32,24 @@ from supervisor.backends.base import (
     Request,
 )
 from supervisor.backends.listing import list_indexed
+from supervisor.backends.slurm.allocation import (
+    AllocationRuntime,
+    allocation_of,
+    allocation_status,
+    cancel_elsewhere,
+    check_allocation,
+    check_allocation_cfg,
+    check_allocation_request,
+    driver_path,
+    render_driver,
+    start_driver,
+)
 from supervisor.backends.slurm.capabilities import SLURM_CAPABILITIES
+from supervisor.backends.slurm.cluster import cluster_info, job_metadata, jobs_from_json
 from supervisor.backends.slurm.identity import JobIdentity
 from supervisor.backends.slurm.options import check_slurm_cfg, slurm_run_opts
 from supervisor.backends.slurm.poller import JobView, PollerSettings, SlurmPoller
+from supervisor.backends.slurm.pyxis import probe_pyxis
 from supervisor.backends.slurm.records import hosts_of_tasks, latest_per_component
 from supervisor.backends.slurm.script import (
     ClusterFacts,
@@ -56,16 +70,17 @@ from supervisor.backends.store import (
     Index,
     IndexEntry,
     Owner,
-    _read_json,
     damaged_status,
+    read_json_or_none,
 )
+from supervisor.cluster import ClusterInfo, ClusterJob
 from supervisor.errors import BackendError, DamagedRecordError, Problem, SpecError, SubmitError
 from supervisor.events import Exited, Lost, ReplicaKey, Submitted
 from supervisor.fsm.rules import derive_app_state
-from supervisor.fsm.states import AppState, ReplicaState
 from supervisor.logs.pump import EXIT_FILE
 from supervisor.runopts import ResolvedCfg, RunOpts
 from supervisor.specs import AppDef, AppHandle, make_handle, parse_handle
+from supervisor.states import AppState, ReplicaState
 from supervisor.status import (
     AppStatus,
     DescribeAppResponse,
@@ -238,7 +253,9 @@ class SlurmRuntime(AppRuntime):
         """
         out: list[tuple[float, int | None]] = []
         for m in exits:
-            record = _read_json(self._exit_files[m.key]) if m.key in self._exit_files else None
+            record = (
+                read_json_or_none(self._exit_files[m.key]) if m.key in self._exit_files else None
+            )
             if not isinstance(record, dict) or record.get("attempt") != m.attempt:
                 out.append((float("inf"), None))
                 continue
@@ -319,6 +336,9 @@ class SlurmRuntime(AppRuntime):
     def log_target(self, role: str, replica_id: int) -> LogTarget:
         return self._backend.make_log_target(self.store, role, replica_id)
 
+    def metadata(self) -> Mapping[str, str]:
+        return job_metadata(self.job_id)
+
     async def aclose(self) -> None:
         self._backend.poller.untrack(self.job_id)
         await self._mail.aclose()
@@ -344,6 +364,8 @@ class SlurmBackend(Backend):
         self._facts_lock = anyio.Lock()
         self.closing = False
         self._facts_at = 0.0
+        self._pyxis: bool | None = None
+        self._pyxis_probed = False
 
     @classmethod
     def run_opts(cls) -> RunOpts:
@@ -361,13 +383,19 @@ class SlurmBackend(Backend):
             if self.facts is None or not fresh:
                 self.facts = await self.transport.facts()
                 self._facts_at = anyio.current_time()
+                if not self._pyxis_probed and self.transport.kind == "cli":
+                    # Once per backend: whether srun runs containers (pyxis).
+                    self._pyxis = await probe_pyxis()
+                    self._pyxis_probed = True
+                self.facts = dataclasses.replace(self.facts, pyxis=self._pyxis)
 
     def statistics(self) -> dict[str, Any]:
         return self.poller.statistics()
 
     def dryrun(self, app: AppDef, cfg: ResolvedCfg, ctx: DryrunContext) -> SlurmRequest:
         check_slurm_cfg(cfg)
-        return render(
+        check_allocation_cfg(cfg, self.transport.kind)
+        request = render(
             app,
             cfg,
             ctx,
@@ -375,8 +403,13 @@ class SlurmBackend(Backend):
             default_log_dir=self.context.state_dir / "logs",
             job_dir=cfg.get_str("job_dir"),
         )
+        allocation = allocation_of(cfg)
+        if allocation is not None:  # steps of a running job: a driver script, not sbatch's
+            check_allocation_request(request)
+            request = dataclasses.replace(request, script=render_driver(request, allocation))
+        return request
 
-    async def launch(self, request: Request, sink: EventSink) -> SlurmRuntime:
+    async def launch(self, request: Request, sink: EventSink) -> SlurmRuntime | AllocationRuntime:
         if not isinstance(request, SlurmRequest):
             raise TypeError(f"the slurm backend cannot run a {type(request).__name__}")
         waits = dependencies(request.script)
@@ -411,7 +444,17 @@ class SlurmBackend(Backend):
                 request.job_names,
                 time.time(),
             )
-            job_id = await self.transport.submit(request.script, request.workdir)
+            allocation = allocation_of(request.cfg)
+            if allocation is None:
+                job_id = await self.transport.submit(request.script, request.workdir)
+            else:
+                await check_allocation(self.transport, allocation)
+                driver = driver_path(request.app_dir)
+                try:
+                    await anyio.to_thread.run_sync(driver.write_text, request.script)
+                except OSError as e:
+                    raise SubmitError(f"cannot write {driver}: {e}", transient=False) from e
+                job_id = allocation
         except SubmitError:
             # A SubmitError says Slurm certainly took no job (an unanswered sbatch is
             # another BackendError: the job may exist, so its directory stays).
@@ -424,10 +467,19 @@ class SlurmBackend(Backend):
             raise
         record["job_id"] = job_id
         record["identity"] = identity.to_json()
+        if allocation is not None:
+            record["allocation"] = allocation
         await anyio.to_thread.run_sync(store.write_app, record)
         await anyio.to_thread.run_sync(
             self.index.add, request.session, request.app_id, store.app_dir
         )
+        if allocation is not None:
+            # Recorded first: the driver's steps are the app's from their first moment.
+            await start_driver(request.app_dir, request.workdir)
+            in_allocation = AllocationRuntime(self, request, allocation, sink)
+            for role, k in in_allocation.keys:
+                sink(Submitted(role=role, replica_id=k))
+            return in_allocation
         runtime = SlurmRuntime(self, request, job_id, sink, identity)
         for role, k in runtime.translator.keys:
             sink(Submitted(role=role, replica_id=k))
@@ -444,6 +496,14 @@ class SlurmBackend(Backend):
                 problems.append(
                     Problem(f"cfg.{kind}", f"{handle} is not a slurm app submitted to this cluster")
                 )
+            elif found[1].get("allocation") is not None:
+                problems.append(
+                    Problem(
+                        f"cfg.{kind}",
+                        f"{handle} runs inside allocation {found[1]['allocation']}: it is no "
+                        "job of its own that Slurm could wait for",
+                    )
+                )
             else:
                 out[handle] = int(found[1]["job_id"])
         if problems:
@@ -455,6 +515,12 @@ class SlurmBackend(Backend):
         found = await self._found(handle)
         if found is None:
             return False
+        if found[1].get("allocation") is not None:
+            raise BackendError(
+                f"{handle} runs inside allocation {found[1]['allocation']}: there is no job of "
+                "its own to hold or release",
+                transient=False,
+            )
         job_id = int(found[1]["job_id"])
         await (self.transport.release(job_id) if release else self.transport.hold(job_id))
         self.poller.poke()
@@ -476,6 +542,8 @@ class SlurmBackend(Backend):
 
     async def _status_of(self, app: dict[str, Any]) -> AppStatus:
         """The app's state as Slurm reports it now, without this process's FSM."""
+        if app.get("allocation") is not None:
+            return await allocation_status(self.transport, app)
         job_id = int(app["job_id"])
         records = [r for r in await self.transport.queue() if r.het_job_id == job_id]
         gone = f"Slurm no longer knows job {job_id}"
@@ -545,7 +613,10 @@ class SlurmBackend(Backend):
             # A recorded cancel the job does not show yet (sent while Slurm or slurmrestd
             # was away): whoever looks next sends it again.
             try:
-                await self.transport.cancel(int(app["job_id"]))
+                if app.get("allocation") is not None:
+                    await cancel_elsewhere(self.transport, app)  # its steps, never the allocation
+                else:
+                    await self.transport.cancel(int(app["job_id"]))
             except BackendError as e:
                 note = f"a recorded cancel is not delivered yet: {e}"
                 live = dataclasses.replace(live, msg="; ".join(m for m in (live.msg, note) if m))
@@ -558,9 +629,22 @@ class SlurmBackend(Backend):
         store, app = found
         status = await self._final_or_live(store, app)
         transitions = await anyio.to_thread.run_sync(store.read_transitions_or_none)
+        status = dataclasses.replace(status, metadata=job_metadata(int(app["job_id"])))
         return DescribeAppResponse.from_status(
             handle.app_id, status, AppDef.from_json(app["app"]).roles, transitions
         )
+
+    async def cluster_info(self, partition: str | None = None) -> ClusterInfo:
+        """Partitions and nodes (``asupervisor cluster``); see ``cluster.py``."""
+        # Version, partitions and nodes: three calls, on either transport.
+        version = await self.transport.version_text()
+        partitions = await self.transport.partition_list()
+        nodes = await self.transport.node_list()
+        return cluster_info(version, partitions, nodes, partition)
+
+    async def cluster_jobs(self) -> list[ClusterJob]:
+        """Every job the controller holds, anyone's; ours carry their handle."""
+        return jobs_from_json(await self.transport.job_list())
 
     async def list(self) -> list[ListAppResponse]:
         """The apps recorded as launched by this library; foreign jobs are never listed."""
@@ -585,6 +669,10 @@ class SlurmBackend(Backend):
         await anyio.to_thread.run_sync(found[0].request_cancel)
         job_id = int(found[1]["job_id"])
         try:
+            if found[1].get("allocation") is not None:
+                await cancel_elsewhere(self.transport, found[1])  # its steps, never the allocation
+                self.poller.poke()
+                return True
             live = [r for r in await self.transport.queue() if r.het_job_id == job_id]
             if live and _identity_of(found[1]).owns_all(live):
                 await self.transport.cancel(job_id)  # never a job that only has the app's id

@@ -153,6 +153,21 @@ def slurm_run_opts() -> RunOpts:
                 for kind in DEPENDENCY_KINDS
             ),
             RunOpt("hold", b, False, "submit held: it waits until `asupervisor release HANDLE`"),
+            RunOpt(
+                "image_is_tag",
+                b,
+                False,
+                "a role's image is only a tag: nothing runs in a container (otherwise it is "
+                "run with pyxis' srun --container-image, and a cluster without pyxis refuses it)",
+            ),
+            RunOpt(
+                "allocation",
+                s,
+                None,
+                "job id of a running allocation (salloc, or a running batch job) to run in: "
+                "each replica is a job step of it (srun --overlap), nothing is queued; "
+                "cli transport only",
+            ),
         ],
         refused=_REFUSED,
     )

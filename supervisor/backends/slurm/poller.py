@@ -20,12 +20,12 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from supervisor.backends.slurm.records import JobRecord, latest_per_component
+from supervisor.backends.slurm.records import JobRecord, StepRecord, latest_per_component
 from supervisor.backends.slurm.states import Meaning, meaning_of
 from supervisor.backends.slurm.transport import AccountingDisabled, SlurmTransport
 from supervisor.errors import BackendError
 
-__all__ = ["JobView", "PollerSettings", "SlurmPoller"]
+__all__ = ["JobView", "PollerSettings", "SlurmPoller", "StepView"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,24 @@ class JobView:
 
 
 Listener = Callable[[JobView], None]
+
+
+@dataclass(frozen=True)
+class StepView:
+    """What one tick learned about an allocation an app runs in (``cfg.allocation``).
+
+    ``allocation``: the allocation's job as squeue lists it (None: the controller
+    no longer does); ``steps``: its live steps; ``problem``: this tick could not
+    tell (squeue failed), nothing changed.
+    """
+
+    allocation_id: int
+    allocation: JobRecord | None
+    steps: tuple[StepRecord, ...]
+    problem: str = ""
+
+
+StepListener = Callable[[StepView], None]
 
 _ENDED = (Meaning.SUCCEEDED, Meaning.FAILED, Meaning.CANCELLED)
 
@@ -78,6 +96,8 @@ class SlurmPoller:
         self.counters: Counter[str] = Counter()
         self.interval = settings.fast
         self._unlisted_since: dict[int, float] = {}  # live in accounting, not in the queue
+        # Apps running inside allocations: (allocation id, listener) by the app's key.
+        self._step_listeners: dict[object, tuple[int, StepListener]] = {}
 
     def track(self, job_id: int, listener: Listener) -> None:
         self._listeners[job_id] = listener
@@ -91,6 +111,18 @@ class SlurmPoller:
         self._last.pop(job_id, None)
         self._unlisted_since.pop(job_id, None)
 
+    def track_steps(self, key: object, allocation_id: int, listener: StepListener) -> None:
+        """Hear, every tick, about an allocation and its steps (one ``squeue --steps``
+        per tick for all the allocations in use)."""
+        self._step_listeners[key] = (allocation_id, listener)
+        if not self._running:
+            self._running = True
+            self._task_group.start_soon(self._loop)
+        self.poke()
+
+    def untrack_steps(self, key: object) -> None:
+        self._step_listeners.pop(key, None)
+
     def poke(self) -> None:
         """Tick now rather than at the end of the current pause."""
         self.interval = self.settings.fast
@@ -100,6 +132,7 @@ class SlurmPoller:
         return {
             "transport": self.transport.kind,
             "tracked_jobs": len(self._listeners),
+            "tracked_allocation_apps": len(self._step_listeners),
             "interval_s": self.interval,
             "accounting": self.accounting,
             "queue_calls": self.transport.calls[self.transport.queue_call],
@@ -123,7 +156,7 @@ class SlurmPoller:
 
     async def _ticks(self) -> None:
         while not self._closing:
-            if self._listeners:
+            if self._listeners or self._step_listeners:
                 changed = await self._tick()
                 if changed:
                     self.interval = self.settings.fast
@@ -139,6 +172,8 @@ class SlurmPoller:
     def _any_running(self) -> bool:
         # Only a queue that merely waits may back off all the way: a running job can
         # end at any moment, and wait() should hear of it within ``running`` seconds.
+        if self._step_listeners:
+            return True  # an app in an allocation runs (or is about to) as long as it is tracked
         return any(
             meaning_of(c.state) is Meaning.RUNNING
             for job in self._listeners
@@ -160,7 +195,10 @@ class SlurmPoller:
             tg.cancel_scope.cancel()
         if error is not None:
             self.counters["errors"] += 1
+            self._deliver_steps_error(f"squeue failed: {error}")
             return self._deliver_error(tracked, f"squeue failed: {error}")
+        if self._step_listeners:
+            await self._deliver_steps(queue)
         found: dict[int, list[JobRecord]] = {}
         wanted = set(tracked)
         for record in queue:
@@ -184,6 +222,25 @@ class SlurmPoller:
                 if listener is not None:
                     listener(view)
         return changed
+
+    async def _deliver_steps(self, queue: list[JobRecord]) -> None:
+        """One ``squeue --steps`` for every allocation in use that the controller lists."""
+        listeners = list(self._step_listeners.values())
+        wanted = {allocation for allocation, _ in listeners}
+        jobs = {r.job_id: r for r in queue if r.job_id in wanted}
+        try:
+            steps = await self.transport.steps(sorted(jobs))
+        except BackendError as e:
+            self.counters["errors"] += 1
+            self._deliver_steps_error(f"squeue --steps failed: {e}")
+            return
+        for allocation, listener in listeners:
+            mine = tuple(s for s in steps if s.job_id == allocation)
+            listener(StepView(allocation, jobs.get(allocation), mine))
+
+    def _deliver_steps_error(self, problem: str) -> None:
+        for allocation, listener in list(self._step_listeners.values()):
+            listener(StepView(allocation, None, (), problem))
 
     async def _from_accounting(self, missing: list[int]) -> dict[int, JobView]:
         if self.accounting is False:

@@ -15,11 +15,13 @@ from typing import Any
 
 __all__ = [
     "JobRecord",
+    "StepRecord",
     "expand_hostlist",
     "from_sacct",
     "from_squeue",
     "hosts_of_tasks",
     "latest_per_component",
+    "parse_steps",
 ]
 
 
@@ -40,6 +42,35 @@ class JobRecord:
     requeue: bool = False  # Slurm will put the job back in the queue after a node failure
     started: int = 0  # epoch seconds the current (or last) run began; 0 if unknown
     submitted: int = 0  # epoch seconds the job was submitted; 0 if unknown
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One live job step, as ``squeue --steps`` lists it (steps of allocations apps run in)."""
+
+    job_id: int
+    step: str  # the step's own id: "0", "1", ... (or "batch", "extern", "interactive")
+    name: str
+    nodes: str = ""
+
+    @property
+    def step_id(self) -> str:
+        """``JOBID.STEP``, what ``scancel`` takes."""
+        return f"{self.job_id}.{self.step}"
+
+
+def parse_steps(text: str) -> list[StepRecord]:
+    """``squeue --steps -h -o '%i|%N|%j'``: the name last, since it may hold anything."""
+    out = []
+    for line in text.splitlines():
+        parts = line.split("|", 2)
+        if len(parts) != 3:
+            continue
+        job, _, step = parts[0].strip().partition(".")
+        if not job.isdigit() or not step:
+            continue
+        out.append(StepRecord(int(job), step, parts[2], parts[1].strip()))
+    return out
 
 
 def _first(value: Any) -> str:

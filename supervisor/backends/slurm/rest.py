@@ -36,10 +36,13 @@ from typing import Any
 
 import anyio
 
+from supervisor.backends.slurm.cluster import partition_from_json
 from supervisor.backends.slurm.records import JobRecord, from_sacct, from_squeue
 from supervisor.backends.slurm.script import ClusterFacts
 from supervisor.backends.slurm.transport import AccountingDisabled, SlurmTransport, _transient
+from supervisor.cluster import PartitionInfo
 from supervisor.errors import BackendError, MissingExtraError, Problem, SpecError, SubmitError
+from supervisor.observe import metrics
 
 try:
     import httpx
@@ -355,6 +358,7 @@ class RestTransport(SlurmTransport):
         are not failures: the caller reads the answer.
         """
         self.calls[name] += 1
+        metrics.count_slurm_call(self.kind, name)
         what = f"slurmrestd ({self.where}) {method} {path}"
         try:
             with anyio.fail_after(self.timeout):
@@ -510,6 +514,25 @@ class RestTransport(SlurmTransport):
         """The controllers' answers to ``/ping`` (``hostname``, ``ping`` "UP", ``mode``)."""
         data = await self._request("ping", "GET", self._path("slurm", "ping"))
         return _dicts(data.get("pings"))
+
+    async def version_text(self) -> str:
+        data = await self._request("ping", "GET", self._path("slurm", "ping"))
+        meta = data.get("meta")
+        found = meta.get("Slurm", {}) if isinstance(meta, Mapping) else {}
+        release = found.get("release") if isinstance(found, Mapping) else None
+        return str(release or "")
+
+    async def node_list(self) -> list[dict[str, Any]]:
+        data = await self._request("nodes", "GET", self._path("slurm", "nodes"))
+        return _dicts(data.get("nodes"))
+
+    async def partition_list(self) -> list[PartitionInfo]:
+        data = await self._request("partitions", "GET", self._path("slurm", "partitions"))
+        return [partition_from_json(p) for p in _dicts(data.get("partitions"))]
+
+    async def job_list(self) -> list[dict[str, Any]]:
+        data = await self._request("jobs", "GET", self._path("slurm", "jobs"))
+        return _dicts(data.get("jobs"))
 
     async def facts(self) -> ClusterFacts:
         partitions = await self._request("partitions", "GET", self._path("slurm", "partitions"))

@@ -6,7 +6,21 @@ state and exit code in Slurm; except a role whose metadata names
 group of N nodes with M tasks each, its replicas the tasks of that group (in
 order, M per node), since Slurm never places two het groups on one node. One
 ``srun`` starts all groups at once with ``--kill-on-bad-exit=1`` (a failing
-replica stops the gang). Every argument and environment value reaches the
+replica stops the gang).
+
+MPI (role metadata :data:`MPI`, set by the ``mpi`` component): ``pmix`` or
+``pmi2`` adds ``--mpi=PLUGIN`` to the role's part of the srun line, so each
+replica is one MPI rank wired up by Slurm; ``mpirun`` runs the role's one
+replica in the batch script itself, on the first node of an allocation of
+:data:`MPI_NODES` nodes x :data:`PROCS_PER_NODE` tasks, and mpirun starts the
+ranks through Slurm itself.
+
+Containers (pyxis): a role's ``image`` becomes ``--container-image`` on its
+part of the srun line, with ``--container-mounts`` (the app's directory, the
+working directory and the role's mounts) and ``--container-workdir``; unless
+the run option ``image_is_tag`` says the image is only a tag.
+
+Every argument and environment value reaches the
 program literally: the script quotes each piece for the shell and passes the
 environment through ``env NAME=VALUE``, never through ``srun --export``
 (which splits values at commas).
@@ -29,11 +43,21 @@ from supervisor.backends.base import DryrunContext, Request
 from supervisor.backends.slurm.options import DEPENDENCY_KINDS, expand_hostlist
 from supervisor.errors import Problem, SpecError
 from supervisor.runopts import ResolvedCfg
-from supervisor.specs import AppDef, Resource, macros
+from supervisor.specs import (
+    MPI,
+    MPI_NODES,
+    MPI_PLUGINS,
+    PROCS_PER_NODE,
+    AppDef,
+    BindMount,
+    DeviceMount,
+    Resource,
+    Role,
+    macros,
+)
 
 __all__ = [
     "DEPENDENCY_MARK",
-    "PROCS_PER_NODE",
     "RANK0_ENV",
     "ClusterFacts",
     "SlurmGroup",
@@ -49,8 +73,6 @@ __all__ = [
 
 RANK0_ENV = "TORCHX_RANK0_HOST"
 """Exported by the batch script: the first host of het group 0 (``${rank0_env}``)."""
-PROCS_PER_NODE = "asupervisor/procs_per_node"
-"""Role metadata: this many consecutive replicas share a node (one het group for the role)."""
 TASK_INDEX = "SLURM_PROCID"
 """A task's rank in the whole het step; a group's replicas are ``first .. first+n-1``."""
 OWNER_TAG = "asupervisor"
@@ -63,6 +85,8 @@ class ClusterFacts:
     version: tuple[int, int] = (22, 5)
     default_partition: str | None = None
     real_memory_mb: Mapping[str, int] = field(default_factory=dict)
+    pyxis: bool | None = None
+    """Whether srun takes pyxis' ``--container-image`` (None: not known, images are rendered)."""
 
     def partition_memory(self, partition: str | None) -> int | None:
         name = partition or self.default_partition
@@ -106,12 +130,15 @@ class SlurmGroup:
     directives: tuple[str, ...]
     launcher_log: str
     first_task: int  # the step-wide rank of this group's first task
+    step_options: tuple[str, ...] = ()  # srun options of this group only (--mpi, pyxis)
+    in_batch: bool = False  # mpirun: the replica runs in the batch script, not under srun
 
     def srun_group(self, het: bool, pump: str) -> str:
         """This group's part of the srun line; ``het`` False for a one-group (plain) job."""
         launcher = [
             *([f"--het-group={self.group}"] if het else []),
             f"--output={self.launcher_log}",
+            *self.step_options,
         ]
         if len(self.replicas) == 1:
             return f"{shlex.join(launcher)} {self.replicas[0].command(pump)}"
@@ -285,7 +312,9 @@ def _nodelists(app: AppDef, cfg: ResolvedCfg) -> list[list[str]]:
     default = cfg.get_int("ntasks_per_node")
     for role in app.roles:
         per_node = procs_per_node(role.metadata, default)
-        if per_node is None:
+        if role.metadata.get(MPI) == "mpirun":
+            sizes.append(_mpirun_nodes(role))
+        elif per_node is None:
             sizes += [1] * role.num_replicas
         else:
             sizes.append(max(role.num_replicas // per_node, 1))
@@ -310,6 +339,8 @@ def _nodelists(app: AppDef, cfg: ResolvedCfg) -> list[list[str]]:
 def _check_grouping(app: AppDef, default: int | None) -> None:
     problems = []
     for i, role in enumerate(app.roles):
+        if role.metadata.get(MPI) == "mpirun":
+            continue  # its one replica runs mpirun over the role's nodes x procs_per_node
         if PROCS_PER_NODE not in role.metadata and default is None:
             continue
         per_node = procs_per_node(role.metadata, default)
@@ -329,6 +360,101 @@ def _check_grouping(app: AppDef, default: int | None) -> None:
         raise SpecError(problems, context="cannot place the app's replicas on Slurm nodes")
 
 
+def _mpirun_nodes(role: Role) -> int:
+    nodes = role.metadata.get(MPI_NODES, 1)
+    return nodes if isinstance(nodes, int) and not isinstance(nodes, bool) and nodes > 0 else 1
+
+
+def _check_mpi(app: AppDef) -> list[Problem]:
+    """The MPI metadata of each role: a known plugin; mpirun alone in its app, one replica."""
+    problems = []
+    for i, role in enumerate(app.roles):
+        if MPI not in role.metadata:
+            continue
+        plugin = role.metadata[MPI]
+        where = f"roles[{i}].metadata[{MPI!r}]"
+        if plugin not in MPI_PLUGINS:
+            problems.append(Problem(where, f"{plugin!r}: expected one of {', '.join(MPI_PLUGINS)}"))
+        elif plugin == "mpirun":
+            if len(app.roles) > 1 or role.num_replicas != 1:
+                problems.append(
+                    Problem(
+                        where,
+                        "mpirun runs as the app's only replica (one role, num_replicas=1), "
+                        "in the batch script on the allocation's first node",
+                    )
+                )
+            nodes = role.metadata.get(MPI_NODES, 1)
+            if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
+                problems.append(
+                    Problem(f"roles[{i}].metadata[{MPI_NODES!r}]", "must be a positive integer")
+                )
+            per_node = procs_per_node(role.metadata, 1)
+            if per_node is None or per_node < 1:
+                where = f"roles[{i}].metadata[{PROCS_PER_NODE!r}]"
+                problems.append(Problem(where, "must be a positive integer"))
+            if role.image:
+                problems.append(
+                    Problem(
+                        f"roles[{i}].image",
+                        "mpirun runs in the batch script, outside any container: "
+                        "use the pmix or pmi2 plugin to run ranks in a container",
+                    )
+                )
+    return problems
+
+
+_NO_PYXIS = (
+    "this cluster's srun has no --container-image (the pyxis plugin is not installed), "
+    "so the image cannot be run; set the run option image_is_tag=true if the image is "
+    "only a tag (nothing is then run in a container)"
+)
+
+
+def _container_options(
+    i: int, role: Role, cfg: ResolvedCfg, facts: ClusterFacts, app_dir: Path, workdir: str
+) -> tuple[tuple[str, ...], list[Problem]]:
+    """The pyxis srun options of role ``i`` (none when it has no image or it is only a tag)."""
+    rendered = bool(role.image) and not cfg.get_bool("image_is_tag", False)
+    problems: list[Problem] = []
+    if rendered and facts.pyxis is False:
+        problems.append(Problem(f"roles[{i}].image", f"{role.image!r}: {_NO_PYXIS}"))
+    if role.mounts and not (rendered and facts.pyxis is not False):
+        why = "the image is only a tag (image_is_tag)" if role.image else "the role has no image"
+        problems.append(
+            Problem(
+                f"roles[{i}].mounts",
+                f"mounts on Slurm are container mounts (pyxis --container-mounts), and {why}",
+            )
+        )
+    if not rendered or problems:
+        return (), problems
+    # The app's directory (logs, the log pump) and the working directory, as on the node.
+    mounts = [f"{app_dir}:{app_dir}", f"{workdir}:{workdir}"]
+    for j, mount in enumerate(role.mounts):
+        where = f"roles[{i}].mounts[{j}]"
+        if isinstance(mount, BindMount):
+            item = f"{mount.src_path}:{mount.dst_path}" + (":ro" if mount.read_only else "")
+        elif isinstance(mount, DeviceMount):
+            item = f"{mount.src_path}:{mount.dst_path}"
+        else:
+            problems.append(
+                Problem(where, "pyxis (enroot) has no named volumes: use a BindMount of a path")
+            )
+            continue
+        paths = (mount.src_path, mount.dst_path)
+        if any("," in p or ":" in p for p in paths):
+            problems.append(Problem(where, "pyxis cannot mount a path with ',' or ':' in it"))
+            continue
+        mounts.append(item)
+    options = (
+        f"--container-image={role.image}",
+        f"--container-mounts={','.join(mounts)}",
+        f"--container-workdir={workdir}",
+    )
+    return options, problems
+
+
 def render(
     app: AppDef,
     cfg: ResolvedCfg,
@@ -346,11 +472,21 @@ def render(
     log_root = Path(ctx.cwd, cfg.get_str("log_dir") or default_log_dir)
     app_dir = log_root / ctx.session / ctx.app_id
     workdir = job_dir or ctx.cwd
+    problems = _check_mpi(app)
+    containers = []
+    for i, role in enumerate(app.roles):
+        options, found = _container_options(i, role, cfg, facts, app_dir, workdir)
+        containers.append(options)
+        problems += found
+    if problems:
+        raise SpecError(problems, context="cannot run the app on Slurm")
     replicas: list[SlurmReplica] = []
     groups: list[SlurmGroup] = []
     tasks = 0
-    for role in app.roles:
+    for role, container in zip(app.roles, containers, strict=True):
         per_node = procs_per_node(role.metadata, default_per_node)
+        plugin = role.metadata.get(MPI)
+        step_options = (*([f"--mpi={plugin}"] if plugin in ("pmix", "pmi2") else []), *container)
         role_replicas: list[SlurmReplica] = []
         for k in range(role.num_replicas):
             values = macros.Values(
@@ -387,7 +523,12 @@ def render(
                     path_prepend=role_path.strip(os.pathsep),
                 )
             )
-        if per_node is not None:
+        if plugin == "mpirun":
+            batches = [role_replicas]
+            nodes = _mpirun_nodes(role)
+            per_node = per_node or 1
+            name = role.name
+        elif per_node is not None:
             batches = [role_replicas]
             nodes = role.num_replicas // per_node
             name = role.name
@@ -407,7 +548,17 @@ def render(
                 if per_node is not None
                 else f"{batch[0].log_dir}/launcher.log"
             )
-            groups.append(SlurmGroup(len(groups), tuple(batch), directives, log, tasks))
+            groups.append(
+                SlurmGroup(
+                    len(groups),
+                    tuple(batch),
+                    directives,
+                    log,
+                    tasks,
+                    step_options=step_options,
+                    in_batch=plugin == "mpirun",
+                )
+            )
             tasks += len(batch)
         replicas.extend(role_replicas)
     # TorchX's rule: the job may be retried as often as its least patient role allows.
@@ -472,7 +623,18 @@ def _script(
             )
     het = len(groups) > 1
     pump = pump_path(app_dir)
-    parts = " \\\n    : ".join(g.srun_group(het, pump) for g in groups)
+    if groups[0].in_batch:
+        # mpirun: on the allocation's first node, with the whole allocation's SLURM_*
+        # variables; it starts its daemons on every node through srun itself.
+        launch = [
+            "# mpirun runs here, on the first node; it starts the ranks through Slurm itself.",
+            f"{groups[0].replicas[0].command(pump)} >>{q(groups[0].launcher_log)} 2>&1",
+        ]
+        ended = "mpirun"
+    else:
+        parts = " \\\n    : ".join(g.srun_group(het, pump) for g in groups)
+        launch = ["srun --kill-on-bad-exit=1 --wait=60 --open-mode=append \\", f"    {parts}"]
+        ended = "srun"
     lines += [
         "",
         "export SLURM_UNBUFFEREDIO=1",
@@ -484,10 +646,9 @@ def _script(
         f'export {RANK0_ENV}="${{rank0:-$rank0_nodes}}"',
         f'export ASUPERVISOR_RANK0_HOST="${RANK0_ENV}"',
         "",
-        "srun --kill-on-bad-exit=1 --wait=60 --open-mode=append \\",
-        f"    {parts}",
+        *launch,
         "exitcode=$?",
-        'echo "asupervisor: srun exited with code $exitcode"',
+        f'echo "asupervisor: {ended} exited with code $exitcode"',
         f'if [ "$exitcode" -ne 0 ] && [ "${{SLURM_RESTART_COUNT:-0}}" -lt {max_retries} ]; then',
         '    scontrol requeue "$SLURM_JOB_ID"',
         "fi",

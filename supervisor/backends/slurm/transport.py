@@ -17,9 +17,18 @@ from typing import Any
 
 import anyio
 
-from supervisor.backends.slurm.records import JobRecord, from_sacct, from_squeue
+from supervisor.backends.slurm.cluster import partitions_from_scontrol
+from supervisor.backends.slurm.records import (
+    JobRecord,
+    StepRecord,
+    from_sacct,
+    from_squeue,
+    parse_steps,
+)
 from supervisor.backends.slurm.script import ClusterFacts
+from supervisor.cluster import PartitionInfo
 from supervisor.errors import BackendError, SubmitError
+from supervisor.observe import metrics
 
 __all__ = ["AccountingDisabled", "CliTransport", "SlurmTransport"]
 
@@ -72,6 +81,22 @@ class SlurmTransport(abc.ABC):
     @abc.abstractmethod
     async def requeue(self, job_id: int) -> None: ...
 
+    async def steps(self, job_ids: Sequence[int]) -> list[StepRecord]:
+        """The live steps of these (running) jobs, in one call: apps run inside allocations."""
+        raise BackendError(
+            f"the {self.kind} transport cannot list job steps (cfg.allocation needs the cli "
+            "transport)",
+            transient=False,
+        )
+
+    async def cancel_steps(self, step_ids: Sequence[str]) -> None:
+        """Cancel these steps (``JOBID.STEP``), never their job."""
+        raise BackendError(
+            f"the {self.kind} transport cannot cancel job steps (cfg.allocation needs the cli "
+            "transport)",
+            transient=False,
+        )
+
     async def launch_failure_hint(self, workdir: str, app_dir: str) -> str:
         """Why a job may fail to launch on this transport ("" when nothing is known)."""
         return ""
@@ -102,6 +127,23 @@ class SlurmTransport(abc.ABC):
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release connections, if the transport holds any."""
 
+    # ------------------------------------------------------ the cluster view (cluster.py)
+    async def version_text(self) -> str:
+        """The controller's Slurm version, ``22.05.8``."""
+        raise BackendError(f"the {self.kind} transport cannot show the cluster", transient=False)
+
+    async def node_list(self) -> list[dict[str, Any]]:
+        """Every node, in the shape of ``sinfo --json``'s (and slurmrestd's) ``nodes``."""
+        raise BackendError(f"the {self.kind} transport cannot show the cluster", transient=False)
+
+    async def partition_list(self) -> list[PartitionInfo]:
+        """Every partition."""
+        raise BackendError(f"the {self.kind} transport cannot show the cluster", transient=False)
+
+    async def job_list(self) -> list[dict[str, Any]]:
+        """Every job component the controller holds, anyone's, as ``squeue --json`` has them."""
+        raise BackendError(f"the {self.kind} transport cannot show the cluster", transient=False)
+
 
 def _environment(tool: str) -> dict[str, str] | None:
     """sbatch's environment without the submitter's ``SBATCH_*`` variables.
@@ -124,8 +166,11 @@ class CliTransport(SlurmTransport):
     queue_call = "squeue"
     accounting_call = "sacct"
 
-    async def _run(self, tool: str, *args: str, stdin: bytes | None = None) -> str:
-        self.calls[tool] += 1
+    async def _run(
+        self, tool: str, *args: str, stdin: bytes | None = None, counted: str | None = None
+    ) -> str:
+        self.calls[counted or tool] += 1
+        metrics.count_slurm_call(self.kind, tool)
         try:
             with anyio.fail_after(CALL_TIMEOUT):
                 done = await anyio.run_process(
@@ -182,6 +227,27 @@ class CliTransport(SlurmTransport):
     async def cancel(self, job_id: int) -> None:
         await self._run("scancel", str(job_id))
 
+    async def steps(self, job_ids: Sequence[int]) -> list[StepRecord]:
+        if not job_ids:
+            return []
+        ids = ",".join(str(i) for i in job_ids)
+        # Text, not --json: 22.05's squeue --json ignores --steps (and -j).
+        out = await self._run(
+            "squeue", "--steps", "-h", "-o", "%i|%N|%j", "-j", ids, counted="squeue_steps"
+        )
+        return [s for s in parse_steps(out) if s.job_id in job_ids]
+
+    async def cancel_steps(self, step_ids: Sequence[str]) -> None:
+        if not step_ids:
+            return
+        try:
+            await self._run("scancel", *step_ids)
+        except BackendError as e:
+            # A step that ended meanwhile is cancelled already (the others were sent theirs).
+            errors = [line for line in str(e).split("scancel: error:")[1:] if line.strip()]
+            if not errors or any("Invalid job id" not in line for line in errors):
+                raise
+
     async def requeue(self, job_id: int) -> None:
         await self._run("scontrol", "requeue", str(job_id))
 
@@ -201,6 +267,23 @@ class CliTransport(SlurmTransport):
             # waiting (the leader) as an error: that is the requeue done.
             if "pending execution" not in str(e):
                 raise
+
+    async def version_text(self) -> str:
+        words = (await self._run("sinfo", "--version")).split()
+        return words[-1] if words else ""
+
+    async def node_list(self) -> list[dict[str, Any]]:
+        data = _json(await self._run("sinfo", "--json"), "sinfo")
+        nodes = data.get("nodes")
+        return [n for n in nodes if isinstance(n, dict)] if isinstance(nodes, list) else []
+
+    async def partition_list(self) -> list[PartitionInfo]:
+        return partitions_from_scontrol(await self._run("scontrol", "show", "partition", "-o"))
+
+    async def job_list(self) -> list[dict[str, Any]]:
+        data = _json(await self._run("squeue", "--json"), "squeue")
+        jobs = data.get("jobs")
+        return [j for j in jobs if isinstance(j, dict)] if isinstance(jobs, list) else []
 
     async def facts(self) -> ClusterFacts:
         version_text = await self._run("sinfo", "--version")

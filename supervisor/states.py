@@ -1,7 +1,10 @@
 """App and replica states, and the absorbing ones.
 
 Values are TorchX's so persisted states and user code comparing ints keep
-working. Which state may follow which is the business of ``tables.py`` alone.
+working. Which state may follow which is the business of
+``supervisor.fsm.tables`` alone. They sit at the bottom layer so that the
+snapshots (``supervisor.status``) and the FSM both use them without importing
+each other.
 """
 
 from __future__ import annotations

@@ -1,0 +1,182 @@
+"""A small job service: submit, stream logs (SSE), watch, wait and cancel over HTTP.
+
+The Supervisor lives in the Starlette lifespan and is shared through
+``app.state``; FastAPI takes the same ``lifespan``. Run it with ``serve.py``
+beside this file, which also tells the Supervisor when the server's shutdown
+starts (see there and docs/embedding.md). Handles contain ``://`` and ``/``,
+so they travel as query parameters.
+
+    GET  /            a small page: the jobs, their live states, the followed job's live log
+    POST /jobs        {"cmd": "echo hi", "key": "optional idempotency key"} -> 201 {"handle"}
+    GET  /jobs        -> [{"handle", "name", "state"}], this service's jobs, newest first
+    GET  /events      -> text/event-stream, one ``app`` event per app state change of any job
+    GET  /logs        ?handle=&role=main&k=0  -> text/event-stream, one event per line
+    GET  /watch       ?handle=                -> text/event-stream, one event per transition
+    GET  /wait        ?handle=&timeout=30     -> 200 {"state"}, 202 still running
+    POST /cancel      ?handle=                -> 202
+
+A stream ends with ``event: end`` whose data says why: ``ended`` (the app
+ended) or ``shutting down`` (the service is stopping; reconnect elsewhere).
+A request that cannot be served because the service is stopping gets 503, one
+for an app nobody knows 404, and a malformed handle 400.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from supervisor import (
+    AppDef,
+    InvalidHandleError,
+    Role,
+    ShuttingDown,
+    Supervisor,
+    UnknownAppError,
+    WaitTimeout,
+)
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# Read once at import: a request handler must not block the loop on a file read.
+PAGE = (Path(__file__).parent / "page.html").read_text()
+
+
+@asynccontextmanager
+async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    # Leaving stops the local apps it started; Docker and Slurm apps run on.
+    async with Supervisor(session=os.environ.get("SERVICE_SESSION", "service")) as sv:
+        app.state.sv = sv
+        yield
+
+
+def _sv(request: Request) -> Supervisor:
+    sv: Supervisor = request.app.state.sv
+    return sv
+
+
+def _unavailable() -> Response:
+    return JSONResponse({"error": "the service is shutting down"}, status_code=503)
+
+
+async def submit(request: Request) -> Response:
+    body = await request.json()
+    cmd = body.get("cmd") if isinstance(body, dict) else None
+    if not isinstance(cmd, str):
+        return JSONResponse({"error": "cmd: a string is required"}, status_code=422)
+    job = AppDef(name="job", roles=[Role(name="main", entrypoint="sh", args=["-c", cmd])])
+    try:
+        handle = await _sv(request).submit(job, "local", idempotency_key=body.get("key"))
+    except ShuttingDown:
+        return _unavailable()
+    return JSONResponse({"handle": handle}, status_code=201)
+
+
+def _sse(event: str, data: str) -> str:
+    # A data line may not hold a line break; split ones become several data lines.
+    lines = data.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    return f"event: {event}\n" + "".join(f"data: {x}\n" for x in lines) + "\n"
+
+
+async def logs(request: Request) -> Response:
+    sv, q = _sv(request), request.query_params
+    handle, role, k = q["handle"], q.get("role", "main"), int(q.get("k", "0"))
+    if await sv.describe(handle) is None:
+        return JSONResponse({"error": "no such app"}, status_code=404)
+
+    async def events() -> AsyncIterator[str]:
+        async for line in sv.log_iter(handle, role, k, should_tail=True):
+            yield _sse("line", line.removesuffix("\n"))
+        yield _sse("end", "shutting down" if sv.shutting_down else "ended")
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def watch(request: Request) -> Response:
+    sv, handle = _sv(request), request.query_params["handle"]
+    if sv.status(handle) is None:
+        return JSONResponse({"error": "not an app of this service"}, status_code=404)
+
+    async def events() -> AsyncIterator[str]:
+        async for t in sv.watch(handle):
+            yield _sse("transition", json.dumps(t.to_json()))
+        yield _sse("end", "shutting down" if sv.shutting_down else "ended")
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def wait(request: Request) -> Response:
+    handle = request.query_params["handle"]
+    timeout = float(request.query_params.get("timeout", "30"))
+    try:
+        status = await _sv(request).wait(handle, timeout=timeout)
+    except UnknownAppError:
+        return JSONResponse({"error": "no such app"}, status_code=404)
+    except WaitTimeout:
+        return JSONResponse({"state": "RUNNING"}, status_code=202)
+    except ShuttingDown:
+        return _unavailable()
+    return JSONResponse({"state": status.state.name, "restarts": status.num_restarts})
+
+
+async def page(request: Request) -> Response:
+    return HTMLResponse(PAGE)
+
+
+async def jobs(request: Request) -> Response:
+    sv = _sv(request)
+    mine = f"local://{sv.session}/"  # the state dir may hold other sessions' apps too
+    listed = [a for a in await sv.list("local") if a.app_handle.startswith(mine)]
+    listed.sort(key=lambda a: a.times.submitted or 0, reverse=True)
+    return JSONResponse(
+        [{"handle": a.app_handle, "name": a.name, "state": a.state.name} for a in listed]
+    )
+
+
+async def app_events(request: Request) -> Response:
+    sv = _sv(request)
+
+    async def events() -> AsyncIterator[str]:
+        async with sv.events() as stream:
+            async for event in stream:
+                if event.transition.role is None:  # app level only: what the list shows
+                    data = {"handle": event.handle, "state": event.transition.dest}
+                    yield _sse("app", json.dumps(data))
+        yield _sse("end", "shutting down")
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def cancel(request: Request) -> Response:
+    try:
+        await _sv(request).cancel(request.query_params["handle"])
+    except UnknownAppError:
+        return JSONResponse({"error": "no such app"}, status_code=404)
+    return JSONResponse({}, status_code=202)
+
+
+async def bad_handle(request: Request, exc: Exception) -> Response:
+    return JSONResponse({"error": str(exc)}, status_code=400)
+
+
+app = Starlette(
+    lifespan=lifespan,
+    exception_handlers={InvalidHandleError: bad_handle},
+    routes=[
+        Route("/", page),
+        Route("/jobs", submit, methods=["POST"]),
+        Route("/jobs", jobs, methods=["GET"]),
+        Route("/events", app_events),
+        Route("/logs", logs),
+        Route("/watch", watch),
+        Route("/wait", wait),
+        Route("/cancel", cancel, methods=["POST"]),
+    ],
+)

@@ -1,0 +1,146 @@
+"""Prompt shutdown: ``begin_shutdown`` and ``close`` end every open follow, watch, events and wait.
+
+A service's server waits for its open responses before it runs its shutdown code,
+so a stream that only ends with its app would hold the server up. These use real
+processes that run for a minute: whatever ends the streams, it is not the app.
+The bounds are ``fail_after`` limits far below the app's minute and the readers'
+30 s re-check, not timings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from supervisor import AppEvent, AppState, ShuttingDown, Supervisor, Transition
+
+from .helpers import app, pid_alive, py_role
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
+
+SLEEPER = "import os, time; print(os.getpid(), flush=True); time.sleep(60)"
+# Far below the app's 60 s and the followers' 30 s re-check; the path itself is event-driven.
+BOUND_S = 10
+
+
+class Streams:
+    """One follow, one watch and one wait of an app, each recording how it ended."""
+
+    def __init__(self, sv: Supervisor, handle: str) -> None:
+        self.sv, self.handle = sv, handle
+        self.lines: list[str] = []
+        self.transitions: list[Transition] = []
+        self.wait_error: BaseException | None = None
+        self.first_line = anyio.Event()
+        self.ended = {"log": False, "watch": False, "wait": False, "events": False}
+        self.all_ended = anyio.Event()
+
+    def _end(self, what: str) -> None:
+        self.ended[what] = True
+        if all(self.ended.values()):
+            self.all_ended.set()
+
+    def start(self, tg: anyio.abc.TaskGroup) -> None:
+        tg.start_soon(self._follow)
+        tg.start_soon(self._watch)
+        tg.start_soon(self._wait)
+        tg.start_soon(self._events, self.sv.events())
+
+    async def _events(self, stream: AsyncIterator[AppEvent]) -> None:
+        async for _ in stream:
+            pass
+        self._end("events")
+
+    async def _follow(self) -> None:
+        async for line in self.sv.log_iter(self.handle, "s", 0, should_tail=True):
+            self.lines.append(line)
+            self.first_line.set()
+        self._end("log")
+
+    async def _watch(self) -> None:
+        async for t in self.sv.watch(self.handle):
+            self.transitions.append(t)
+        self._end("watch")
+
+    async def _wait(self) -> None:
+        try:
+            await self.sv.wait(self.handle)
+        except ShuttingDown as e:
+            self.wait_error = e
+        self._end("wait")
+
+
+async def test_begin_shutdown_ends_follows_watches_and_waits_and_leaves_the_app(
+    state_dir: Path,
+) -> None:
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app(py_role("s", SLEEPER)), "local")
+        streams = Streams(sv, handle)
+        with anyio.fail_after(BOUND_S):
+            async with anyio.create_task_group() as tg:
+                streams.start(tg)
+                await streams.first_line.wait()
+                assert not sv.shutting_down
+                sv.begin_shutdown()
+                sv.begin_shutdown()  # idempotent
+                assert sv.shutting_down
+        assert streams.ended == {"log": True, "watch": True, "wait": True, "events": True}
+        assert isinstance(streams.wait_error, ShuttingDown)
+        pid = int(streams.lines[0])
+        assert [t.dest for t in streams.transitions if t.role is None][-1] == "RUNNING"
+        # The app is not touched by it: still running, and cancel still works.
+        status = sv.status(handle)
+        assert status is not None and status.state is AppState.RUNNING
+        assert pid_alive(pid)
+        with pytest.raises(ShuttingDown):
+            await sv.submit(app(py_role("s", "pass")), "local")
+        with pytest.raises(ShuttingDown):
+            await sv.wait(handle, timeout=5)
+        # Streams opened now give what is there and end.
+        with anyio.fail_after(BOUND_S):
+            assert [x async for x in sv.log_iter(handle, "s", 0, should_tail=True)] == [f"{pid}\n"]
+            assert [t async for t in sv.watch(handle)] == list(streams.transitions)
+        await sv.cancel(handle)
+    assert not pid_alive(pid)
+    async with Supervisor(session="other") as other:
+        described = await other.describe(handle)
+    assert described is not None and described.state is AppState.CANCELLED
+
+
+async def test_leaving_async_with_ends_streams_still_open(state_dir: Path) -> None:
+    async with anyio.create_task_group() as tg:
+        async with Supervisor(session="svc") as sv:
+            handle = await sv.submit(app(py_role("s", SLEEPER)), "local")
+            streams = Streams(sv, handle)
+            streams.start(tg)
+            await streams.first_line.wait()
+        # Left: close() began the shutdown, then stopped the local app.
+        with anyio.fail_after(BOUND_S):
+            await streams.all_ended.wait()
+    assert isinstance(streams.wait_error, ShuttingDown)
+    assert not pid_alive(int(streams.lines[0]))
+    assert sv.shutting_down
+
+
+async def test_close_ends_open_streams_and_a_wait_of_an_ended_app_still_answers(
+    state_dir: Path,
+) -> None:
+    async with Supervisor(session="svc") as sv:
+        done = await sv.submit(app(py_role("s", "print('x')")), "local")
+        assert (await sv.wait(done, timeout=30)).state is AppState.SUCCEEDED
+        handle = await sv.submit(app(py_role("s", SLEEPER)), "local")
+        streams = Streams(sv, handle)
+        with anyio.fail_after(BOUND_S + 30):  # close also stops the app (its stop grace)
+            async with anyio.create_task_group() as tg:
+                streams.start(tg)
+                await streams.first_line.wait()
+                await sv.close()
+        assert streams.ended == {"log": True, "watch": True, "wait": True, "events": True}
+        assert isinstance(streams.wait_error, ShuttingDown)
+        # An app that had ended answers as before.
+        assert (await sv.wait(done)).state is AppState.SUCCEEDED
+        final = sv.status(handle)
+        assert final is not None and final.state is AppState.CANCELLED

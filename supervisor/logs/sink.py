@@ -22,6 +22,7 @@ replicas.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import errno
 import os
@@ -29,6 +30,7 @@ import queue
 import threading
 import weakref
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -37,8 +39,16 @@ import anyio
 
 from supervisor.errors import BackendError
 from supervisor.logs.files import STREAM_IDS, ReplicaFiles, StreamName
+from supervisor.logs.timestamps import (
+    COMBINED_ID,
+    FILE_NAMES,
+    INDEX_NAME,
+    RECORD,
+    STDERR_ID,
+    STDOUT_ID,
+)
 
-__all__ = ["LogSink", "ReplicaLog", "StreamName"]
+__all__ = ["LogSink", "ReplicaLog", "StreamName", "attempt_marks"]
 
 _STREAMS: Final[tuple[StreamName, ...]] = ("stdout", "stderr")
 
@@ -85,12 +95,57 @@ class _Barrier:
     future: asyncio.Future[None]
 
 
+@dataclass(frozen=True, slots=True)
+class _Marked:
+    """The sizes of a directory's files where an attempt's output starts."""
+
+    sizes: dict[int, int]
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Mark:
+    directory: Path
+    at: _Marked | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Rewind:
+    directory: Path
+
+
+class _Retimer:
+    """Arrival times of rewound output, for the same bytes written again.
+
+    A rewritten attempt's bytes keep the times the index gave them when they
+    first arrived (matched by offset from the mark), not the time of the rewrite.
+    """
+
+    __slots__ = ("ends", "times", "written")
+
+    def __init__(self, raw: bytes) -> None:
+        self.ends: dict[int, list[int]] = {sid: [] for sid in STREAM_IDS.values()}
+        self.times: dict[int, list[float]] = {sid: [] for sid in STREAM_IDS.values()}
+        self.written: dict[int, int] = dict.fromkeys(STREAM_IDS.values(), 0)
+        for stream_id, end, at in RECORD.iter_unpack(raw):
+            if stream_id in self.ends:
+                self.ends[stream_id].append(end)
+                self.times[stream_id].append(at)
+
+    def at(self, stream_id: int, size: int, fallback: float) -> float:
+        """When the first of the next ``size`` bytes of ``stream_id`` first arrived."""
+        ends, offset = self.ends[stream_id], self.written[stream_id]
+        self.written[stream_id] = offset + size
+        i = bisect.bisect_right(ends, offset)
+        return self.times[stream_id][i] if i < len(ends) else fallback
+
+
 class _Stop:
     """Sentinel: everything before it is written, then the thread exits."""
 
 
 _STOP: Final = _Stop()
-_Item = _Open | _Write | _End | _Barrier | _Stop
+_Item = _Open | _Write | _End | _Mark | _Rewind | _Barrier | _Stop
 
 
 class _Writer:
@@ -115,6 +170,9 @@ class _Writer:
         self._errors: dict[Path, OSError | Exception] = {}
         # Per directory with a kept failure: bytes of output that did not reach its files.
         self._lost: dict[Path, int] = {}
+        # Per directory: where its current attempt starts, and times of rewound output.
+        self._marks: dict[Path, _Marked] = {}
+        self._retimers: dict[Path, _Retimer] = {}
 
     def run(self) -> None:
         while True:
@@ -190,6 +248,10 @@ class _Writer:
                 os.makedirs(item.directory, exist_ok=True)
             elif isinstance(item, _Write):
                 self._write(item)
+            elif isinstance(item, _Mark):
+                self._mark(item.directory, item.at)
+            elif isinstance(item, _Rewind):
+                self._rewind(item.directory)
             else:
                 self._end(item)
         except Exception as exc:
@@ -222,7 +284,61 @@ class _Writer:
         # Output after an end is a restarted attempt: the stream is live again.
         state.ended.discard(item.stream)
         self._touch(item.directory)
-        state.record(item.stream, item.data, item.at)
+        at = item.at
+        retimer = self._retimers.get(item.directory)
+        if retimer is not None:
+            at = retimer.at(STREAM_IDS[item.stream], len(item.data), at)
+        state.record(item.stream, item.data, at)
+
+    @staticmethod
+    def _sizes(directory: Path) -> _Marked:
+        sizes = {}
+        for stream_id, name in FILE_NAMES.items():
+            try:
+                sizes[stream_id] = os.stat(directory / name).st_size
+            except FileNotFoundError:
+                sizes[stream_id] = 0
+        try:
+            index = os.stat(directory / INDEX_NAME).st_size
+        except FileNotFoundError:
+            index = 0
+        return _Marked(sizes, index - index % RECORD.size)
+
+    def _mark(self, directory: Path, at: _Marked | None) -> None:
+        """Everything queued before is written (one thread): the files' sizes are the mark."""
+        self._retimers.pop(directory, None)
+        self._marks[directory] = at if at is not None else self._sizes(directory)
+
+    def _rewind(self, directory: Path) -> None:
+        """Drop what the files got since the mark; the next writes start the attempt over.
+
+        Partial lines held for combined.log go too: they are part of what is dropped.
+        """
+        mark = self._marks.get(directory)
+        if mark is None:
+            raise ValueError(f"no attempt was marked in {directory} to rewind to")
+        self._open.pop(directory, None)
+        state = self._replicas.pop(directory, None)
+        if state is not None:
+            state.close_files()
+        index = directory / INDEX_NAME
+        raw = b""
+        with contextlib.suppress(FileNotFoundError):
+            with open(index, "rb") as f:
+                f.seek(mark.index)
+                raw = f.read()
+            os.truncate(index, mark.index)
+        raw = raw[: len(raw) - len(raw) % RECORD.size]
+        retimer = _Retimer(raw)
+        for stream_id, size in mark.sizes.items():
+            path = directory / FILE_NAMES[stream_id]
+            with contextlib.suppress(FileNotFoundError):
+                os.truncate(path, size)
+            ends = retimer.ends.get(stream_id)
+            if ends is not None:
+                # Offsets from the mark, as the rewritten bytes will count them.
+                ends[:] = [end - size for end in ends]
+        self._retimers[directory] = retimer
 
     def _end(self, item: _End) -> None:
         state = self._state(item.directory)
@@ -259,6 +375,16 @@ class _Writer:
                 self._close_quietly(directory)
         self._replicas.clear()
         self._open.clear()
+
+
+_MARK_KEYS: Final = {STDOUT_ID: "stdout", STDERR_ID: "stderr", COMBINED_ID: "combined"}
+
+
+def attempt_marks(directory: Path) -> dict[str, int]:
+    """Blocking: the sizes of ``directory``'s files (``stdout``, ``stderr``, ``combined``,
+    ``index``), for ``mark_attempt(at=...)`` in a process that did not write them."""
+    sizes = _Writer._sizes(directory)
+    return {**{name: sizes.sizes[sid] for sid, name in _MARK_KEYS.items()}, "index": sizes.index}
 
 
 _FULL: Final = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up"}
@@ -333,6 +459,30 @@ class LogSink:
             except BaseException:
                 self._writer.written(len(data))
                 raise
+
+    def mark_attempt(self, log: ReplicaLog, at: Mapping[str, int] | None = None) -> None:
+        """An attempt's output starts here: ``rewind`` drops what was written after it.
+
+        ``at``: where it started, as ``attempt_marks`` gave it (another process marked
+        it), instead of the files' sizes once everything queued before is written.
+        """
+        marked = None
+        if at is not None:
+            sizes = {sid: int(at[name]) for sid, name in _MARK_KEYS.items()}
+            marked = _Marked(sizes, int(at["index"]))
+        self._submit(_Mark(log.directory, marked))
+
+    def rewind(self, log: ReplicaLog) -> None:
+        """Drop ``log``'s output written since its ``mark_attempt``, to write it again.
+
+        For a copy found wrong once the whole output can be had (an engine's
+        follow stream lost or reordered bytes): the next writes replace it,
+        keeping the arrival times the dropped bytes had. Readers following
+        the files meanwhile are not told; readers that wait for the copy's
+        end (``log_iter`` after ``wait``) see only the rewritten output.
+        A failure is kept and raised by ``flush`` like a failed write.
+        """
+        self._submit(_Rewind(log.directory))
 
     async def room(self) -> None:
         """Return once the writer's backlog is small enough to queue more; usually at once.

@@ -338,9 +338,9 @@ async def test_a_container_removed_from_outside_keeps_its_137(
     """`docker rm -f` of a replica's container: the replica FAILED with exit 137 (SIGKILL),
     not "stopped before it ran" with no exit code.
 
-    dockerd only: Podman 4.3 sometimes sends no ``died`` event at all for a container
-    removed by force (its label filter no longer matches a removed container), so nothing
-    tells the follower; that is left open."""
+    dockerd here; both engines (Podman 4.3 sometimes sends no ``died`` event for a container
+    removed by force) in test_docker_lifecycle.py::
+    test_a_running_container_removed_by_force_from_outside_is_killed_137."""
     name = "docker"
     from .docker_engines import api, labelled
 

@@ -224,3 +224,32 @@ async def test_every_line_written_just_before_the_exit_is_read_right_after_wait(
         both = [*expected[:-1], "last, without newline\n", *expected]
         for name, got in reads.items():
             assert got == both, (name, len(got), got[-3:])
+
+
+async def test_a_running_container_removed_by_force_from_outside_is_killed_137(
+    engine: EngineUnderTest,
+) -> None:
+    """`docker rm -f` of a replica's running container from outside: the replica FAILED
+    with 137 (SIGKILL), on both engines. Podman 4.3 sometimes announces no exit for it
+    (its label filter no longer matches a removed container) and may answer 500 "no such
+    container" for it: the end of its log stream makes the backend look, and gone counts
+    as killed."""
+    from .docker_engines import api, labelled
+
+    app = AppDef("removed", [py("w", "import time; print('up', flush=True); time.sleep(600)")])
+    with anyio.fail_after(180):
+        async with Supervisor(session=engine.session) as sv:
+            handle = await sv.submit(app, "docker", engine.cfg)
+            async for line in sv.log_iter(handle, "w", 0, should_tail=True):
+                assert line == "up\n"
+                break
+            for c in labelled(
+                engine.host, "containers", f"io.asupervisor.session={engine.session}"
+            ):
+                await anyio.to_thread.run_sync(
+                    api, engine.host, "DELETE", f"/containers/{c['Id']}?force=1"
+                )
+            status = await sv.wait(handle, timeout=90)
+    replica = status.replica("w", 0)
+    assert status.state is AppState.FAILED, status
+    assert replica is not None and replica.exit_code == 137, replica

@@ -321,3 +321,83 @@ async def test_room_never_waits_on_a_closed_sink(tmp_path: Path) -> None:
     await sink.aclose()
     with anyio.fail_after(5):
         await sink.room()
+
+
+@pytest.mark.anyio
+async def test_rewind_drops_the_attempt_and_keeps_its_arrival_times(
+    sink: LogSink, tmp_path: Path
+) -> None:
+    """An attempt's copy found wrong is written again from its mark: the earlier attempt
+    stays, the wrong bytes go from every file (and the index), a held partial line too,
+    and the bytes written again keep the times they first arrived at."""
+    directory = tmp_path / "r0"
+    log = sink.open(directory)
+    sink.write(log, "stdout", b"first attempt\nno newline", 1.0)
+    sink.end_stream(log, "stdout")
+    sink.end_stream(log, "stderr")
+    sink.mark_attempt(log)
+    sink.write(log, "stdout", b"a\nc\n", 5.0)  # "b\n" lost by the copy
+    sink.write(log, "stderr", b"e", 6.0)  # a partial line held back from combined.log
+    sink.write(log, "stdout", b"d", 7.0)
+    await sink.flush()
+    sink.rewind(log)
+    sink.write(log, "stdout", b"a\n", 100.0)
+    sink.write(log, "stdout", b"b\nc\nd\n", 101.0)
+    sink.write(log, "stderr", b"err\n", 102.0)
+    sink.end_stream(log, "stdout")
+    sink.end_stream(log, "stderr")
+    await sink.flush()
+    assert _read(directory, "stdout.log") == b"first attempt\nno newline\na\nb\nc\nd\n"
+    assert _read(directory, "stderr.log") == b"err\n"
+    assert _read(directory, "combined.log") == (b"first attempt\nno newline\na\nb\nc\nd\nerr\n")
+    index = TimestampIndex.load(directory / INDEX_NAME)
+    start = len(b"first attempt\nno newline\n")
+    assert index.time_at(STDOUT_ID, 0) == 1.0
+    assert index.time_at(STDOUT_ID, start) == 5.0  # "a\n": as first copied
+    assert index.time_at(STDOUT_ID, start + 2) == 5.0  # "b\n..." from offset 2: still 5.0
+    assert index.time_at(STDERR_ID, 0) == 6.0
+    assert index.covered(STDOUT_ID) == len(_read(directory, "stdout.log"))
+    assert index.covered(COMBINED_ID) == len(_read(directory, "combined.log"))
+    # The next attempt's mark ends the old times: its output keeps its own.
+    sink.mark_attempt(log)
+    sink.write(log, "stdout", b"next\n", 200.0)
+    await sink.flush()
+    index = TimestampIndex.load(directory / INDEX_NAME)
+    assert index.time_at(STDOUT_ID, index.covered(STDOUT_ID) - 1) == 200.0
+
+
+@pytest.mark.anyio
+async def test_rewind_without_a_mark_is_reported(sink: LogSink, tmp_path: Path) -> None:
+    log = sink.open(tmp_path / "r0")
+    sink.write(log, "stdout", b"x\n", 1.0)
+    sink.rewind(log)
+    with pytest.raises(BackendError, match="no attempt was marked"):
+        await sink.flush(log)
+    assert _read(tmp_path / "r0", "stdout.log") == b"x\n"
+
+
+@pytest.mark.anyio
+async def test_a_mark_taken_by_another_process_is_rewound_to(tmp_path: Path) -> None:
+    """``attempt_marks`` read before an attempt (by the process that launched it); another
+    process's sink rewinds to them."""
+    from supervisor.logs.sink import attempt_marks
+
+    directory = tmp_path / "r0"
+    async with LogSink() as first:
+        log = first.open(directory)
+        first.write(log, "stdout", b"before\n", 1.0)
+        await first.flush()
+        marks = attempt_marks(directory)
+        first.write(log, "stdout", b"wrong\n", 2.0)
+        first.write(log, "stderr", b"e\n", 2.0)
+    async with LogSink() as second:
+        log = second.open(directory)
+        second.mark_attempt(log, at=marks)
+        second.rewind(log)
+        second.write(log, "stdout", b"right\n", 3.0)
+        await second.flush(log)
+    assert _read(directory, "stdout.log") == b"before\nright\n"
+    assert _read(directory, "stderr.log") == b""
+    assert _read(directory, "combined.log") == b"before\nright\n"
+    index = TimestampIndex.load(directory / INDEX_NAME)
+    assert index.time_at(STDOUT_ID, len(b"before\n")) == 2.0  # when "wrong\n" first came

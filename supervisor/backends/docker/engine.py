@@ -7,7 +7,8 @@ headers say which of stdout/stderr each chunk came from, which aiodocker's
 ``log()`` throws away).
 
 Engine differences tolerated here: Podman answers a name conflict with 500
-instead of 409, and names the exit event ``died`` instead of ``die``.
+instead of 409, sometimes a container that is gone with 500 "no such
+container" instead of 404, and names the exit event ``died`` instead of ``die``.
 """
 
 from __future__ import annotations
@@ -66,6 +67,12 @@ def _translated(func: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
             raise BackendError(f"{what}: the engine did not answer ({e!r})", transient=True) from e
 
     return call
+
+
+def _gone(e: aiodocker.DockerError) -> bool:
+    """The container (or network) is not there: 404, or Podman's 500 "no such container"
+    for one removed while the request was on its way (``docker rm -f`` from outside)."""
+    return e.status == 404 or "no such container" in e.message.lower()
 
 
 def _conflict(e: aiodocker.DockerError) -> bool:
@@ -212,7 +219,7 @@ class Engine:
         try:
             await self.client().containers.container(cid).kill(signal=signal)
         except aiodocker.DockerError as e:
-            if e.status in (404, 409) or "not running" in e.message or "state" in e.message:
+            if _gone(e) or e.status == 409 or "not running" in e.message or "state" in e.message:
                 return
             raise _error(e, f"cannot signal container {cid[:12]}") from e
 
@@ -221,7 +228,7 @@ class Engine:
         try:
             info: dict[str, Any] = await self.client().containers.container(cid).show()
         except aiodocker.DockerError as e:
-            if e.status == 404:
+            if _gone(e):
                 return None
             raise _error(e, f"cannot inspect container {cid[:12]}") from e
         return info
@@ -231,7 +238,7 @@ class Engine:
         try:
             await self.client().containers.container(cid).delete(force=True, v=False)
         except aiodocker.DockerError as e:
-            if e.status == 404 or "no such container" in e.message.lower():
+            if _gone(e):
                 return
             if "removal" in e.message and "in progress" in e.message:
                 return
@@ -248,7 +255,7 @@ class Engine:
                     await response.read()
                     return True
         except aiodocker.DockerError as e:
-            if e.status == 404:
+            if _gone(e):
                 return True
             raise _error(e, f"cannot wait for container {cid[:12]}") from e
         return False
@@ -336,7 +343,7 @@ class Engine:
                     if stream is not None:
                         yield stream, data
         except aiodocker.DockerError as e:
-            if e.status == 404:
+            if _gone(e):
                 return
             raise _error(e, f"cannot read the logs of container {cid[:12]}") from e
         except (TimeoutError, aiohttp.ClientError) as e:

@@ -6,7 +6,11 @@ finishes the app, copies the rest from the engine: the attempt file
 (``.docker-attempt.json``, written before each container starts) says where
 that container's output begins in the files, so bytes already there are
 skipped rather than written twice, and a per-replica flock keeps a second
-process from copying the same bytes at the same time.
+process from copying the same bytes at the same time. Once the container
+ended, the bytes already there are first checked against the engine's log
+(length and SHA-256 per stream; the launcher's live copy may have lost or
+reordered pieces on Podman) and the attempt is written again when they differ.
+A copy of a container still running trusts their length.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Any
 
 import anyio
 
-from supervisor.backends.docker.runtime import ATTEMPT_FILE, log_sizes
+from supervisor.backends.docker.runtime import ATTEMPT_FILE, CopyCheck, log_sizes, sha256s
 from supervisor.backends.docker.services import BackendServices
 from supervisor.backends.store import AppStore, read_json_or_none
 
@@ -43,6 +47,37 @@ def lock(path: Path, wait: bool) -> int | None:
         os.close(fd)
         raise
     return fd
+
+
+_NOTHING = {"stdout": 0, "stderr": 0}
+_MARKS = ("stdout", "stderr", "combined", "index")
+
+
+def _marks(mark: dict[str, Any]) -> dict[str, int] | None:
+    """Where the attempt's output starts in every file; None from an older attempt file."""
+    try:
+        return {name: int(mark[name]) for name in _MARKS}
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _digests(directory: Path, marks: dict[str, int], sizes: dict[str, int]) -> dict[str, Any]:
+    """Blocking: SHA-256 of each stream's bytes from the attempt's mark to ``sizes``."""
+    digests = sha256s()
+    for stream, digest in digests.items():
+        try:
+            with open(directory / f"{stream}.log", "rb") as f:
+                f.seek(marks[stream])
+                left = max(0, sizes[stream] - marks[stream])
+                while left:
+                    chunk = f.read(min(left, 1 << 20))
+                    if not chunk:
+                        break
+                    digest.update(chunk)
+                    left -= len(chunk)
+        except FileNotFoundError:
+            pass
+    return digests
 
 
 class LogResumer:
@@ -102,6 +137,13 @@ class LogResumer:
                 return
             mark, sizes = marks
         seen = {s: max(0, sizes[s] - int(mark.get(s, 0))) for s in ("stdout", "stderr")}
+        check: CopyCheck | None = None
+        starts = _marks(mark)
+        if not running and starts is not None:
+            # The container ended: what its copy wrote since the mark is checked against
+            # the engine's log (Podman's follow stream can lose and reorder pieces).
+            digests = await anyio.to_thread.run_sync(_digests, directory, starts, sizes)
+            check = CopyCheck(seen, digests)
         log = sink.open(directory)
         scope, done = anyio.CancelScope(), anyio.Event()
         self._copies[f"{directory}:{cid}"] = (scope, done)
@@ -118,13 +160,29 @@ class LogResumer:
 
         async def copy_with(got: dict[str, int]) -> None:
             with scope:
-                async for stream, data in engine.log_frames(cid, follow=running):
-                    skip = max(0, min(len(data), seen[stream] - got[stream]))
-                    got[stream] += len(data)
-                    if skip < len(data):
-                        sink.write(log, stream, data[skip:], time.time())
+                if check is not None:
+                    if not await checked_copy(check):
+                        assert starts is not None
+                        sink.mark_attempt(log, at=starts)
+                        sink.rewind(log)
+                        await checked_copy(CopyCheck(_NOTHING, sha256s()))
+                else:
+                    async for stream, data in engine.log_frames(cid, follow=running):
+                        skip = max(0, min(len(data), seen[stream] - got[stream]))
+                        got[stream] += len(data)
+                        if skip < len(data):
+                            sink.write(log, stream, data[skip:], time.time())
                 sink.end_stream(log, "stdout")
                 sink.end_stream(log, "stderr")
+
+        async def checked_copy(check: CopyCheck) -> bool:
+            async for stream, data in engine.log_frames(cid, follow=False):
+                rest = check.rest(stream, data)
+                if rest is None:
+                    return False
+                if rest:
+                    sink.write(log, stream, rest, time.time())
+            return check.whole()
 
         if running:
             self._backend.task_group.start_soon(copy)

@@ -15,6 +15,7 @@ and ``wait`` is not held up by the files.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import signal
 import time
@@ -35,9 +36,10 @@ from supervisor.backends.store import CANCEL_REQUEST, AppStore, write_json_atomi
 from supervisor.errors import BackendError, SubmitError
 from supervisor.events import Exited, Lost, ReplicaKey, Started, Submitted
 from supervisor.logs import ReplicaLog
+from supervisor.logs.sink import attempt_marks
 from supervisor.status import AppStatus, Transition
 
-__all__ = ["DockerRuntime", "exit_signal"]
+__all__ = ["CopyCheck", "DockerRuntime", "exit_signal", "sha256s"]
 
 CREATE_FAILED_CODE = 127
 CREATE_CONCURRENCY = 8
@@ -48,10 +50,12 @@ LAUNCH_TRIES = 4
 ATTEMPT_FILE = ".docker-attempt.json"
 OUTPUT_COPIED = "output-copied"
 """In the app dir once the ended app's output is all in its files: other processes wait for it."""
-OOM_CODE = 137
+OOM_CODE = KILLED_CODE = 137
 CONFIRM_S = 30.0
 """How long a stop waits for the engine to confirm an exit after SIGKILL, and how long an
 engine call of a stop is retried (the engine may be away): every wait has a bound."""
+UNHEARD_EXIT_S = 3.0
+"""How long after a container's log stream ended its exit may still be announced."""
 COPY_BOUND_S = 30.0
 """How long the end of an app waits for the last fetch of a container's output."""
 
@@ -111,11 +115,60 @@ async def _each(calls: Sequence[Callable[[], Awaitable[None]]]) -> None:
         )
 
 
+def sha256s() -> dict[str, Any]:
+    """A fresh SHA-256 per stream."""
+    return {"stdout": hashlib.sha256(), "stderr": hashlib.sha256()}
+
+
+class CopyCheck:
+    """Whether a container's whole log, fed frame by frame, starts with what was copied.
+
+    ``received`` and ``digests`` are the byte count and SHA-256 per stream of
+    what the follow stream copied; they are read once, here.
+    """
+
+    def __init__(self, received: Mapping[str, int], digests: Mapping[str, Any]) -> None:
+        self._seen = dict(received)
+        self._expected = {stream: digest.digest() for stream, digest in digests.items()}
+        self._check = sha256s()
+        self._checked = {stream: size == 0 for stream, size in self._seen.items()}
+        self._got = {"stdout": 0, "stderr": 0}
+
+    def rest(self, stream: str, data: bytes) -> bytes | None:
+        """The bytes of ``data`` past the copied ones (``b""``: none yet); None once the
+        copied bytes are known not to be the start of the stream."""
+        got = self._got[stream]
+        skip = max(0, min(len(data), self._seen[stream] - got))
+        self._got[stream] = got + len(data)
+        if skip:
+            self._check[stream].update(data[:skip])
+        if skip == len(data):
+            return b""
+        if not self._checked[stream]:
+            # The first byte past the copied ones: were the copied ones right?
+            if self._check[stream].digest() != self._expected[stream]:
+                return None
+            self._checked[stream] = True
+        return data[skip:]
+
+    def whole(self) -> bool:
+        """At the end of the log: whether every stream started with its copied bytes."""
+        return all(
+            self._checked[stream]
+            or (
+                self._got[stream] == self._seen[stream] and self._check[stream].digest() == expected
+            )
+            for stream, expected in self._expected.items()
+        )
+
+
 @dataclass
 class _Copy:
-    """Bytes of each stream received from one container, and when its copy ended."""
+    """Bytes of each stream copied from one container (count and digest), and when its
+    copy ended: the digests tell whether the follow stream gave what the engine holds."""
 
     received: dict[str, int] = field(default_factory=lambda: {"stdout": 0, "stderr": 0})
+    digests: dict[str, Any] = field(default_factory=sha256s)
     done: anyio.Event = field(default_factory=anyio.Event)
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
 
@@ -272,6 +325,9 @@ class DockerRuntime(AppRuntime):
         # Made before the start: a container may die before ``start`` returns, and
         # the end of its copy must then find this attempt's copy, not the last one's.
         copy = slot.copy = _Copy()
+        # Where this attempt's output starts in the files: a copy found wrong at its end
+        # is written again from there.
+        self._backend.log_sink.mark_attempt(self._logs[key])
         try:
             await self.engine.start(cid)
         except BackendError as e:
@@ -288,7 +344,7 @@ class DockerRuntime(AppRuntime):
         Path(slot.spec.error_file).unlink(missing_ok=True)
         write_json_atomic(
             directory / ATTEMPT_FILE,
-            {"container": slot.cid, "attempt": slot.attempt, **log_sizes(directory)},
+            {"container": slot.cid, "attempt": slot.attempt, **attempt_marks(directory)},
         )
 
     def _send_started(self, key: ReplicaKey, slot: _Slot) -> None:
@@ -326,11 +382,31 @@ class DockerRuntime(AppRuntime):
                 with copy.scope:
                     async for stream, data in self.engine.log_frames(cid, follow=follow):
                         copy.received[stream] += len(data)
+                        copy.digests[stream].update(data)
                         sink.write(log, stream, data, time.time())
         except BackendError as e:
             self.emit(AppNotice(message=str(e)))
         finally:
             copy.done.set()
+        if follow and not copy.scope.cancel_called:
+            # The engine ended the stream on its own: the container ended or is gone. Podman
+            # sometimes announces no exit of a container removed by force from outside.
+            self._backend.task_group.start_soon(self._reconcile_unless_heard, cid)
+
+    async def _reconcile_unless_heard(self, cid: str) -> None:
+        """The exit of ``cid`` (still the current container of its replica) is looked up
+        on the engine unless it is heard within UNHEARD_EXIT_S."""
+        key = self._by_cid.get(cid)
+        if key is None:
+            return
+        slot = self._slots[key]
+        if slot.cid != cid:
+            return
+        with anyio.move_on_after(UNHEARD_EXIT_S):
+            await slot.exited.wait()
+        if not self._closed and slot.cid == cid:
+            async with self._backend.tracked():
+                await self._reconcile_one(slot)
 
     async def _end_copy(
         self, key: ReplicaKey, cid: str, copy: _Copy | None, ending: anyio.Event
@@ -377,27 +453,41 @@ class DockerRuntime(AppRuntime):
             await anyio.sleep(2.0**n)
 
     async def _drain_logs(self, cid: str, copy: _Copy, log: ReplicaLog) -> None:
-        """Stop following at once, then fetch whatever the follow stream did not deliver.
+        """Stop following at once, then fetch the whole output to complete the files.
 
         By the ``die`` event the engine holds all of the container's output
         (both engines log it before they announce the exit), but its follow
         stream ends only once the container is torn down (~50 ms later on
         dockerd, never on Podman) and may leave out the last, unterminated
-        line (dockerd 20.10). So the follow stops here and one fetch without
-        follow completes the files, skipping the bytes of each stream already
-        received.
+        line (dockerd 20.10). Under CPU load Podman's follow stream also
+        loses and reorders pieces. So the follow stops here and one fetch
+        without follow completes the files: where each stream's first bytes
+        are what the follow copied (same length, same SHA-256) only the rest
+        is appended; otherwise the attempt's part of the files is rewound and
+        written again from the fetch.
         """
         copy.scope.cancel()
         await copy.done.wait()
-        seen = copy.received  # counts what this fetch adds too: a retry skips it
-        got = {"stdout": 0, "stderr": 0}
+        if not await self._append_rest(cid, copy, log):
+            self._backend.log_sink.rewind(log)
+            copy.received = {"stdout": 0, "stderr": 0}  # a retry checks what it writes
+            copy.digests = sha256s()
+            await self._append_rest(cid, copy, log)
+
+    async def _append_rest(self, cid: str, copy: _Copy, log: ReplicaLog) -> bool:
+        """Append what the engine holds past the copied bytes; False (nothing written
+        past them) when the copied bytes are not the start of what the engine holds."""
+        check = CopyCheck(copy.received, copy.digests)
         sink = self._backend.log_sink
         async for stream, data in self.engine.log_frames(cid, follow=False):
-            skip = max(0, min(len(data), seen[stream] - got[stream]))
-            got[stream] += len(data)
-            if skip < len(data):
-                seen[stream] += len(data) - skip
-                sink.write(log, stream, data[skip:], time.time())
+            rest = check.rest(stream, data)
+            if rest is None:
+                return False
+            if rest:
+                copy.received[stream] += len(rest)
+                copy.digests[stream].update(rest)
+                sink.write(log, stream, rest, time.time())
+        return check.whole()
 
     # ----------------------------------------------------------------- events
     def on_event(self, cid: str, action: str, attributes: Mapping[str, str]) -> None:
@@ -535,19 +625,30 @@ class DockerRuntime(AppRuntime):
     async def _reconcile(self) -> None:
         async with self._backend.tracked():
             for slot in list(self._slots.values()):
-                cid = slot.cid
-                if cid is None or not slot.running or cid in slot.handled:
-                    continue
-                try:
-                    info = await self.engine.inspect(cid)
-                except BackendError:
-                    continue  # still away: the next reconnect asks again
-                state = (info or {}).get("State") or {}
-                if info is None or not state.get("Running", False):
-                    attributes: dict[str, str] = {}
-                    if info is not None and state.get("Status") in ("exited", "stopped"):
-                        attributes = {"exitCode": str(state.get("ExitCode"))}
-                    self.on_event(cid, "die", attributes)
+                await self._reconcile_one(slot)
+
+    async def _reconcile_one(self, slot: _Slot) -> None:
+        cid = slot.cid
+        if cid is None or not slot.running or cid in slot.handled:
+            return
+        try:
+            info = await self.engine.inspect(cid)
+        except BackendError:
+            return  # still away: the next reconnect asks again
+        state = (info or {}).get("State") or {}
+        if (
+            cid in slot.handled
+            or state.get("Running", False)
+            or state.get("Status") in ("created", "configured")
+        ):
+            return  # heard meanwhile, running, or being started right now
+        # Gone while it ran: removed by force (``docker rm -f``), so SIGKILLed.
+        attributes: dict[str, str] = {"exitCode": str(KILLED_CODE)}
+        if info is not None:
+            attributes = {}
+            if state.get("Status") in ("exited", "stopped"):
+                attributes = {"exitCode": str(state.get("ExitCode"))}
+        self.on_event(cid, "die", attributes)
 
     async def stop(self, keys: Sequence[ReplicaKey], reason: str) -> None:
         self.stopping += 1

@@ -6,6 +6,7 @@ if it leaves a container or network behind.
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -100,10 +101,17 @@ async def test_retries_follow_the_policy(engine: EngineUnderTest, policy: RetryP
         lines = await stdout(sv, handle, "w", 0)
         assert lines == ["attempt 0 0\n", "attempt 1 0\n", "attempt 2 0\n"]
         other = await stdout(sv, handle, "w", 1)
-        # Replica 1 succeeds at once; only REPLICA leaves it alone while 0 retries.
-        assert other[0] == "attempt 0 1\n"
         if policy is RetryPolicy.REPLICA:
+            # Replica 1 succeeds at once, and REPLICA leaves it alone while 0 retries.
             assert other == ["attempt 0 1\n"]
+        else:
+            # ROLE and APPLICATION restart replica 1 with replica 0 while it still runs (a
+            # replica that succeeded stays so). Under load replica 0 may fail before replica
+            # 1's Python printed: that attempt leaves no line. Every line is whole, one per
+            # attempt, in order, and the attempt that succeeded printed its line.
+            assert other and all(re.fullmatch(r"attempt [012] 1\n", x) for x in other), other
+            attempts = [int(line.split()[1]) for line in other]
+            assert attempts == sorted(set(attempts)), other
 
 
 async def test_cancel_sends_sigterm_then_sigkill_after_the_grace(engine: EngineUnderTest) -> None:

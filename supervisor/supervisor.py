@@ -1015,11 +1015,15 @@ class Supervisor:
             return LogTarget(base.directory, _is_set(done), copied=base.copied), done
         backend = self.backend(parsed.backend)
         described = await self._describe_recorded(parsed)
-        if described is None:
+        # An app of this process that ended and left memory is known by its cached final
+        # status too, for a backend that keeps no records of its own to describe it by.
+        status = described.to_status() if described is not None else self._finished.get(handle)
+        if status is None:
             raise UnknownAppError(f"no app {handle}")
-        if described.to_status().replica(role, k) is None:
+        if status.replica(role, k) is None:
             # Without roles (its record is damaged) the reason is all there is to say.
-            why = f": {described.msg}" if not described.roles and described.msg else ""
+            damaged = described is not None and not described.roles and described.msg
+            why = f": {described.msg}" if damaged and described is not None else ""
             raise UnknownAppError(f"{handle} has no replica {role}/{k}{why}")
         target = await backend.log_target(parsed, role, k)
         if target is None:

@@ -220,14 +220,20 @@ async def test_a_job_the_controller_forgot_ends_with_what_its_replicas_recorded(
     fakes = fake_slurm.install(tmp_path / "fakebin")
     monkeypatch.setenv("PATH", fake_slurm.path_with(fakes))
     fast = partial(
-        SlurmBackend, poller=PollerSettings(fast=0.5, slow=1.0, running=0.5, forgotten=3.0)
+        SlurmBackend, poller=PollerSettings(fast=0.5, slow=1.0, running=0.5, forgotten=10.0)
     )
-    role = Role(name="w", entrypoint=PY, args=["-c", "import time; time.sleep(4)"])
+    # The replica ends when the test says, right after the lie: its exit record is then
+    # written long before the job counts as forgotten, however loaded the machine (a fixed
+    # sleep raced the 3 s window under two concurrent test runs and left the app UNKNOWN).
+    release = tmp_path / "release"
+    code = f"import os, time\nwhile not os.path.exists({str(release)!r}): time.sleep(0.05)"
+    role = Role(name="w", entrypoint=PY, args=["-c", code])
     async with Supervisor(session="svc", backends={"slurm": fast}) as sv:
         handle = await sv.submit(AppDef(name="forgotten", roles=[role]), "slurm")
         with anyio.fail_after(60):
             await until_running(sv, handle)
         fake_slurm.lie_about(fakes, await _job_id(state_dir, handle), "forget")
+        release.touch()
         final = await sv.wait(handle, timeout=60)
     assert final.state is AppState.SUCCEEDED, final  # its exit record says 0
     replica = final.replica("w", 0)

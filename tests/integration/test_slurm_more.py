@@ -286,8 +286,16 @@ async def test_leaving_async_with_ends_a_follow_watch_and_wait_and_the_job_runs_
                     following.set()
                 end("log", lines)
 
+            running = anyio.Event()
+
             async def watch() -> None:
-                end("watch", [t.dest async for t in sv.watch(handle) if t.role is None])
+                seen = []
+                async for t in sv.watch(handle):
+                    if t.role is None:
+                        seen.append(t.dest)
+                        if t.dest == "RUNNING":
+                            running.set()
+                end("watch", seen)
 
             async def wait() -> None:
                 try:
@@ -299,7 +307,10 @@ async def test_leaving_async_with_ends_a_follow_watch_and_wait_and_the_job_runs_
             tg.start_soon(watch)
             tg.start_soon(wait)
             with anyio.fail_after(60):
+                # The replica's first line can come before the poller's next tick shows
+                # the job RUNNING (seen under load): leave once both are in.
                 await following.wait()
+                await running.wait()
         with anyio.fail_after(20):  # the job runs for a minute
             await all_ended.wait()
     assert ended["log"] == ["up\n"]

@@ -18,6 +18,7 @@ import json
 import os
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -117,6 +118,9 @@ def _record_exit(log_dir: Path, code: int) -> None:
         "attempt": int(os.environ.get("ASUPERVISOR_ATTEMPT") or 0),
         "returncode": code,
         "ended": time.time(),
+        # Where it ran, for a reader that never saw it running (a step that started and
+        # ended between two looks of the poller): Slurm's node name, else the host's.
+        "host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
     }
     temp = log_dir / f".{EXIT_FILE}.{os.getpid()}"
     temp.write_text(json.dumps(record))

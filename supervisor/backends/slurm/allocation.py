@@ -412,6 +412,7 @@ class Progress:
     driver_alive: bool | None = None  # None: cannot tell (another host, no pid yet)
     cancel_requested: bool = False  # someone recorded a cancel (this process or another)
     nodes: Mapping[int, str] = field(default_factory=dict)  # the nodes each group was given
+    exit_hosts: Mapping[ReplicaKey, str] = field(default_factory=dict)  # where each exit ran
 
 
 def _int_file(path: Path) -> int | None:
@@ -450,12 +451,15 @@ def read_progress(app_dir: str, groups: Sequence[Sequence[ReplicaKey]]) -> Progr
             with contextlib.suppress(OSError):
                 nodes[int(given.group(1))] = (state / name).read_text().strip()
     exits: dict[ReplicaKey, tuple[int, int]] = {}
+    exit_hosts: dict[ReplicaKey, str] = {}
     for group in groups:
         for role, k in group:
             record = read_json_or_none(Path(app_dir) / role / str(k) / EXIT_FILE)
             if isinstance(record, dict):
                 with contextlib.suppress(KeyError, TypeError, ValueError):
                     exits[(role, k)] = (int(record["attempt"]), int(record["returncode"]))
+                    if isinstance(record.get("host"), str):
+                        exit_hosts[(role, k)] = record["host"]
     alive: bool | None = None
     try:
         pid_text, host = (state / "pid").read_text().split()
@@ -467,7 +471,9 @@ def read_progress(app_dir: str, groups: Sequence[Sequence[ReplicaKey]]) -> Progr
     except (OSError, ValueError):
         alive = None
     cancelled = (Path(app_dir) / CANCEL_REQUEST).exists()
-    return Progress(_int_file(state / "attempt"), done, why, rcs, exits, alive, cancelled, nodes)
+    return Progress(
+        _int_file(state / "attempt"), done, why, rcs, exits, alive, cancelled, nodes, exit_hosts
+    )
 
 
 @dataclass(frozen=True)
@@ -503,6 +509,9 @@ def observe(
     host = hosts_of_tasks(placed, size)[index] if placed else ""
     recorded = progress.exits.get(key)
     if recorded is not None and recorded[0] == attempt:
+        # A step that ended before any look saw it, and before the driver wrote its
+        # group's nodes (seen under load): the replica's own record says where it ran.
+        host = host or progress.exit_hosts.get(key, "")
         code = recorded[1]
         if code < 0:
             return Seen("exited", host, None, signal_name(-code))
@@ -635,8 +644,21 @@ class AllocationRuntime(AppRuntime):
                 dataclasses.replace(m, structured_error_msg=found[id(m)]) if found.get(id(m)) else m
                 for m in exits
             ]
-        for event in [*exits, *later]:
-            self.emit(event)
+        # A replica seen for the first time already exited (its step started and ended
+        # between two looks) gets its Started, which carries its host, right before its
+        # Exited: after it, the FSM would take the Started for news of an ended attempt.
+        starts = {(m.role, m.replica_id, m.attempt): m for m in later if isinstance(m, Started)}
+        for exited in exits:
+            start = starts.pop((exited.role, exited.replica_id, exited.attempt), None)
+            if start is not None:
+                self.emit(start)
+            self.emit(exited)
+        for event in later:
+            if (
+                not isinstance(event, Started)
+                or starts.get((event.role, event.replica_id, event.attempt)) is event
+            ):
+                self.emit(event)
         lost = [m.reason for m in later if isinstance(m, Lost)]
         if lost and not self._gave_up:
             # Nothing will run these replicas any more (the allocation ended, the driver

@@ -24,6 +24,7 @@ from supervisor.errors import BackendError
 from supervisor.events import Lost, ReplicaEvent
 from supervisor.fsm.app import AppFSM, RestartReplicas, RoleSpec, StopReplicas
 from supervisor.observe import Observer
+from supervisor.specs import parse_handle
 from supervisor.states import TERMINAL
 from supervisor.status import AppStatus, Transition
 
@@ -69,7 +70,7 @@ class AppActor:
     ) -> None:
         self.handle = handle
         self.request = request
-        self.backend_name = handle.split("://", 1)[0]
+        self.backend_name = parse_handle(handle).backend  # the registered name, aliases too
         self._observer = observer
         self._observed = 0  # transitions of the history already handed to the observer
         # Called once, synchronously, when ``done`` is set: before any waiter resumes.

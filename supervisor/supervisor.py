@@ -874,7 +874,7 @@ class Supervisor:
                 raise ShuttingDown(f"the Supervisor began shutting down while waiting for {handle}")
         if status is None:
             raise WaitTimeout(f"{handle} was not terminal after {timeout} s")
-        metrics.record_wait(handle.split("://", 1)[0], time.monotonic() - started)
+        metrics.record_wait(parse_handle(handle).backend, time.monotonic() - started)
         return status
 
     async def _wait(self, handle: str) -> AppStatus:

@@ -19,6 +19,7 @@ from types import TracebackType
 import anyio
 
 from supervisor.errors import EventsOverflowError
+from supervisor.specs import parse_handle
 from supervisor.status import Transition
 
 __all__ = ["DEFAULT_MAX_BUFFER", "AppEvent", "EventBus", "EventStream"]
@@ -36,7 +37,7 @@ class AppEvent:
 
     @property
     def backend(self) -> str:
-        return self.handle.split("://", 1)[0]
+        return parse_handle(self.handle).backend
 
 
 class EventStream:

@@ -8,6 +8,7 @@ printing why, only when the engines truly cannot start (not root, or
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -118,6 +119,12 @@ def remove_leftovers(host: str, session: str) -> None:
             except RuntimeError as e:
                 if "active endpoints" not in str(e) or time.monotonic() > deadline:
                     raise
+            # Endpoints dockerd failed to release stay for good: dropped as the library does.
+            info = api(host, "GET", f"/networks/{n['Id']}")
+            for endpoint in (info.get("Containers") or {}).values():
+                with contextlib.suppress(RuntimeError):
+                    body = {"Container": endpoint["Name"], "Force": True}
+                    api(host, "POST", f"/networks/{n['Id']}/disconnect", body)
             time.sleep(1)
 
 

@@ -13,6 +13,7 @@ container" instead of 404, and names the exit event ``died`` instead of ``die``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import struct
@@ -154,14 +155,20 @@ class Engine:
 
     @_translated
     async def remove_network(self, name: str) -> None:
-        """Remove it (gone already is fine). dockerd under load still shows the endpoints of
-        containers it has just removed for a while ("has active endpoints"): retried, with
-        back-off, for up to NETWORK_ENDPOINTS_S."""
+        """Remove it (gone already is fine).
+
+        dockerd under load still shows the endpoints of containers it has just removed
+        ("has active endpoints"), for a while or for good when it failed to release them:
+        after the first refusal, the endpoints it still lists are dropped by force (the
+        network is the app's own and its containers are removed by then), and the removal
+        is retried with back-off for up to NETWORK_ENDPOINTS_S.
+        """
         deadline = anyio.current_time() + NETWORK_ENDPOINTS_S
         pause = 0.2
+        forced = False
         while True:
             try:
-                async with self._response(f"networks/{name}", method="DELETE"):
+                async with self._response(f"networks/{quote(name, safe='')}", method="DELETE"):
                     pass
                 return
             except aiodocker.DockerError as e:
@@ -169,8 +176,25 @@ class Engine:
                     return
                 if "active endpoints" not in e.message or anyio.current_time() >= deadline:
                     raise _error(e, f"cannot remove network {name!r}") from e
+            if not forced:
+                forced = True
+                await self._drop_stale_endpoints(name)
+                continue
             await anyio.sleep(pause)
             pause = min(pause * 2, 5.0)
+
+    async def _drop_stale_endpoints(self, name: str) -> None:
+        """Force every endpoint the network still lists off it (``network disconnect -f``:
+        for a container the engine no longer has, that deletes the endpoint by name)."""
+        try:
+            network = await self.client().networks.get(name)
+            info = await network.show()
+        except aiodocker.DockerError:
+            return  # gone meanwhile, or unreadable: the retried removal says which
+        for endpoint in (info.get("Containers") or {}).values():
+            # An endpoint that cannot be dropped makes the retried removal fail, and say so.
+            with contextlib.suppress(aiodocker.DockerError):
+                await network.disconnect({"Container": endpoint["Name"], "Force": True})
 
     @_translated
     async def network_exists(self, name: str) -> bool:

@@ -22,6 +22,7 @@ report gives the figures and the verdict.
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -33,8 +34,16 @@ from bench.util import Json, child_parser, raise_nofile, run_child, scratch, sum
 PERIOD_S = 0.005
 TARGET_EXCESS_S = 0.020
 PHASES = ("idle", "submit", "follow")
-# A replica that prints a numbered line every 10 ms for about ``$1`` seconds.
-TALKER = 'for i in $(seq 1 $(( $1 * 100 ))); do echo "line $i"; sleep 0.01; done'
+# A replica that prints a numbered line every 10 ms for about ``argv[1]`` seconds. In
+# Python, not a shell loop: a shell forks ``sleep`` for every line, and 100 of them fork
+# 10,000 times a second, which saturates 2 cores and stalls the ticker by itself
+# (0.9 s with no follower at all), whatever the library does.
+TALKER = (
+    "import sys, time\n"
+    "for i in range(int(sys.argv[1]) * 100):\n"
+    "    print('line', i, flush=True)\n"
+    "    time.sleep(0.01)\n"
+)
 
 
 class Ticker:
@@ -94,8 +103,8 @@ async def _measure(
 
             talker = Role(
                 name="t",
-                entrypoint="bash",
-                args=["-c", TALKER, "talker", str(int(follow_s) + 1)],
+                entrypoint=sys.executable,
+                args=["-c", TALKER, str(int(follow_s) + 1)],
                 num_replicas=followers,
             )
             handle = await sv.submit(AppDef(name="follow", roles=[talker]), "local")

@@ -35,6 +35,11 @@ PERSIST_INTERVAL = 0.05
 burst that come meanwhile go in the same write (coalesced on the trailing edge), and
 an app that ends within it gets its final record as its next write."""
 
+BATCH_MAX = 256
+"""Mail items applied in one turn of the event loop: events that arrive together are
+applied together, yet a burst of thousands (a big app's starts) leaves the host's loop a
+turn every few milliseconds."""
+
 ABANDON_STOP_S = 30.0
 """How long an app whose supervision broke gets to stop its replicas before it is left."""
 
@@ -196,6 +201,7 @@ class AppActor:
                 # a burst of starts): applied as one batch, published once.
                 changed = False
                 item: _Mail | None = first
+                taken = 1
                 while item is not None:
                     if isinstance(item, _Barrier):
                         item.reached.set()
@@ -204,7 +210,10 @@ class AppActor:
                         changed = True
                         if self.fsm.is_terminal:
                             break
+                    if taken == BATCH_MAX:
+                        break  # the rest on the next turn: the host's loop gets its turn
                     item = self._next_mail()
+                    taken += 1
                 if changed:
                     self._publish()
                 if self.fsm.is_terminal:

@@ -83,6 +83,9 @@ _log = logging.getLogger(__name__)
 FINISHED_CACHE = 256
 """Final statuses of ended apps kept for ``status()`` after their actors left memory."""
 
+DRYRUN_THREAD_REPLICAS = 100
+"""From this many replicas, ``submit`` renders the request in a worker thread."""
+
 
 def default_state_dir() -> Path:
     """``$ASUPERVISOR_HOME``, else ``$XDG_STATE_HOME/asupervisor``, else ~/.local/state/..."""
@@ -561,7 +564,7 @@ class Supervisor:
     ) -> str:
         await self.prepare(backend)
         if idempotency_key is None:
-            return await self.schedule(self.dryrun(app, backend, cfg))
+            return await self.schedule(await self._dryrun_off_loop(app, backend, cfg))
         if not isinstance(idempotency_key, str) or not idempotency_key:
             raise SpecError(
                 [Problem("idempotency_key", "must be a non-empty string")], context="invalid submit"
@@ -580,6 +583,16 @@ class Supervisor:
             prepare=prepare,
             launch=lambda: self.schedule(pending[-1]),
         )
+
+    async def _dryrun_off_loop(
+        self, app: AppDef, backend: str, cfg: Mapping[str, object] | None
+    ) -> DryRunInfo:
+        """``dryrun``, in a worker thread for a big app: rendering thousands of replicas
+        takes tens of milliseconds the host's event loop would otherwise stall for."""
+        size = sum(r.num_replicas for r in app.roles if isinstance(r.num_replicas, int))
+        if size < DRYRUN_THREAD_REPLICAS:  # (bad input is the dryrun's to report)
+            return self.dryrun(app, backend, cfg)
+        return await anyio.to_thread.run_sync(self.dryrun, app, backend, cfg)
 
     async def prepare(self, backend: str) -> None:
         """Let a backend learn what its dryrun depends on (Slurm: version, partitions).

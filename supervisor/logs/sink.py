@@ -205,6 +205,10 @@ class _Writer:
         for loop, future in waiters:
             _set_later(loop, future)
 
+    def has_room(self) -> bool:
+        with self._backlog_lock:
+            return self._backlog <= QUEUED_BYTES_HIGH or self._stopped
+
     def wait_for_room(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None] | None:
         """None when the backlog is small; else a future set once it shrank."""
         with self._backlog_lock:
@@ -495,6 +499,10 @@ class LogSink:
         future = self._writer.wait_for_room(asyncio.get_running_loop())
         if future is not None:
             await future
+
+    def has_room(self) -> bool:
+        """Whether ``room`` would return at once: for readers that stop reading otherwise."""
+        return self._closed or self._thread is None or self._writer.has_room()
 
     def end_stream(self, log: ReplicaLog, stream: StreamName) -> None:
         """The pipe of ``stream`` hit EOF for this attempt.

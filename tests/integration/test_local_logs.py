@@ -119,3 +119,31 @@ async def test_following_many_replicas_shares_one_inotify_instance(state_dir: Pa
                     tg.start_soon(follow, k)
         assert len(counts) == 150
         assert max(counts) <= 3  # the backend's, the hub's, and none per follower
+
+
+async def test_a_replica_outrunning_the_writer_is_paused_and_loses_nothing(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pipe's reader is taken off the loop while the writer's backlog is over its
+    mark, and put back once there is room: every line arrives, in order. The mark is
+    lowered to nothing here, so that the pause happens on every chunk, on any disk."""
+    from supervisor.logs import sink
+
+    monkeypatch.setattr(sink, "QUEUED_BYTES_HIGH", 0)
+    full: list[bool] = []
+    has_room = sink._Writer.has_room
+
+    def counted(self: sink._Writer) -> bool:
+        room = has_room(self)
+        full.append(not room)
+        return room
+
+    monkeypatch.setattr(sink._Writer, "has_room", counted)
+    lines = 200_000
+    code = f"import sys\nfor i in range({lines}):\n    sys.stdout.write(f'line {{i}}\\n')\n"
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app(py_role("t", code)), "local")
+        assert (await sv.wait(handle, timeout=60)).state is AppState.SUCCEEDED
+        out = await _collect(sv, handle, "t", streams="stdout")
+    assert any(full), "the reader was never paused"
+    assert out == [f"line {i}\n" for i in range(lines)]

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 from asyncinotify import Inotify, Mask
 
 from supervisor.backends.base import (
@@ -72,6 +73,9 @@ from supervisor.validate import Capabilities
 __all__ = ["LOCAL_CAPABILITIES", "LocalBackend"]
 
 SPAWN_FAILED_CODE = 127
+SPAWN_SLICE = 32
+"""Spawns started per turn of the host's event loop (each prepares a request for the
+reaper: its environment, two pipes)."""
 
 LOCAL_CAPABILITIES = Capabilities(
     backend="local",
@@ -130,6 +134,9 @@ class LocalRuntime(AppRuntime):
             (r.role, r.replica_id): _Slot(r) for r in request.replicas
         }
         self._logs: dict[ReplicaKey, ReplicaLog] = {}
+        # What every replica's environment starts from, taken once (``os.environ`` decodes
+        # every variable on each read): as at the launch, for restarts too, as TorchX does.
+        self._base_env = request.base_env(os.environ)
 
     async def start(self) -> None:
         record = {
@@ -159,10 +166,13 @@ class LocalRuntime(AppRuntime):
         self._backend.watch_cancel(self)
         for key in self._slots:
             self.emit(Submitted(role=key[0], replica_id=key[1]))
-        # All at once: the reaper forks while this process prepares the next requests.
+        # All at once: the reaper forks while this process prepares the next requests;
+        # started a slice per loop turn, so a big app does not hold the host's loop.
         async with anyio.create_task_group() as tg:
-            for key, slot in self._slots.items():
+            for n, (key, slot) in enumerate(self._slots.items(), 1):
                 tg.start_soon(self._spawn_locked, key, slot)
+                if n % SPAWN_SLICE == 0:
+                    await anyio.lowlevel.checkpoint()
 
     async def _spawn_locked(self, key: ReplicaKey, slot: _Slot) -> None:
         async with slot.lock:
@@ -176,7 +186,7 @@ class LocalRuntime(AppRuntime):
             self.emit(Exited(role=key[0], replica_id=key[1], attempt=slot.attempt, exit_code=None))
             return
         env = {
-            **self.request.base_env(os.environ),
+            **self._base_env,
             **launch.env,
             "ASUPERVISOR_ATTEMPT": str(slot.attempt),
         }

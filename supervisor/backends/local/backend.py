@@ -138,16 +138,19 @@ class LocalRuntime(AppRuntime):
         # every variable on each read): as at the launch, for restarts too, as TorchX does.
         self._base_env = request.base_env(os.environ)
 
-    async def start(self) -> None:
+    def _create_store(self) -> None:
+        """The app's directories and first record (in a worker thread: O(replicas))."""
         record = {
             "handle": make_handle("local", self.request.session, self.request.app_id),
             "app": self.request.app.to_json(),
             "request": self.request.to_json(),
             "owner": self._owner.to_json(),
         }
-        dirs = [Path(s.launch.log_dir) for s in self._slots.values()]
+        self.store.create([Path(s.launch.log_dir) for s in self._slots.values()], record)
+
+    async def start(self) -> None:
         try:
-            await anyio.to_thread.run_sync(self.store.create, dirs, record)
+            await anyio.to_thread.run_sync(self._create_store)
             await anyio.to_thread.run_sync(
                 self._backend.index.add,
                 self.request.session,

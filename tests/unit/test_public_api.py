@@ -28,6 +28,26 @@ SUPERVISOR_METHODS = {
 }  # fmt: skip
 
 
+BACKEND_CONTRACT = {
+    "AppCancelRequested", "AppNotice", "AppRuntime", "Backend", "BackendContext",
+    "BackendRegistry", "DryrunContext", "EventSink", "LogTarget", "Request",
+}  # fmt: skip
+# What a new backend must implement: changing it breaks every third-party backend.
+BACKEND_ABSTRACT = {
+    "run_opts", "capabilities", "dryrun", "launch", "describe", "list", "cancel", "log_target",
+}  # fmt: skip
+RUNTIME_ABSTRACT = {"stop", "restart", "record", "log_target", "aclose"}
+
+
+def test_the_backend_contract_is_pinned() -> None:
+    """``supervisor.backends.base`` is the public surface third-party backends build on."""
+    from supervisor.backends import base
+
+    assert set(base.__all__) == BACKEND_CONTRACT
+    assert set(base.Backend.__abstractmethods__) == BACKEND_ABSTRACT
+    assert set(base.AppRuntime.__abstractmethods__) == RUNTIME_ABSTRACT
+
+
 def test_all_is_pinned_and_resolves() -> None:
     assert set(supervisor.__all__) == EXPECTED
     for name in supervisor.__all__:

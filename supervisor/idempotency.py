@@ -27,7 +27,7 @@ import hashlib
 import json
 import os
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,6 +91,34 @@ class IdempotencyKeys:
     def _base(self, key: str) -> Path:
         # Keys are arbitrary text; their hash makes a safe, fixed-length file name.
         return self.root / hashlib.sha256(key.encode()).hexdigest()
+
+    def forget_handles(self, handles: Collection[str]) -> int:
+        """Remove the records of keys that map to one of ``handles`` (apps ``gc`` removed),
+        under each key's lock; a key whose lock is held (a submit under it is under way)
+        is left to that submit. The empty lock files stay: removing one while another
+        process opens it would let two submits hold "the" lock of one key. Blocking: for
+        a worker thread. Returns how many records went."""
+        gone = set(handles)
+        removed = 0
+        try:
+            records = sorted(self.root.glob("*.json"))
+        except OSError:
+            return 0
+        for path in records:
+            record = read_json_or_none(path)
+            if not isinstance(record, dict) or record.get("handle") not in gone:
+                continue
+            fd = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue
+                path.unlink(missing_ok=True)
+                removed += 1
+            finally:
+                os.close(fd)
+        return removed
 
     @asynccontextmanager
     async def locked(self, key: str) -> AsyncIterator[_Entry]:

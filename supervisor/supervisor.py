@@ -703,10 +703,14 @@ class Supervisor:
             if (keep is not None and rank >= keep) or (cutoff is not None and at < cutoff)
         ]
         if not dry_run:
+            keys = IdempotencyKeys(self.state_dir, backend, self.session)
+            handles = [make_handle(backend, e.session, e.app_id) for e in doomed]
 
             def remove() -> None:
                 for entry in doomed:
                     remove_app(index, entry.session, entry.app_id, entry.app_dir)
+                # A key of a removed app would otherwise stay on disk for ever.
+                keys.forget_handles(handles)
 
             await anyio.to_thread.run_sync(remove)
         return [make_handle(backend, e.session, e.app_id) for e in doomed]

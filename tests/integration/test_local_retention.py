@@ -312,3 +312,24 @@ async def test_list_answers_a_settled_app_from_its_index_entry(state_dir: Path) 
         (handle, AppState.SUCCEEDED, "short")
     ]
     assert listed[0].times.ended is not None and listed[0].times.ended <= time.time()
+
+
+async def test_gc_removes_the_idempotency_keys_of_the_apps_it_removes(state_dir: Path) -> None:
+    """A key whose app ``gc`` removed would stay on disk for ever: it goes with the app;
+    the keys of apps that stay are kept, and a submit under a removed key starts afresh."""
+    keys = state_dir / "idempotency" / "local" / "svc"
+    async with Supervisor(session="svc") as sv:
+        old = await sv.submit(app(SHORT, name="old"), "local", idempotency_key="job-old")
+        await sv.wait(old, timeout=30)
+        new = await sv.submit(app(SHORT, name="new"), "local", idempotency_key="job-new")
+        await sv.wait(new, timeout=30)
+        assert len(list(keys.glob("*.json"))) == 2
+
+        assert await sv.gc("local", keep=1) == [old]
+        left = [json.loads(p.read_text())["handle"] for p in keys.glob("*.json")]
+        assert left == [new]
+        # The kept key still answers its app; the removed one launches a new run.
+        assert await sv.submit(app(SHORT, name="new"), "local", idempotency_key="job-new") == new
+        again = await sv.submit(app(SHORT, name="old"), "local", idempotency_key="job-old")
+        assert again != old
+        await sv.wait(again, timeout=30)

@@ -15,6 +15,10 @@ of its ``app.json`` and ``state.json`` then: ``list`` answers a settled app
 from its entry alone, after a ``stat`` of each record shows it untouched since
 (a record changed or damaged later is read, and reported, as before).
 
+Each of ``app.json``, ``state.json`` and the index entries carries its ``format``
+(``RECORD_FORMAT``): a record written by a newer version is refused as damaged, with
+that reason, rather than misread.
+
 Every function here blocks (file I/O) and is meant to run in a worker thread.
 """
 
@@ -52,6 +56,12 @@ __all__ = [
     "unknown_status",
     "write_json_atomic",
 ]
+
+RECORD_FORMAT = 1
+"""The layout of ``app.json``, ``state.json`` and index entries that this version writes
+(their ``format`` field) and reads. Records from before the field existed have this
+layout: a missing ``format`` is 1. A newer format is refused with that reason, never
+read as if it were this one: a later version may change what a field means."""
 
 CANCEL_REQUEST = "cancel.request"
 RESERVE = ".final-record.reserve"
@@ -188,6 +198,19 @@ def _typed(value: Any, kind: type | tuple[type, ...], what: str) -> None:
 def _names(kind: type | tuple[type, ...]) -> str:
     kinds = kind if isinstance(kind, tuple) else (kind,)
     return " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+
+
+def _check_format(record: Mapping[str, Any]) -> None:
+    """A record of a format this version reads (see ``RECORD_FORMAT``)."""
+    found = record.get("format", 1)
+    _typed(found, int, "format")
+    if found > RECORD_FORMAT:
+        raise ValueError(
+            f"it was written by a newer asupervisor (record format {found}; this version "
+            f"reads formats up to {RECORD_FORMAT}): read it with that version or a later one"
+        )
+    if found < 1:
+        raise ValueError(f"format is {found}, not a record format")
 
 
 _OPT_STR = (str, type(None))
@@ -400,7 +423,7 @@ class AppStore:
         shutil.rmtree(self.app_dir, ignore_errors=True)
 
     def write_app(self, app_record: Mapping[str, Any]) -> None:
-        write_json_atomic(self.app_dir / "app.json", app_record)
+        write_json_atomic(self.app_dir / "app.json", {"format": RECORD_FORMAT, **app_record})
 
     def write_state(
         self, status: AppStatus, transitions: Sequence[Transition], final: bool, owner: Owner
@@ -410,7 +433,12 @@ class AppStore:
             lines = "".join(json.dumps(t.to_json()) + "\n" for t in transitions)
             with (self.app_dir / "transitions.jsonl").open("a") as f:
                 f.write(lines)
-        record = {"status": status.to_json(), "final": final, "owner": owner.to_json()}
+        record = {
+            "format": RECORD_FORMAT,
+            "status": status.to_json(),
+            "final": final,
+            "owner": owner.to_json(),
+        }
         write_json_atomic(self.app_dir / "state.json", record)
 
     def read_app(self) -> dict[str, Any] | None:
@@ -426,6 +454,7 @@ class AppStore:
 
         def check(d: Any) -> dict[str, Any]:
             _typed(d, dict, "the record")
+            _check_format(d)
             _parse_app(d.get("app"))
             _parse_owner(d.get("owner"))
             return dict(d)
@@ -458,6 +487,7 @@ class AppStore:
 
         def parse(d: Any) -> tuple[AppStatus, Owner, bool]:
             _typed(d, dict, "the record")
+            _check_format(d)
             _typed(d.get("final", False), bool, "final")
             final = d.get("final") is True
             return _parse_status(d.get("status")), _parse_owner(d.get("owner")), final
@@ -586,9 +616,8 @@ class Index:
     def add(self, session: str, app_id: str, app_dir: Path, name: str = "") -> None:
         path = self.entry_path(session, app_id)
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(
-            path, {"app_dir": str(app_dir), "app_id": app_id, "session": session, "name": name}
-        )
+        entry = {"app_dir": str(app_dir), "app_id": app_id, "session": session, "name": name}
+        write_json_atomic(path, {"format": RECORD_FORMAT, **entry})
 
     def entry_path(self, session: str, app_id: str) -> Path:
         return self.root / session / f"{_escape(app_id)}.json"
@@ -675,6 +704,7 @@ class Index:
 
         def parse(d: Any) -> dict[str, Any]:
             _typed(d, dict, "the entry")
+            _check_format(d)
             _typed(d.get("app_dir"), str, "app_dir")
             _typed(d.get("session"), str, "session")
             _typed(d.get("app_id"), str, "app_id")

@@ -19,6 +19,7 @@ import pytest
 
 from supervisor import AppDef, AppState, DamagedRecordError, ReplicaState, Role
 from supervisor.backends.store import (
+    RECORD_FORMAT,
     AppStore,
     Index,
     Owner,
@@ -284,3 +285,48 @@ def test_an_error_file_that_is_a_fifo_reads_as_none_without_blocking(tmp_path: P
     assert _read_in_a_thread(lambda: store.read_error_file(tmp_path / "error.json")) == ""
     (tmp_path / "e2.json").write_text("é" * 10)
     assert store.read_error_file(tmp_path / "e2.json", limit=4) == "éééé"
+
+
+def test_every_record_says_its_format_and_one_without_it_is_the_first(tmp_path: Path) -> None:
+    """Records written before the ``format`` field existed have format 1's layout."""
+    store = _store(tmp_path)
+    index = Index(tmp_path, "local")
+    index.add("s", "a-1", store.app_dir)
+    paths = [store.app_dir / "app.json", store.app_dir / "state.json", index.entry_path("s", "a-1")]
+    for path in paths:
+        record = json.loads(path.read_text())
+        assert record["format"] == RECORD_FORMAT == 1
+        del record["format"]
+        path.write_text(json.dumps(record))
+    assert store.read_state() == (STATUS, OWNER)
+    app = store.read_app()
+    assert app is not None and AppDef.from_json(app["app"]) == APP
+    assert index.lookup("s", "a-1") == store.app_dir
+
+
+@pytest.mark.parametrize("name", ["app.json", "state.json", "index"])
+def test_a_record_of_a_newer_format_is_refused_saying_so_never_misread(
+    tmp_path: Path, name: str
+) -> None:
+    store = _store(tmp_path)
+    index = Index(tmp_path, "local")
+    index.add("s", "a-1", store.app_dir)
+    path = index.entry_path("s", "a-1") if name == "index" else store.app_dir / name
+    record = json.loads(path.read_text())
+    path.write_text(json.dumps({**record, "format": RECORD_FORMAT + 1}))
+    read = {
+        "app.json": store.read_app,
+        "state.json": store.read_state,
+        "index": lambda: index.lookup("s", "a-1"),
+    }[name]
+    with pytest.raises(DamagedRecordError) as err:
+        read()
+    assert err.value.path == str(path)
+    assert f"written by a newer asupervisor (record format {RECORD_FORMAT + 1}" in str(err.value)
+    if name == "index":
+        (entry,) = index.entries()
+        assert entry.damage is not None and "newer asupervisor" in str(entry.damage)
+    for bad, why in (("2", "format is '2', not int"), (0, "format is 0, not a record format")):
+        path.write_text(json.dumps({**record, "format": bad}))
+        with pytest.raises(DamagedRecordError, match=why):
+            read()

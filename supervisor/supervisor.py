@@ -83,8 +83,24 @@ _log = logging.getLogger(__name__)
 FINISHED_CACHE = 256
 """Final statuses of ended apps kept for ``status()`` after their actors left memory."""
 
+RECORDED_FIRST_S = 0.05
+RECORDED_RECHECK_S = 1.0
+"""``watch`` of an app followed elsewhere re-reads its records after each change of its
+directory, and at an interval growing from the first to the second figure besides."""
+RECORDED_END_GRACE_S = 5.0
+"""How long such a watch waits, once the app is known to have ended, for its owner to
+record the end in the journal (an app nobody follows never gets it)."""
+
 DRYRUN_THREAD_REPLICAS = 100
 """From this many replicas, ``submit`` renders the request in a worker thread."""
+
+
+def _journal_ends(transitions: Sequence[Transition], state: AppState) -> bool:
+    """The journal's last app-level transition reaches ``state``."""
+    for t in reversed(transitions):
+        if t.role is None:
+            return t.dest == state.name
+    return False
 
 
 def default_state_dir() -> Path:
@@ -926,21 +942,86 @@ class Supervisor:
         return self._observer.bus.open(max_buffer)
 
     async def watch(self, handle: str) -> AsyncIterator[Transition]:
-        """Every transition of an app launched here, app and replica level, in order, to the end.
+        """Every transition of an app, app and replica level, in order, to the end.
 
-        Ends early, after the transitions so far, once ``begin_shutdown`` is called.
-        An app that ended and left memory replays the transitions it recorded.
+        Of an app launched here, each as it happens. Of an app another process
+        follows (or that ended and left memory here), the transitions recorded so far,
+        then each one as it is recorded, never one twice. Ends early, after the
+        transitions so far, once ``begin_shutdown`` is called. ``UnknownAppError``
+        for a handle of no app.
         """
         actor = self._actors.get(handle)
         if actor is None:
-            described = await self.describe(handle)
-            if described is None or not described.to_status().is_settled:
-                raise UnknownAppError(f"{handle} is not followed by this Supervisor")
-            for recorded in described.transitions:
+            async for recorded in self._watch_recorded(handle):
                 yield recorded
             return
         async for t in actor.transitions(stop=lambda: self._shutting_down):
             yield t
+
+    async def _watch_recorded(self, handle: str) -> AsyncIterator[Transition]:
+        """An app this Supervisor does not follow: its recorded transitions, then each one
+        recorded after them, until it settles.
+
+        Its records are read again whenever its directory changes (inotify, where the
+        app's records are on this machine) and at an interval growing to
+        ``RECORDED_RECHECK_S`` besides, for what no file shows (the scheduler's view of
+        an app nobody follows, an owner's death). The journal only grows: a transition
+        is never given twice.
+        """
+        parsed = parse_handle(handle)
+        described = await self._describe_recorded(parsed)
+        if described is None:
+            raise UnknownAppError(f"no app {handle}")
+        wake = [anyio.Event()]
+        self._follows.add(wake[0])  # begin_shutdown sets it
+        hub, token, wd = self._watch_hub, WatchHub.new_token(), None
+        index: Index | None = getattr(self.backend(parsed.backend), "index", None)
+        try:
+            if hub is not None and index is not None and not described.to_status().is_settled:
+                try:
+                    app_dir = await anyio.to_thread.run_sync(
+                        index.lookup, parsed.session, parsed.app_id
+                    )
+                except DamagedRecordError:
+                    app_dir = None  # its records say so as they are read below: no wake-ups
+                if app_dir is not None:
+                    wd = hub.subscribe(app_dir, token, lambda _event: wake[0].set())
+            seen = 0
+            interval = RECORDED_FIRST_S
+            settled_at: float | None = None
+            while True:
+                for recorded in described.transitions[seen:]:
+                    yield recorded
+                seen = max(seen, len(described.transitions))
+                status = described.to_status()
+                if status.is_settled:
+                    # A scheduler may tell the end before the app's owner recorded it:
+                    # its journal gets a little while to catch up, then the watch ends.
+                    now = time.monotonic()
+                    settled_at = now if settled_at is None else settled_at
+                    if _journal_ends(described.transitions, status.state):
+                        return
+                    if now - settled_at >= RECORDED_END_GRACE_S:
+                        return
+                if self._shutting_down:
+                    return
+                with anyio.move_on_after(interval):
+                    await wake[0].wait()
+                woken = wake[0].is_set()
+                self._follows.discard(wake[0])
+                wake[0] = anyio.Event()
+                self._follows.add(wake[0])
+                if self._shutting_down:
+                    return
+                interval = RECORDED_FIRST_S if woken else min(interval * 2, RECORDED_RECHECK_S)
+                found = await self._describe_recorded(parsed)
+                if found is None:
+                    return  # removed meanwhile (gc): nothing more will be recorded
+                described = found
+        finally:
+            self._follows.discard(wake[0])
+            if wd is not None and hub is not None:
+                hub.unsubscribe(wd, token)
 
     async def log_iter(
         self,

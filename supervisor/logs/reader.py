@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import itertools
 import math
 import re
 import time
@@ -47,7 +46,6 @@ _CHUNK = 1 << 20
 _RECHECK_S = 2.0
 # With a working shared watch, events are trusted: the re-check is only a backstop.
 _HUB_RECHECK_S = 30.0
-_TOKENS = itertools.count()  # subscriber identities for WatchHub; only ever increases
 # How long after ``until`` output stamped before it may still be on its way
 # through the sink's queue to the file.
 _UNTIL_GRACE_S = 2.0
@@ -541,7 +539,7 @@ class _HubWatcher(_Watcher):
         self._dirty = True
         self._inotify = None
         self._hub = hub
-        self._token = next(_TOKENS)
+        self._token = WatchHub.new_token()
         self._changed = anyio.Event()
         self._watching = True
         self._complete = False

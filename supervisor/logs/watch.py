@@ -11,6 +11,7 @@ event out to the subscribers of its directory.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,7 +34,15 @@ Listener = Callable[[Event | None], None]
 """Called on the loop with an event of a subscribed directory, or None when events were lost."""
 
 
+_TOKENS = itertools.count()  # subscriber identities; only ever increases
+
+
 class WatchHub:
+    @staticmethod
+    def new_token() -> int:
+        """A subscriber identity no other subscriber of any hub has."""
+        return next(_TOKENS)
+
     def __init__(self, task_group: TaskGroup) -> None:
         self._task_group = task_group
         self._inotify: Inotify | None = None

@@ -9,7 +9,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from supervisor import AppState, ReplicaState, Supervisor, UnknownAppError
+from supervisor import AppState, ReplicaState, Supervisor, Transition, UnknownAppError
 from supervisor.backends.store import Index
 from supervisor.specs import parse_handle
 
@@ -73,6 +73,37 @@ async def test_a_second_supervisor_describes_lists_follows_and_cancels(
         with anyio.fail_after(10):  # following an ended app from there stops by itself
             followed = [x async for x in other.log_iter(handle, "r", 1, should_tail=True)]
         assert followed == await lines(sv, handle, "r", 1)
+
+
+async def test_a_second_supervisor_watches_each_transition_as_recorded_and_once(
+    target: Target, sv: Supervisor, cfg: dict[str, object], exchange: Path
+) -> None:
+    """``watch`` of an app another Supervisor follows: what was recorded, then each
+    transition as it is recorded (the app's RUNNING arrives while it runs), none twice,
+    to the app's end; the same list its records hold."""
+    handle = await sv.submit(
+        app(target.role("r", TRAPS_TERM, exchange=exchange, num_replicas=2)), target.backend, cfg
+    )
+    seen: list[Transition] = []
+    running = anyio.Event()
+    async with target.supervisor("observer") as other:
+
+        async def watch() -> None:
+            async for t in other.watch(handle):
+                seen.append(t)
+                if t.role is None and t.dest == "RUNNING":
+                    running.set()
+
+        with anyio.fail_after(target.timeout):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch)
+                await running.wait()  # live: the app still runs, nothing cancelled it yet
+                await sv.cancel(handle)
+            described = await other.describe(handle)
+    assert described is not None and described.state is AppState.CANCELLED, described
+    assert seen == list(described.transitions)
+    assert [t.seq for t in seen] == sorted({t.seq for t in seen})
+    assert (seen[-1].role, seen[-1].dest) == (None, "CANCELLED"), seen[-1]
 
 
 async def test_the_cli_in_another_process_reads_and_cancels_an_app(

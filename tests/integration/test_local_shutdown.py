@@ -35,6 +35,7 @@ class Streams:
         self.transitions: list[Transition] = []
         self.wait_error: BaseException | None = None
         self.first_line = anyio.Event()
+        self.running = anyio.Event()  # the watch gave the app's RUNNING
         self.ended = {"log": False, "watch": False, "wait": False, "events": False}
         self.all_ended = anyio.Event()
 
@@ -63,6 +64,8 @@ class Streams:
     async def _watch(self) -> None:
         async for t in self.sv.watch(self.handle):
             self.transitions.append(t)
+            if t.role is None and t.dest == "RUNNING":
+                self.running.set()
         self._end("watch")
 
     async def _wait(self) -> None:
@@ -144,3 +147,25 @@ async def test_close_ends_open_streams_and_a_wait_of_an_ended_app_still_answers(
         assert (await sv.wait(done)).state is AppState.SUCCEEDED
         final = sv.status(handle)
         assert final is not None and final.state is AppState.CANCELLED
+
+
+async def test_begin_shutdown_ends_streams_of_an_app_another_supervisor_follows(
+    state_dir: Path,
+) -> None:
+    """The watch, follow and wait of an app the shutting-down Supervisor does not follow
+    (it reads that app's records) end at once too; the app and its owner go on."""
+    async with Supervisor(session="svc") as owner, Supervisor(session="observer") as sv:
+        handle = await owner.submit(app(py_role("s", SLEEPER)), "local")
+        streams = Streams(sv, handle)
+        with anyio.fail_after(BOUND_S):
+            async with anyio.create_task_group() as tg:
+                streams.start(tg)
+                await streams.first_line.wait()
+                await streams.running.wait()  # the watch got the recorded RUNNING
+                sv.begin_shutdown()
+        assert streams.ended == {"log": True, "watch": True, "wait": True, "events": True}
+        assert isinstance(streams.wait_error, ShuttingDown)
+        status = owner.status(handle)
+        assert status is not None and status.state is AppState.RUNNING
+        await owner.cancel(handle)
+        assert (await owner.wait(handle, timeout=BOUND_S)).state is AppState.CANCELLED

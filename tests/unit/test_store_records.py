@@ -12,6 +12,7 @@ import json
 import os
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -314,11 +315,12 @@ def test_a_record_of_a_newer_format_is_refused_saying_so_never_misread(
     path = index.entry_path("s", "a-1") if name == "index" else store.app_dir / name
     record = json.loads(path.read_text())
     path.write_text(json.dumps({**record, "format": RECORD_FORMAT + 1}))
-    read = {
+    readers: dict[str, Callable[[], object]] = {
         "app.json": store.read_app,
         "state.json": store.read_state,
         "index": lambda: index.lookup("s", "a-1"),
-    }[name]
+    }
+    read = readers[name]
     with pytest.raises(DamagedRecordError) as err:
         read()
     assert err.value.path == str(path)

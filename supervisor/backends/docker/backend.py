@@ -38,6 +38,7 @@ from supervisor.backends.base import (
     Request,
 )
 from supervisor.backends.docker.engine import (
+    EVENTS_REOPEN_S,
     EXIT_ACTIONS,
     Engine,
     event_action,
@@ -207,7 +208,7 @@ class DockerBackend(Backend):
                 troubled = True
                 for runtime in list(self._runtimes):
                     runtime.emit_notice(f"lost the engine's event stream: {e}")
-                await anyio.sleep(1.0)  # a back-off before reconnecting, not a poll
+                await anyio.sleep(EVENTS_REOPEN_S)  # a back-off before reconnecting, not a poll
 
     def _dispatch(self, event: dict[str, Any]) -> None:
         action = event_action(event)

@@ -32,10 +32,12 @@ try:
 except ModuleNotFoundError as e:  # the core install: the docker extra brings both
     raise MissingExtraError("docker", e.name or "aiodocker", what="the docker backend") from e
 
-__all__ = ["EXIT_ACTIONS", "Engine", "StreamName"]
+__all__ = ["EVENTS_REOPEN_S", "EXIT_ACTIONS", "Engine", "StreamName"]
 
 StreamName = Literal["stdout", "stderr"]
 EXIT_ACTIONS = frozenset({"die", "died"})
+EVENTS_REOPEN_S = 1.0
+"""The pause before an event stream the engine dropped is opened again (a back-off)."""
 NETWORK_ENDPOINTS_S = 60.0
 """How long a network whose containers are gone may still show their endpoints."""
 _FRAME = struct.Struct(">BxxxL")
@@ -327,6 +329,12 @@ class Engine:
                         if isinstance(event, dict):
                             yield event
             except (TimeoutError, aiohttp.ClientError, ValueError) as e:
+                raise BackendError(f"the event stream broke: {e!r}", transient=True) from e
+            except RuntimeError as e:
+                # aiohttp's reader raises a bare RuntimeError("Connection closed.") when the
+                # engine drops the connection between two reads (Podman does, now and then).
+                if "Connection closed" not in str(e):
+                    raise
                 raise BackendError(f"the event stream broke: {e!r}", transient=True) from e
 
         try:

@@ -9,10 +9,11 @@ the final state and removes them (logs and records stay).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,13 @@ import anyio
 from asyncinotify import Inotify, Mask
 
 from supervisor.backends.base import LogTarget
-from supervisor.backends.docker.engine import EXIT_ACTIONS, Engine, event_action, event_container
+from supervisor.backends.docker.engine import (
+    EVENTS_REOPEN_S,
+    EXIT_ACTIONS,
+    Engine,
+    event_action,
+    event_container,
+)
 from supervisor.backends.docker.request import LABEL
 from supervisor.backends.docker.resume import LogResumer, lock
 from supervisor.backends.docker.runtime import OUTPUT_COPIED, exit_signal
@@ -365,19 +372,39 @@ class ForeignApps:
         }
         owner_pid = Owner.from_json(app["owner"]).pid
         engine = self.engine_of(app)
-        async with (
-            engine.events(labels, time.time() - 1.0) as events,
-            anyio.create_task_group() as tg,
-        ):
+        since = time.time() - 1.0
+        async with contextlib.AsyncExitStack() as stack:
+            first = await stack.enter_async_context(engine.events(labels, since))
+            tg = await stack.enter_async_context(anyio.create_task_group())
 
-            async def on_events() -> None:
-                async for event in events:
+            async def consume(stream: AsyncIterator[dict[str, Any]]) -> None:
+                nonlocal since
+                async for event in stream:
+                    since = float(event.get("timeNano", 0)) / 1e9 or since
                     action = event_action(event)
                     if action in EXIT_ACTIONS:
                         # The engine announces the death before its listing says so.
                         await engine.wait_exit(event_container(event), 10.0)
                     if action in EXIT_ACTIONS or action == "destroy":
                         wake[0].set()
+
+            async def on_events() -> None:
+                stream: AsyncIterator[dict[str, Any]] | None = first
+                while True:
+                    try:
+                        if stream is not None:
+                            await consume(stream)
+                        else:
+                            async with engine.events(labels, since) as reopened:
+                                await consume(reopened)
+                    except BackendError as e:
+                        if not e.transient:
+                            raise
+                    # The engine dropped the stream (or could not reopen it): the status
+                    # is read again now, and what it missed is replayed from ``since``.
+                    stream = None
+                    wake[0].set()
+                    await anyio.sleep(EVENTS_REOPEN_S)  # a back-off, not a poll
 
             async def on_files() -> None:
                 with Inotify() as inotify:

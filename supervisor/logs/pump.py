@@ -6,8 +6,8 @@ the command with its output on two pipes and writes them, as they arrive,
 through the same ``ReplicaFiles`` the local backend's writer thread uses, so
 ``log_iter`` reads Slurm replicas exactly like local ones (streams, combined,
 since/until). This is a program of its own, not the library: it may block and
-it handles the signals the job's launcher sends, passing them on to the
-command, whose exit status (or death by signal) it then reproduces, and
+it passes on to the command the signals sent to it alone (Slurm's own reach
+the command directly), whose exit status (or death by signal) it then reproduces, and
 records in ``exit.json``: Slurm reports a heterogeneous job's exit code on
 every component, so only this record says which replica failed, and when.
 """
@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -75,12 +76,10 @@ def run(log_dir: Path, argv: list[str]) -> int:
         files.close_files()
         return 127
 
-    def forward(signum: int, _frame: object) -> None:
-        if child.poll() is None:
-            child.send_signal(signum)
-
-    for sig in FORWARDED:
-        signal.signal(sig, forward)
+    # From here the forwarded signals wait for the forwarding thread (sigwaitinfo), which
+    # learns who sent each one. Blocked only now: the command was started with none blocked.
+    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+    threading.Thread(target=_forward, args=(child,), name="forward", daemon=True).start()
     selector = selectors.DefaultSelector()
     assert child.stdout is not None
     assert child.stderr is not None
@@ -108,6 +107,22 @@ def run(log_dir: Path, argv: list[str]) -> int:
     return code
 
 
+def _forward(child: subprocess.Popen[bytes]) -> None:
+    """Pass each forwarded signal on to the command, unless our parent sent it.
+
+    Our parent is Slurm's step daemon, and it signals every process of the step
+    (the whole tree, the cgroup or the process group, whichever tracking the
+    cluster uses): the command got that signal already, and a second one could run
+    its handler twice (a TERM trap that prints would print twice). Anyone else who
+    signals this process (``kill PID``) reaches the command through here.
+    """
+    parent = os.getppid()
+    while True:
+        info = signal.sigwaitinfo(FORWARDED)
+        if info.si_pid != parent and child.poll() is None:
+            child.send_signal(info.si_signo)
+
+
 EXIT_FILE = "exit.json"
 """The pump's record of how its command ended: the launcher sees only a whole job's end."""
 
@@ -132,10 +147,13 @@ def main(args: list[str]) -> None:
         sys.exit("usage: pump.py LOG_DIR -- COMMAND [ARGS...]")
     code = run(Path(args[0]), args[2:])
     if code < 0:
-        # Die the way the command died, so the launcher reports the same signal.
-        if -code in FORWARDED:
-            signal.signal(-code, signal.SIG_DFL)  # undo our forwarding handler first
-        os.kill(os.getpid(), -code)
+        # Die the way the command died, so the launcher reports the same signal: sent to
+        # this thread, with that signal's default action and no longer blocked here.
+        sig = signal.Signals(-code)
+        if sig in FORWARDED:
+            signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+        signal.pthread_kill(threading.get_ident(), sig)
     sys.exit(code)
 
 

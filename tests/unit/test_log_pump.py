@@ -52,7 +52,7 @@ def test_output_lands_in_the_local_layout_and_the_exit_code_is_kept(
     assert abs(record["ended"] - time.time()) < 60
 
 
-def test_signals_are_forwarded_and_a_death_by_signal_is_reproduced(
+def test_signals_sent_to_the_pump_alone_are_forwarded_and_a_death_by_signal_is_reproduced(
     runner: Path, tmp_path: Path
 ) -> None:
     fifo = tmp_path / "ready"
@@ -68,7 +68,8 @@ def test_signals_are_forwarded_and_a_death_by_signal_is_reproduced(
     proc = _pump(runner, logs, handles_term)
     with fifo.open() as ready:  # blocks until the command has set its handler
         ready.read()
-    proc.send_signal(signal.SIGTERM)
+    # From another process than the pump's parent (``kill PID`` by hand, say).
+    subprocess.run(["kill", "-TERM", str(proc.pid)], check=True)
     assert proc.wait(timeout=30) == 7
     assert (logs / "stdout.log").read_bytes() == b"ready\ngot term\n"
     killed = _pump(
@@ -88,3 +89,36 @@ def test_a_missing_command_is_reported_in_stderr(runner: Path, tmp_path: Path) -
     )
     assert proc.returncode == 127
     assert b"/nonexistent/prog" in (logs / "stderr.log").read_bytes()
+
+
+def test_a_signal_the_parent_sends_to_the_whole_step_reaches_the_command_once(
+    runner: Path, tmp_path: Path
+) -> None:
+    """Slurm's step daemon (the pump's parent) signals every process of the step itself:
+    forwarding that signal too made a slow TERM handler run twice (the conformance
+    cancel test saw "got TERM" twice under a busy CPU). Here the parent signals the
+    pump's whole process group, as Slurm's pgid tracking does."""
+    fifo = tmp_path / "ready"
+    os.mkfifo(fifo)
+    slow_handler = (
+        "import signal, sys, time\n"
+        "def on_term(*a):\n"
+        "    print('got term', flush=True)\n"
+        "    time.sleep(1.0)  # a second TERM meanwhile would run this again\n"
+        "    sys.exit(7)\n"
+        "signal.signal(signal.SIGTERM, on_term)\n"
+        f"open({str(fifo)!r}, 'w').close()\n"
+        "time.sleep(60)\n"
+    )
+    logs = tmp_path / "a"
+    proc = subprocess.Popen(
+        [sys.executable, "-S", str(runner), str(logs), "--", sys.executable, "-c", slow_handler],
+        env={"PATH": os.environ["PATH"]},
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    with fifo.open() as ready:
+        ready.read()
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=30) == 7
+    assert (logs / "stdout.log").read_bytes() == b"got term\n"

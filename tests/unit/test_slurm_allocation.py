@@ -165,11 +165,23 @@ def test_what_a_replica_does_is_read_from_files_and_steps(
 
 
 def _stand_ins(bin_dir: Path, allocation_state: str = "RUNNING") -> None:
-    """srun runs its command (one task), squeue says how the allocation is; two nodes."""
+    """srun runs its command (one task) in a process group of its own and, like Slurm's
+    step daemon, signals that whole group when it is signalled; squeue says how the
+    allocation is; two nodes."""
     bin_dir.mkdir(parents=True)
+    srun = (
+        "#!/bin/bash\n"
+        'while [[ "$1" == --* ]]; do shift; done\n'
+        "export SLURM_PROCID=0\n"
+        "set -m\n"
+        '"$@" &\n'
+        "task=$!\n"
+        "trap 'kill -TERM -- \"-$task\" 2>/dev/null' TERM INT HUP\n"
+        'while :; do wait "$task"; rc=$?; kill -0 "$task" 2>/dev/null || break; done\n'
+        'exit "$rc"\n'
+    )
     scripts = {
-        "srun": '#!/bin/bash\nwhile [[ "$1" == --* ]]; do shift; done\n'
-        'export SLURM_PROCID=0\nexec "$@"\n',
+        "srun": srun,
         "squeue": f'#!/bin/bash\ncase "$*" in *%T*) echo {allocation_state};; *) echo n1;; esac\n',
         "scontrol": "#!/bin/bash\nprintf 'n1\\nn2\\n'\n",
     }

@@ -107,7 +107,9 @@ def leftovers(host: str, session: str) -> list[str]:
 
 def remove_leftovers(host: str, session: str) -> None:
     label = f"io.asupervisor.session={session}"
+    session_names = []
     for c in labelled(host, "containers", label):
+        session_names += [str(name).lstrip("/") for name in c.get("Names") or ()]
         api(host, "DELETE", f"/containers/{c['Id']}?force=1")
     for n in labelled(host, "networks", label):
         # dockerd under load shows removed containers' endpoints for a while.
@@ -119,11 +121,13 @@ def remove_leftovers(host: str, session: str) -> None:
             except RuntimeError as e:
                 if "active endpoints" not in str(e) or time.monotonic() > deadline:
                     raise
-            # Endpoints dockerd failed to release stay for good: dropped as the library does.
+            # Endpoints dockerd failed to release stay for good: dropped as the library does,
+            # by the names it lists and those of the session's containers (named after them).
             info = api(host, "GET", f"/networks/{n['Id']}")
-            for endpoint in (info.get("Containers") or {}).values():
+            listed = [str(e["Name"]) for e in (info.get("Containers") or {}).values()]
+            for endpoint in dict.fromkeys([*listed, *session_names]):
                 with contextlib.suppress(RuntimeError):
-                    body = {"Container": endpoint["Name"], "Force": True}
+                    body = {"Container": endpoint, "Force": True}
                     api(host, "POST", f"/networks/{n['Id']}/disconnect", body)
             time.sleep(1)
 

@@ -72,9 +72,13 @@ def _scancel(job: str) -> None:
     subprocess.run(["scancel", job], check=False, timeout=60)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def allocation(facts: dict[str, object]) -> Iterator[str]:
-    """One node held with ``salloc --no-shell`` for the whole module, cancelled at its end."""
+    """One node held with ``salloc --no-shell`` for the test, cancelled at its end.
+
+    Per test, not per module: the cluster lock is held per test, and between two tests
+    another run's exclusive test may set a node DOWN, which ends an allocation (seen with
+    two full runs at once: NODE_FAIL for the rest of the module)."""
     job = _salloc("-N1")
     try:
         yield job

@@ -17,7 +17,7 @@ import contextlib
 import functools
 import json
 import struct
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal, ParamSpec, TypeVar
 from urllib.parse import quote
@@ -156,14 +156,16 @@ class Engine:
         return str(network.id)
 
     @_translated
-    async def remove_network(self, name: str) -> None:
+    async def remove_network(self, name: str, endpoints: Sequence[str] = ()) -> None:
         """Remove it (gone already is fine).
 
         dockerd under load still shows the endpoints of containers it has just removed
         ("has active endpoints"), for a while or for good when it failed to release them:
-        after the first refusal, the endpoints it still lists are dropped by force (the
-        network is the app's own and its containers are removed by then), and the removal
-        is retried with back-off for up to NETWORK_ENDPOINTS_S.
+        after the first refusal, the endpoints it still lists and ``endpoints`` (the names
+        of the app's containers: a stale endpoint is named after its container, and
+        dockerd's inspect may not list it) are dropped by force (the network is the app's
+        own and its containers are removed by then), and the removal is retried with
+        back-off for up to NETWORK_ENDPOINTS_S.
         """
         deadline = anyio.current_time() + NETWORK_ENDPOINTS_S
         pause = 0.2
@@ -180,23 +182,26 @@ class Engine:
                     raise _error(e, f"cannot remove network {name!r}") from e
             if not forced:
                 forced = True
-                await self._drop_stale_endpoints(name)
+                await self._drop_stale_endpoints(name, endpoints)
                 continue
             await anyio.sleep(pause)
             pause = min(pause * 2, 5.0)
 
-    async def _drop_stale_endpoints(self, name: str) -> None:
-        """Force every endpoint the network still lists off it (``network disconnect -f``:
-        for a container the engine no longer has, that deletes the endpoint by name)."""
+    async def _drop_stale_endpoints(self, name: str, endpoints: Sequence[str]) -> None:
+        """Force off the network every endpoint it lists and each of ``endpoints``
+        (``network disconnect -f``: for a container the engine no longer has, that
+        deletes the endpoint of that name)."""
         try:
             network = await self.client().networks.get(name)
             info = await network.show()
         except aiodocker.DockerError:
             return  # gone meanwhile, or unreadable: the retried removal says which
-        for endpoint in (info.get("Containers") or {}).values():
-            # An endpoint that cannot be dropped makes the retried removal fail, and say so.
+        listed = [str(e["Name"]) for e in (info.get("Containers") or {}).values()]
+        for endpoint in dict.fromkeys([*listed, *endpoints]):
+            # An endpoint that cannot be dropped (or was none) makes the retried removal
+            # fail, and say so.
             with contextlib.suppress(aiodocker.DockerError):
-                await network.disconnect({"Container": endpoint["Name"], "Force": True})
+                await network.disconnect({"Container": endpoint, "Force": True})
 
     @_translated
     async def network_exists(self, name: str) -> bool:

@@ -285,7 +285,8 @@ class ForeignApps:
         for c in await self.containers(app):
             await engine.remove(str(c["Id"]))
         if app["request"].get("network_body", True):  # not a joined network: the app's own
-            await engine.remove_network(str(app["request"]["network"]))
+            names = [str(c.get("name", "")) for c in app["request"].get("containers") or ()]
+            await engine.remove_network(str(app["request"]["network"]), [n for n in names if n])
         return status
 
     # ------------------------------------------------------------------ verbs

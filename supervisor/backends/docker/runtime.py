@@ -287,7 +287,7 @@ class DockerRuntime(AppRuntime):
                 for cid in created:
                     await self.engine.remove(cid)
                 if network_made:
-                    await self.engine.remove_network(req.network)
+                    await self.engine.remove_network(req.network, [c.name for c in req.containers])
             raise
         self._logs = {
             key: self._backend.log_sink.open(Path(slot.spec.log_dir))
@@ -797,7 +797,8 @@ class DockerRuntime(AppRuntime):
         for cid in list(self._by_cid):
             await self.engine.remove(cid)
         if self.request.owns_network:
-            await self.engine.remove_network(self.request.network)
+            names = [c.name for c in self.request.containers]
+            await self.engine.remove_network(self.request.network, names)
         if marked is not None:
             # Other processes then wait for this one to exit before reading to the end.
             raise BackendError(f"cannot mark the app's output complete: {marked}", transient=False)

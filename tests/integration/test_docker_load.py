@@ -136,15 +136,15 @@ async def test_fifty_apps_of_ten_containers_all_succeed_with_every_core_busy(
     # lists none has a leaked endpoint count, a dockerd defect that no client call can
     # mend (there is nothing to disconnect): it is reported, dockerd is restarted (what is
     # left to try) and the network removed, and it is not counted as left behind.
-    for n in networks:
-        print("left network:", api(private.host, "GET", f"/networks/{n['Id']}"))
+    for net in networks:
+        print("left network:", api(private.host, "GET", f"/networks/{net['Id']}"))
     leaked = [
-        str(n["Name"])
-        for n in networks
+        str(net["Name"])
+        for net in networks
         if private.name == "dockerd"
-        and not api(private.host, "GET", f"/networks/{n['Id']}").get("Containers")
+        and not api(private.host, "GET", f"/networks/{net['Id']}").get("Containers")
     ]
-    kept = [str(n["Name"]) for n in networks if n["Name"] not in leaked]
+    kept = [str(net["Name"]) for net in networks if net["Name"] not in leaked]
     if leaked:
         print(f"dockerd kept {leaked} with no endpoint listed; restarting it to free them")
         private.terminate()

@@ -433,7 +433,7 @@ class Supervisor:
         found = self._backends.get(name)
         if found is None:
             factory = self._registry.factory(name)
-            context = BackendContext(self.session, self.state_dir, self._task_group())
+            context = BackendContext(self.session, self.state_dir, self._task_group(), name)
             found = self._backends[name] = factory(context)
         return found
 
@@ -492,6 +492,7 @@ class Supervisor:
             app_id=app_id or make_app_id(app.name, secrets.token_hex(4)),
             cwd=os.getcwd(),
             gpu_count=self._gpus,
+            backend=backend,
         )
         return DryRunInfo(backend, app, resolved, impl.dryrun(app, resolved, ctx))
 

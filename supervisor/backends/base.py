@@ -28,7 +28,7 @@ from anyio.abc import TaskGroup
 from supervisor.errors import Problem, SpecError, UnknownBackendError
 from supervisor.events import ReplicaEvent, ReplicaKey
 from supervisor.runopts import ResolvedCfg, RunOpts
-from supervisor.specs import AppDef, AppHandle
+from supervisor.specs import AppDef, AppHandle, make_handle
 from supervisor.status import AppStatus, DescribeAppResponse, ListAppResponse, Transition
 from supervisor.validate import Capabilities
 
@@ -90,6 +90,9 @@ class BackendContext:
     session: str
     state_dir: Path
     task_group: TaskGroup
+    name: str
+    """The name the backend is registered under: the scheme of every handle it makes
+    (``Supervisor(backends={"alias": LocalBackend})`` gives ``alias://`` handles)."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,8 @@ class DryrunContext:
     app_id: str
     cwd: str
     gpu_count: int = 0
+    backend: str = ""
+    """The name the backend is registered under ("": its usual name)."""
 
 
 @dataclass(frozen=True)
@@ -183,6 +188,10 @@ class Backend(abc.ABC):
 
     def __init__(self, context: BackendContext) -> None:
         self.context = context
+
+    def handle(self, session: str, app_id: str) -> str:
+        """The handle of an app of this backend, under the name it is registered as."""
+        return make_handle(self.context.name, session, app_id)
 
     @classmethod
     @abc.abstractmethod

@@ -53,7 +53,7 @@ from supervisor.errors import BackendError, SubmitError
 from supervisor.logs import LogSink
 from supervisor.observe import metrics
 from supervisor.runopts import ResolvedCfg, RunOpts
-from supervisor.specs import AppDef, AppHandle, make_handle
+from supervisor.specs import AppDef, AppHandle
 from supervisor.status import AppStatus, DescribeAppResponse, ListAppResponse
 from supervisor.validate import Capabilities
 
@@ -117,7 +117,7 @@ class DockerBackend(Backend):
         await self._ensure_events(engine)
         store = AppStore(Path(request.app_dir))
         record: dict[str, Any] = {
-            "handle": make_handle("docker", request.session, request.app_id),
+            "handle": self.handle(request.session, request.app_id),
             "app": request.app.to_json(),
             "request": request.to_json(),
             "owner": self.owner.to_json(),

@@ -309,7 +309,7 @@ class ForeignApps:
         """
 
         async def one(entry: IndexEntry) -> ListAppResponse | None:
-            handle = AppHandle("docker", entry.session, entry.app_id)
+            handle = AppHandle(self._backend.context.name, entry.session, entry.app_id)
             found = await self.find(handle)
             if found is None:
                 return None
@@ -318,7 +318,7 @@ class ForeignApps:
             times = await anyio.to_thread.run_sync(found[0].read_times)
             return ListAppResponse(entry.app_id, status.state, str(handle), name, status.msg, times)
 
-        return await list_indexed(self._backend.index, "docker", one)
+        return await list_indexed(self._backend.index, self._backend.context.name, one)
 
     async def cancel(self, handle: AppHandle) -> bool:
         found = await self.find(handle)

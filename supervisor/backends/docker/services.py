@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import anyio
 from anyio.abc import TaskGroup
 
-from supervisor.backends.base import LogTarget
+from supervisor.backends.base import BackendContext, LogTarget
 from supervisor.backends.docker.engine import Engine
 from supervisor.backends.store import AppStore, Index, Owner
 from supervisor.logs import LogSink
@@ -25,6 +25,7 @@ __all__ = ["BackendServices"]
 
 
 class BackendServices(Protocol):
+    context: BackendContext
     host: str
     """The engine used when a request names none."""
     engine: Engine

@@ -59,7 +59,7 @@ from supervisor.errors import BackendError, DamagedRecordError, SubmitError
 from supervisor.events import Exited, ReplicaKey, Started, Submitted
 from supervisor.logs import LogSink, ReplicaLog
 from supervisor.runopts import ResolvedCfg, RunOpts
-from supervisor.specs import AppDef, AppHandle, RetryPolicy, make_handle
+from supervisor.specs import AppDef, AppHandle, RetryPolicy
 from supervisor.states import TERMINAL, AppState, ReplicaState
 from supervisor.status import (
     AppStatus,
@@ -141,7 +141,7 @@ class LocalRuntime(AppRuntime):
     def _create_store(self) -> None:
         """The app's directories and first record (in a worker thread: O(replicas))."""
         record = {
-            "handle": make_handle("local", self.request.session, self.request.app_id),
+            "handle": self._backend.handle(self.request.session, self.request.app_id),
             "app": self.request.app.to_json(),
             "request": self.request.to_json(),
             "owner": self._owner.to_json(),
@@ -576,13 +576,13 @@ class LocalBackend(Backend):
             return ListAppResponse(
                 app_id=entry.app_id,
                 state=status.state,
-                app_handle=make_handle("local", entry.session, entry.app_id),
+                app_handle=self.handle(entry.session, entry.app_id),
                 name=str(app["app"]["name"]) if app is not None else "",
                 msg=status.msg,
                 times=await anyio.to_thread.run_sync(store.read_times),
             )
 
-        return await list_indexed(self.index, "local", one)
+        return await list_indexed(self.index, self.context.name, one)
 
     async def cancel(self, handle: AppHandle) -> bool:
         store = await self._store_for(handle)

@@ -342,7 +342,7 @@ def render(
     prepend_cwd = cfg.get_bool("prepend_cwd", False)
     auto_gpus = cfg.get_bool("auto_set_cuda_visible_devices", False)
     gpus = _gpu_blocks(app, ctx.gpu_count) if auto_gpus else {}
-    job_id = str(AppHandle("local", ctx.session, ctx.app_id))
+    job_id = str(AppHandle(ctx.backend or "local", ctx.session, ctx.app_id))
     launches = []
     for role in app.roles:
         # local_dir when the image is a directory, else local_cwd (the image is ignored).

@@ -79,7 +79,7 @@ from supervisor.events import Exited, Lost, ReplicaKey, Submitted
 from supervisor.fsm.rules import derive_app_state
 from supervisor.logs.pump import EXIT_FILE
 from supervisor.runopts import ResolvedCfg, RunOpts
-from supervisor.specs import AppDef, AppHandle, make_handle, parse_handle
+from supervisor.specs import AppDef, AppHandle, parse_handle
 from supervisor.states import AppState, ReplicaState
 from supervisor.status import (
     AppStatus,
@@ -418,7 +418,7 @@ class SlurmBackend(Backend):
             request = dataclasses.replace(request, script=script)
         store = AppStore(Path(request.app_dir))
         record: dict[str, Any] = {
-            "handle": make_handle("slurm", request.session, request.app_id),
+            "handle": self.handle(request.session, request.app_id),
             "app": request.app.to_json(),
             "request": request.to_json(),
             "owner": self.owner.to_json(),
@@ -644,13 +644,13 @@ class SlurmBackend(Backend):
 
     async def cluster_jobs(self) -> list[ClusterJob]:
         """Every job the controller holds, anyone's; ours carry their handle."""
-        return jobs_from_json(await self.transport.job_list())
+        return jobs_from_json(await self.transport.job_list(), self.context.name)
 
     async def list(self) -> list[ListAppResponse]:
         """The apps recorded as launched by this library; foreign jobs are never listed."""
 
         async def one(entry: IndexEntry) -> ListAppResponse | None:
-            handle = AppHandle("slurm", entry.session, entry.app_id)
+            handle = AppHandle(self.context.name, entry.session, entry.app_id)
             found = await self._found(handle)
             if found is None:
                 return None
@@ -659,7 +659,7 @@ class SlurmBackend(Backend):
             times = await anyio.to_thread.run_sync(found[0].read_times)
             return ListAppResponse(entry.app_id, status.state, str(handle), name, status.msg, times)
 
-        return await list_indexed(self.index, "slurm", one)
+        return await list_indexed(self.index, self.context.name, one)
 
     async def cancel(self, handle: AppHandle) -> bool:
         """Recorded first (a supervising process, or a later status, sends it again), then sent."""

@@ -143,8 +143,8 @@ def cluster_info(
     return ClusterInfo("slurm", version, tuple(shown), tuple(infos))
 
 
-def handle_of_comment(comment: str) -> str | None:
-    """``slurm://session/app_id`` for a job whose comment carries our owner tag; else None."""
+def handle_of_comment(comment: str, backend: str = "slurm") -> str | None:
+    """``{backend}://session/app_id`` for a job whose comment carries our owner tag; else None."""
     tag, _, _ = comment.partition(" ")
     prefix = f"{OWNER_TAG}:"
     if not tag.startswith(prefix):
@@ -152,11 +152,12 @@ def handle_of_comment(comment: str) -> str | None:
     session, sep, app_id = tag[len(prefix) :].partition("/")
     if not (sep and session and app_id):
         return None
-    return make_handle("slurm", session, app_id)
+    return make_handle(backend, session, app_id)
 
 
-def jobs_from_json(jobs: Iterable[Mapping[str, Any]]) -> list[ClusterJob]:
-    """One ``ClusterJob`` per job (a het job's components folded into its leader), by id."""
+def jobs_from_json(jobs: Iterable[Mapping[str, Any]], backend: str = "slurm") -> list[ClusterJob]:
+    """One ``ClusterJob`` per job (a het job's components folded into its leader), by id;
+    ours carry their handle under ``backend``, the name the Slurm backend is registered as."""
     by_id: dict[int, list[Mapping[str, Any]]] = {}
     for job in jobs:
         job_id = _number(job.get("job_id"))
@@ -177,7 +178,7 @@ def jobs_from_json(jobs: Iterable[Mapping[str, Any]]) -> list[ClusterJob]:
                 partition=str(first.get("partition") or ""),
                 nodes=",".join(n for n in nodes if n),
                 reason="" if reason == "None" else reason,
-                handle=handle_of_comment(str(first.get("comment") or "")),
+                handle=handle_of_comment(str(first.get("comment") or ""), backend),
                 components=len(parts),
             )
         )

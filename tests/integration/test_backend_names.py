@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import anyio
 import pytest
 
 from supervisor import AppState, Role, Supervisor, parse_handle
@@ -39,8 +40,8 @@ async def test_a_backend_under_another_name_makes_its_handles_under_that_name(
         described = await sv.describe(handle)
         assert described is not None and described.state is AppState.SUCCEEDED
     app_id = parse_handle(handle).app_id
-    [record] = state_dir.glob(f"**/names/{app_id}/app.json")
-    assert json.loads(record.read_text())["handle"] == handle
+    [record] = [p async for p in anyio.Path(state_dir).glob(f"**/names/{app_id}/app.json")]
+    assert json.loads(await record.read_text())["handle"] == handle
 
 
 def test_the_cluster_view_names_our_jobs_under_the_backends_name() -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import shutil
@@ -38,11 +39,13 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.errors import BackendError, DamagedRecordError, DuplicateAppError
+from supervisor.fsm.ingest import app_steps
 from supervisor.specs import AppDef, Role
-from supervisor.states import AppState, ReplicaState
+from supervisor.states import TERMINAL, AppState, ReplicaState
 from supervisor.status import AppStatus, AppTimes, ReplicaStatus, RoleStatus, Transition
 
 __all__ = [
+    "FINALIZE_LOCK",
     "AppStore",
     "Index",
     "IndexEntry",
@@ -50,6 +53,7 @@ __all__ = [
     "Owner",
     "damaged_status",
     "end_is_known",
+    "lock_file",
     "read_json_or_none",
     "read_record",
     "remove_app",
@@ -64,6 +68,8 @@ layout: a missing ``format`` is 1. A newer format is refused with that reason, n
 read as if it were this one: a later version may change what a field means."""
 
 CANCEL_REQUEST = "cancel.request"
+FINALIZE_LOCK = ".finalize.lock"
+"""Held by the one process that records the end of an app nobody follows."""
 RESERVE = ".final-record.reserve"
 
 RECORD_LIMIT = 64 * 1024 * 1024
@@ -74,6 +80,23 @@ far below what would exhaust memory when something else took a record's name."""
 _TRANSIENT = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EINTR, errno.EAGAIN})
 # There is no record under that name (a name too long cannot exist either).
 _ABSENT = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ENAMETOOLONG})
+
+
+def lock_file(path: Path, wait: bool) -> int | None:
+    """Blocking: an fd holding an exclusive flock on ``path`` (None if busy and not ``wait``).
+
+    flock, because the kernel releases it when its holder dies, however it dies.
+    """
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def write_json_atomic(path: Path, data: Any, *, durable: bool = False) -> None:
@@ -509,6 +532,64 @@ class AppStore:
             return self.read_transitions()
         except (OSError, ValueError, KeyError, TypeError):
             return []
+
+    def record_observed_end(
+        self, status: AppStatus, started: float | None, ended: float, owner: Owner
+    ) -> AppStatus:
+        """Blocking: the final record of an app nobody followed to its end, written once.
+
+        The reader that saw the end (another process, its owner gone) writes it, so
+        the end, its times and the replicas' exit codes outlive what the scheduler
+        keeps. The journal gets the app's steps it lacks, as the state table takes
+        them: RUNNING at ``started`` when the app ran and that was never recorded,
+        then the end at ``ended``. Under ``FINALIZE_LOCK``: a record already final
+        (another reader's, or the owner's) is returned instead, unchanged.
+        """
+        fd = lock_file(self.app_dir / FINALIZE_LOCK, True)
+        assert fd is not None  # a waiting lock is always taken
+        try:
+            try:
+                final = self.read_final_status()
+            except DamagedRecordError:
+                final = None  # what was observed replaces it
+            if final is not None:
+                return final
+            self.write_state(status, self.observed_steps(status, started, ended), True, owner)
+            return status
+        finally:
+            os.close(fd)
+
+    def observed_steps(
+        self, status: AppStatus, started: float | None, ended: float
+    ) -> list[Transition]:
+        """Blocking: the app-level transitions the journal lacks to reach ``status``.
+
+        Taken as the state table takes them (``app_steps``); through RUNNING, at
+        ``started``, when the app is known to have run and that was never recorded;
+        the last step at ``ended``.
+        """
+        recorded = self.read_transitions_or_none()
+        app_level = [t for t in recorded if t.role is None]
+        current = AppState[app_level[-1].dest] if app_level else AppState.UNSUBMITTED
+        seq = recorded[-1].seq + 1 if recorded else 0
+        # Never before what is recorded (a scheduler's clock may round to the second).
+        floor = max((t.at for t in recorded), default=0.0)
+        ran = any(t.dest == AppState.RUNNING.name for t in app_level)
+        steps = list(app_steps(current, status.state))
+        if started is not None and not ran and status.state is not AppState.RUNNING:
+            steps = [
+                *app_steps(current, AppState.RUNNING),
+                *app_steps(AppState.RUNNING, status.state),
+            ]
+        added = []
+        for trigger, source, dest in steps:
+            end = dest.name in TERMINAL
+            at = max(ended if end or started is None else started, floor)
+            added.append(
+                Transition(seq, at, source.name, dest.name, trigger, msg=status.msg if end else "")
+            )
+            seq += 1
+        return added
 
     def read_times(self) -> AppTimes:
         """When the app was submitted, started and ended, from its journal."""

@@ -34,6 +34,7 @@ __all__ = [
     "Drop",
     "Plan",
     "Steps",
+    "app_steps",
     "compile_paths",
 ]
 
@@ -111,3 +112,22 @@ REPLICA_PATHS: dict[tuple[ReplicaState, ReplicaState, frozenset[str]], Plan] = c
 APP_PATHS: dict[tuple[AppState, AppState, frozenset[str]], Plan] = compile_paths(
     APP_TRANSITIONS, AppState, [ANY_APP_TRIGGER]
 )
+
+
+def app_steps(current: AppState, observed: AppState) -> tuple[tuple[str, AppState, AppState], ...]:
+    """The app's legal steps from ``current`` to ``observed``: (trigger, source, dest) each.
+
+    For a reader that finishes the record of an app nobody followed to its end:
+    the states it never saw recorded are filled in by the table's own path, as
+    ingestion would have taken them (empty when there is nothing to add).
+    """
+    plan = APP_PATHS[(current, observed, ANY_APP_TRIGGER)]
+    if isinstance(plan, Drop):
+        return ()
+    steps = []
+    state = current
+    for trigger in plan.triggers:
+        row = next(r for r in APP_TRANSITIONS if r.trigger == trigger and state in r.source)
+        steps.append((trigger, state, row.dest))
+        state = row.dest
+    return tuple(steps)

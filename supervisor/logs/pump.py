@@ -60,6 +60,7 @@ def run(log_dir: Path, argv: list[str]) -> int:
     """Returns the command's wait status as Popen gives it (negative: killed by that signal)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     files = ReplicaFiles(log_dir)
+    started = time.time()
     try:
         child = subprocess.Popen(
             argv,
@@ -74,6 +75,7 @@ def run(log_dir: Path, argv: list[str]) -> int:
         )
         files.flush_partial("stderr")
         files.close_files()
+        _record_exit(log_dir, 127, started)
         return 127
 
     # From here the forwarded signals wait for the forwarding thread (sigwaitinfo), which
@@ -103,7 +105,7 @@ def run(log_dir: Path, argv: list[str]) -> int:
     child.stderr.close()
     code = child.wait()
     files.close_files()
-    _record_exit(log_dir, code)
+    _record_exit(log_dir, code, started)
     return code
 
 
@@ -127,11 +129,12 @@ EXIT_FILE = "exit.json"
 """The pump's record of how its command ended: the launcher sees only a whole job's end."""
 
 
-def _record_exit(log_dir: Path, code: int) -> None:
+def _record_exit(log_dir: Path, code: int, started: float) -> None:
     """Written atomically (a reader never sees half of it), for this attempt."""
     record = {
         "attempt": int(os.environ.get("ASUPERVISOR_ATTEMPT") or 0),
         "returncode": code,
+        "started": started,
         "ended": time.time(),
         # Where it ran, for a reader that never saw it running (a step that started and
         # ended between two looks of the poller): Slurm's node name, else the host's.

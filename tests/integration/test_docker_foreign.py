@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +111,8 @@ async def test_containers_outlive_their_supervisor_and_another_one_finishes_them
         described = await other.describe(handle)
         assert described is not None and described.state is AppState.RUNNING, described
         assert "no process follows" in described.msg
-        (tmp_path / "go").touch()
+        opened = time.time()
+        await anyio.Path(tmp_path / "go").touch()
         status = await other.wait(handle, timeout=60)
         assert status.state is AppState.FAILED, status
         replica = status.replica("w", 0)
@@ -119,6 +121,14 @@ async def test_containers_outlive_their_supervisor_and_another_one_finishes_them
         assert lines == ["started 0\n", "after the gate\n"]
         again = await other.describe(handle)
         assert again is not None and again.state is AppState.FAILED
+        # The end nobody followed is recorded with its time, as the engine saw it.
+        app_moves = [(t.source, t.dest) for t in again.transitions if t.role is None]
+        assert app_moves[-1] == ("RUNNING", "FAILED"), again.transitions
+        times = again.times
+        assert times.started is not None and times.ended is not None, times
+        assert times.started < opened < times.ended < time.time(), (times, opened)
+        [listed] = [a for a in await other.list("docker") if a.app_handle == handle]
+        assert listed.times == times
 
 
 def cli(engine: EngineUnderTest, state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:

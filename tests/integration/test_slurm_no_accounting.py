@@ -2,14 +2,15 @@
 
 While a job is in the controller everything works as with accounting; once
 it has left (MinJobAge, 30 s on this test cluster), only the final record its
-supervising process wrote can say how it ended; without one, the backend says
-so instead of guessing.
+supervising process wrote, or each replica's own exit record, can say how it
+ended; without either, the backend says so instead of guessing.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import anyio
@@ -17,7 +18,7 @@ import pytest
 
 from supervisor import AppDef, AppState, ReplicaState, Role, Supervisor
 
-from .slurm_cluster import ensure_cluster
+from .slurm_cluster import ensure_cluster, until
 
 # Switching accounting off restarts the cluster's daemons under every other user: exclusive.
 pytestmark = [
@@ -37,30 +38,50 @@ def cluster() -> Iterator[dict[str, object]]:
         ensure_cluster(accounting=True)  # the other Slurm tests expect accounting
 
 
-# Submits, then dies by SIGKILL at once: nobody records how its job ended.
+# Submits an app whose one replica runs the given shell command, prints the handle and
+# the Slurm job id, then dies by SIGKILL: nobody follows the app, nobody records its end.
 ORPHANING_OWNER = """
-import os, signal, anyio
+import os, signal, sys, anyio
 from supervisor import AppDef, Role, Supervisor
 
 async def main():
     async with Supervisor(session="owner") as sv:
-        app = AppDef(name="orphan", roles=[Role(name="ok", entrypoint="sleep", args=["1"])])
-        print(await sv.submit(app, "slurm"), flush=True)
+        role = Role(name="r", entrypoint="sh", args=["-c", sys.argv[1]])
+        handle = await sv.submit(AppDef(name="orphan", roles=[role]), "slurm")
+        print(handle, (await sv.describe(handle)).metadata["slurm_job_id"], flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 
 anyio.run(main)
 """
 
 
-@pytest.mark.timeout(300)
-async def test_correct_in_the_controller_and_unknown_with_a_reason_after(
+async def orphan(command: str) -> tuple[str, str]:
+    """(handle, Slurm job id) of an app running ``command`` whose owner is dead."""
+    owner = await anyio.run_process([sys.executable, "-c", ORPHANING_OWNER, command], check=False)
+    handle, job_id = owner.stdout.decode().split()
+    assert handle.startswith("slurm://"), owner.stderr.decode()
+    return handle, job_id
+
+
+async def forgotten(job_id: str) -> None:
+    """Until the controller no longer knows the job (MinJobAge): nobody looks at it meanwhile."""
+
+    async def known() -> bool:
+        shown = await anyio.run_process(["scontrol", "show", "job", job_id], check=False)
+        return shown.returncode == 0
+
+    await until(known, lambda k: not k, 200, f"Slurm forgetting job {job_id}")
+
+
+@pytest.mark.timeout(360)
+async def test_correct_in_the_controller_and_after_it_by_each_replicas_own_record(
     cluster: dict[str, object], state_dir: Path
 ) -> None:
     ok = Role(name="ok", entrypoint="sleep", args=["1"])
     bad = Role(name="bad", entrypoint=sys.executable, args=["-c", "import sys; sys.exit(4)"])
-    owner = await anyio.run_process([sys.executable, "-c", ORPHANING_OWNER], check=False)
-    orphan = owner.stdout.decode().strip()
-    assert orphan.startswith("slurm://"), owner.stderr.decode()
+    ended, ended_job = await orphan("sleep 1; exit 3")
+    # Its pump is killed with it (SIGKILL to the whole step): no record says how it ended.
+    lost, lost_job = await orphan("sleep 600")
     async with Supervisor(session="svc") as sv:
         good = await sv.submit(AppDef(name="good", roles=[ok]), "slurm")
         failing = await sv.submit(AppDef(name="failing", roles=[bad]), "slurm")
@@ -70,17 +91,25 @@ async def test_correct_in_the_controller_and_unknown_with_a_reason_after(
         replica = failed.replica("bad", 0)
         assert replica is not None and replica.exit_code == 4
         assert sv.statistics()["slurm"]["accounting"] in (None, False)
+    await until(  # the replica's step runs (its pump with it)
+        partial(anyio.run_process, ["squeue", "-h", "--steps", "-j", lost_job], check=False),
+        lambda shown: f"{lost_job}.0 " in shown.stdout.decode(),
+        60,
+        f"job {lost_job}'s step running",
+    )
+    await anyio.run_process(["scancel", "--signal=KILL", lost_job])
+    await forgotten(ended_job)
+    await forgotten(lost_job)
     # Another process, once the controller has forgotten the jobs.
     async with Supervisor(session="later") as other:
-        with anyio.fail_after(200):
-            while True:
-                described = await other.describe(orphan)
-                assert described is not None
-                if described.state is not AppState.SUCCEEDED:
-                    break
-                await anyio.sleep(5)  # Slurm purges finished jobs on its own schedule
-        # Its owner died before recording the end, and Slurm no longer knows: UNKNOWN, why.
-        assert described.state is AppState.UNKNOWN, described
+        # Nobody recorded its end, and Slurm no longer knows it: its replica's record does.
+        told = await other.describe(ended)
+        assert told is not None and told.state is AppState.FAILED, told
+        assert told.to_status().replica("r", 0).exit_code == 3  # type: ignore[union-attr]
+        assert told.times.ended is not None
+        # No record anywhere: UNKNOWN, saying why.
+        described = await other.describe(lost)
+        assert described is not None and described.state is AppState.UNKNOWN, described
         assert "keeps no accounting" in described.msg
         assert all(r.state is ReplicaState.UNKNOWN for r in described.roles_statuses[0].replicas)
         # The apps whose owner recorded their end keep it, long after Slurm forgot them.

@@ -16,9 +16,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import re
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from datetime import datetime
 from typing import Any, Literal, ParamSpec, TypeVar
 from urllib.parse import quote
 
@@ -32,7 +34,7 @@ try:
 except ModuleNotFoundError as e:  # the core install: the docker extra brings both
     raise MissingExtraError("docker", e.name or "aiodocker", what="the docker backend") from e
 
-__all__ = ["EVENTS_REOPEN_S", "EXIT_ACTIONS", "Engine", "StreamName"]
+__all__ = ["EVENTS_REOPEN_S", "EXIT_ACTIONS", "Engine", "StreamName", "engine_time"]
 
 StreamName = Literal["stdout", "stderr"]
 EXIT_ACTIONS = frozenset({"die", "died"})
@@ -44,6 +46,23 @@ _FRAME = struct.Struct(">BxxxL")
 _STREAMS: dict[int, StreamName] = {1: "stdout", 2: "stderr"}
 P = ParamSpec("P")
 T = TypeVar("T")
+
+
+# RFC 3339 with up to nanoseconds (Python's parser takes microseconds at most).
+_RFC3339 = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)")
+
+
+def engine_time(text: object) -> float | None:
+    """Epoch seconds of a time the engine wrote (``State.StartedAt``); None for none.
+
+    Both engines write the zero time (year 1) for a moment that never came.
+    """
+    found = _RFC3339.fullmatch(text) if isinstance(text, str) else None
+    if found is None or found.group(1).startswith("0001-"):
+        return None
+    zone = "+00:00" if found.group(3) == "Z" else found.group(3)
+    whole = datetime.fromisoformat(found.group(1) + zone).timestamp()
+    return whole + float("0." + (found.group(2) or "0"))
 
 
 def _transient(e: aiodocker.DockerError) -> bool:

@@ -26,19 +26,22 @@ from supervisor.backends.docker.engine import (
     EVENTS_REOPEN_S,
     EXIT_ACTIONS,
     Engine,
+    engine_time,
     event_action,
     event_container,
 )
 from supervisor.backends.docker.request import LABEL
-from supervisor.backends.docker.resume import LogResumer, lock
+from supervisor.backends.docker.resume import LogResumer
 from supervisor.backends.docker.runtime import OUTPUT_COPIED, exit_signal
 from supervisor.backends.docker.services import BackendServices
 from supervisor.backends.listing import list_indexed
 from supervisor.backends.store import (
+    FINALIZE_LOCK,
     AppStore,
     IndexEntry,
     Owner,
     damaged_status,
+    lock_file,
     write_json_atomic,
 )
 from supervisor.errors import BackendError, DamagedRecordError
@@ -56,7 +59,6 @@ from supervisor.status import (
 __all__ = ["RELEASED", "ForeignApps"]
 
 RELEASED = "owner.released"
-FINALIZE_LOCK = ".finalize.lock"
 _EXITED = re.compile(r"Exited \((-?\d+)\)")
 _UNFOLLOWED = "no process follows this app; state read from its containers"
 
@@ -74,6 +76,21 @@ def _container_state(c: dict[str, Any]) -> tuple[ReplicaState, int | None]:
     if isinstance(code, int):
         return (ReplicaState.SUCCEEDED if code == 0 else ReplicaState.FAILED), code
     return ReplicaState.UNKNOWN, None
+
+
+async def _run_times(
+    engine: Engine, containers: Sequence[dict[str, Any]]
+) -> tuple[float | None, float]:
+    """When the app's first container started and its last one finished, as the engine
+    recorded (now, for an end it does not say): the times of an end nobody followed."""
+    starts, ends = [], []
+    for c in containers:
+        info = await engine.inspect(str(c["Id"]))
+        state = (info or {}).get("State") or {}
+        starts.append(engine_time(state.get("StartedAt")))
+        ends.append(engine_time(state.get("FinishedAt")))
+    started = min((t for t in starts if t is not None), default=None)
+    return started, max((t for t in ends if t is not None), default=time.time())
 
 
 async def _process_exit(pid: int) -> None:
@@ -227,7 +244,7 @@ class ForeignApps:
         One process at a time (an exclusive lock on the app directory); one that
         finds the final state already recorded returns that.
         """
-        fd = await anyio.to_thread.run_sync(lock, store.app_dir / FINALIZE_LOCK, True)
+        fd = await anyio.to_thread.run_sync(lock_file, store.app_dir / FINALIZE_LOCK, True)
         assert fd is not None  # a waiting lock is always taken
         try:
             try:
@@ -280,9 +297,12 @@ class ForeignApps:
             for k in range(role.num_replicas):
                 await self.logs.resume(store, app, role.name, k, final=True)
         owner = self._backend.owner
-        await anyio.to_thread.run_sync(store.write_state, status, [], True, owner)
         engine = self.engine_of(app)
-        for c in await self.containers(app):
+        containers = await self.containers(app)
+        started, ended = await _run_times(engine, containers)
+        steps = await anyio.to_thread.run_sync(store.observed_steps, status, started, ended)
+        await anyio.to_thread.run_sync(store.write_state, status, steps, True, owner)
+        for c in containers:
             await engine.remove(str(c["Id"]))
         if app["request"].get("network_body", True):  # not a joined network: the app's own
             names = [str(c.get("name", "")) for c in app["request"].get("containers") or ()]

@@ -15,7 +15,6 @@ A copy of a container still running trusts their length.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import time
 from pathlib import Path
@@ -25,28 +24,11 @@ import anyio
 
 from supervisor.backends.docker.runtime import ATTEMPT_FILE, CopyCheck, log_sizes, sha256s
 from supervisor.backends.docker.services import BackendServices
-from supervisor.backends.store import AppStore, read_json_or_none
+from supervisor.backends.store import AppStore, lock_file, read_json_or_none
 
-__all__ = ["COPY_LOCK", "LogResumer", "lock"]
+__all__ = ["COPY_LOCK", "LogResumer"]
 
 COPY_LOCK = ".copy.lock"
-
-
-def lock(path: Path, wait: bool) -> int | None:
-    """Blocking: an fd holding an exclusive flock on ``path`` (None if busy and not ``wait``).
-
-    flock, because the kernel releases it when its holder dies, however it dies.
-    """
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 _NOTHING = {"stdout": 0, "stderr": 0}
@@ -126,7 +108,7 @@ class LogResumer:
             return
         running = not final and bool((info.get("State") or {}).get("Running"))
         # One copier per replica across processes: another holding it copies these bytes.
-        held = await anyio.to_thread.run_sync(lock, directory / COPY_LOCK, False)
+        held = await anyio.to_thread.run_sync(lock_file, directory / COPY_LOCK, False)
         if held is None:
             return
         if final:

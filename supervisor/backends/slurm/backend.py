@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import signal
 import time
 from collections.abc import Mapping, Sequence
 from functools import partial
@@ -76,11 +77,12 @@ from supervisor.backends.store import (
 from supervisor.cluster import ClusterInfo, ClusterJob
 from supervisor.errors import BackendError, DamagedRecordError, Problem, SpecError, SubmitError
 from supervisor.events import Exited, Lost, ReplicaKey, Submitted
+from supervisor.fsm.app import describe_exit
 from supervisor.fsm.rules import derive_app_state
 from supervisor.logs.pump import EXIT_FILE
 from supervisor.runopts import ResolvedCfg, RunOpts
 from supervisor.specs import AppDef, AppHandle, parse_handle
-from supervisor.states import AppState, ReplicaState
+from supervisor.states import AppState, ReplicaState, is_terminal
 from supervisor.status import (
     AppStatus,
     DescribeAppResponse,
@@ -541,9 +543,19 @@ class SlurmBackend(Backend):
         return store, app
 
     async def _status_of(self, app: dict[str, Any]) -> AppStatus:
-        """The app's state as Slurm reports it now, without this process's FSM."""
+        """The app's state as Slurm and its replicas' exit records say now, without an FSM."""
+        return (await self._observe(app)).status
+
+    async def _observe(self, app: dict[str, Any]) -> _Observed:
+        """What Slurm reports of the app's job now, corrected by each replica's own exit
+        record (``exit.json``, written by its pump on the node).
+
+        Slurm gives every component of a het job the job's exit code, and forgets a
+        job that left the controller when the cluster keeps no accounting; the pump's
+        record of this attempt says how each replica really ended, long after.
+        """
         if app.get("allocation") is not None:
-            return await allocation_status(self.transport, app)
+            return _Observed(await allocation_status(self.transport, app), None, None)
         job_id = int(app["job_id"])
         records = [r for r in await self.transport.queue() if r.het_job_id == job_id]
         gone = f"Slurm no longer knows job {job_id}"
@@ -566,6 +578,12 @@ class SlurmBackend(Backend):
             if isinstance(stored, list)
             else group_keys(definition)
         )
+        app_dir = Path(str(app.get("request", {}).get("app_dir", "")))
+        keys = [key for keys in grouping for key in keys]
+        own, cancelled = await anyio.to_thread.run_sync(_exit_records, app_dir, keys)
+        applied: dict[ReplicaKey, _ExitRecord] = {}
+        ends: list[float] = []
+        starts: list[float] = []  # the pumps' own, to the microsecond; else Slurm's seconds
         for offset, keys in enumerate(grouping):
             rec = by_offset.get(offset)
             meaning = meaning_of(rec.state) if rec else None
@@ -573,7 +591,7 @@ class SlurmBackend(Backend):
             waiting = state is ReplicaState.PENDING and rec and rec.reason not in ("", "None")
             hosts = hosts_of_tasks(rec.nodes, len(keys)) if rec else [""] * len(keys)
             for (role, k), host in zip(keys, hosts, strict=True):
-                found[(role, k)] = ReplicaStatus(
+                replica = ReplicaStatus(
                     id=k,
                     state=state,
                     role=role,
@@ -583,32 +601,63 @@ class SlurmBackend(Backend):
                     restarts=rec.restart_cnt if rec else 0,
                     msg=rec.reason if rec and waiting else "",
                 )
+                ended = own.get((role, k))
+                if ended is not None and (
+                    rec is None or (is_terminal(state) and ended.attempt == rec.restart_cnt)
+                ):
+                    replica = ended.apply(replica, cancelled or state is ReplicaState.CANCELLED)
+                    applied[(role, k)] = ended
+                    ends.append(ended.ended)
+                    if ended.started is not None:
+                        starts.append(ended.started)
+                found[(role, k)] = replica
+        # The gang stop after a replica's own failure (the batch script ends the rest with a
+        # signal) is a stop, as the owner's FSM would have decided: CANCELLED, not FAILED.
+        failures = sorted((e.ended, key) for key, e in applied.items() if e.returncode > 0)
+        root_cause = ""
+        if failures:
+            first_failure, (role, k) = failures[0]
+            root_cause = f"{role}/{k} {describe_exit(applied[(role, k)].returncode, None)}"
+            for key, e in applied.items():
+                if -e.returncode in _GANG_STOP and e.ended >= first_failure:
+                    found[key] = dataclasses.replace(found[key], state=ReplicaState.CANCELLED)
         replicas = {
             role.name: [found[(role.name, k)] for k in range(role.num_replicas)]
             for role in definition.roles
         }
         states = [r.state for r in found.values()]
         reasons = sorted({r.msg for r in found.values() if r.msg})
-        msg = "" if records else gone
-        if reasons and derive_app_state(states, cancel_requested=False) is AppState.PENDING:
+        msg = gone if not records and ReplicaState.UNKNOWN in states else ""
+        app_state = derive_app_state(states, cancel_requested=False)
+        if app_state is AppState.FAILED and root_cause:
+            msg = root_cause  # as the owner's FSM says it
+        if reasons and app_state is AppState.PENDING:
             msg = f"pending: {', '.join(reasons)}"
-        return AppStatus(
-            state=derive_app_state(states, cancel_requested=False),
+        status = AppStatus(
+            state=app_state,
             num_restarts=max((r.restart_cnt for r in records), default=0),
             msg=msg,
             roles=tuple(RoleStatus(role, tuple(reps)) for role, reps in replicas.items()),
         )
+        if not starts:
+            starts = [float(r.started) for r in records if r.started > 0]
+        return _Observed(status, min(starts, default=None), max(ends, default=None))
 
     async def _final_or_live(self, store: AppStore, app: dict[str, Any]) -> AppStatus:
-        """The supervising actor's final record when there is one (it saw the error files and
-        the root cause), else what Slurm says now."""
+        """The final record when there is one (its supervising actor saw the error files and
+        the root cause), else what Slurm says now.
+
+        An end nobody follows (the owner is gone) is recorded by whoever sees it, once:
+        Slurm forgets jobs, the record stays.
+        """
         try:
             final = await anyio.to_thread.run_sync(store.read_final_status)
         except DamagedRecordError as e:
             return damaged_status(e, AppDef.from_json(app["app"]).roles)
         if final is not None:
             return final
-        live = await self._status_of(app)
+        observed = await self._observe(app)
+        live = observed.status
         if not live.is_settled and await anyio.Path(store.cancel_path).exists():
             # A recorded cancel the job does not show yet (sent while Slurm or slurmrestd
             # was away): whoever looks next sends it again.
@@ -620,6 +669,24 @@ class SlurmBackend(Backend):
             except BackendError as e:
                 note = f"a recorded cancel is not delivered yet: {e}"
                 live = dataclasses.replace(live, msg="; ".join(m for m in (live.msg, note) if m))
+        ended = live.is_settled and live.state is not AppState.UNKNOWN
+        if ended and app.get("allocation") is None and not await _followed(app):
+            final = await anyio.to_thread.run_sync(
+                store.record_observed_end,
+                live,
+                observed.started,
+                observed.ended or time.time(),
+                self.owner,
+            )
+            request = app.get("request") or {}
+            await anyio.to_thread.run_sync(
+                self.index.settle,
+                str(request.get("session")),
+                str(request.get("app_id")),
+                store.app_dir,
+                final,
+            )
+            return final
         return live
 
     async def describe(self, handle: AppHandle) -> DescribeAppResponse | None:
@@ -778,3 +845,73 @@ def _snapshot(source: Path, destination: Path) -> None:
             if line.strip() and not line.startswith("#")
         ]
     shutil.copytree(source, destination, ignore=shutil.ignore_patterns(*patterns))
+
+
+_GANG_STOP = frozenset({signal.SIGTERM, signal.SIGKILL})
+"""The signals a gang stop ends a replica with (TERM, then KILL after the grace)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Observed:
+    """An app's status as observed from outside, with when it started and ended (if known)."""
+
+    status: AppStatus
+    started: float | None
+    ended: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class _ExitRecord:
+    """One replica's ``exit.json``: how its pump saw the command end, in which attempt."""
+
+    attempt: int
+    returncode: int
+    ended: float
+    started: float | None
+    host: str
+
+    def apply(self, replica: ReplicaStatus, cancelled: bool) -> ReplicaStatus:
+        """The replica as its own record says it ended (a cancel made a failure CANCELLED)."""
+        code = self.returncode
+        if code == 0:
+            state = ReplicaState.SUCCEEDED
+        else:
+            state = ReplicaState.CANCELLED if cancelled else ReplicaState.FAILED
+        return dataclasses.replace(
+            replica,
+            state=state,
+            exit_code=code,
+            signal=signal_name(-code) if code < 0 else None,
+            hostname=replica.hostname or self.host,
+            restarts=max(replica.restarts, self.attempt),
+            msg="",
+        )
+
+
+def _exit_records(
+    app_dir: Path, keys: Sequence[ReplicaKey]
+) -> tuple[dict[ReplicaKey, _ExitRecord], bool]:
+    """Blocking: each replica's exit record that can be read, and whether a cancel is recorded."""
+    found: dict[ReplicaKey, _ExitRecord] = {}
+    for role, k in keys:
+        record = read_json_or_none(app_dir / role / str(k) / EXIT_FILE)
+        if not isinstance(record, dict):
+            continue
+        try:
+            started = record.get("started")
+            found[(role, k)] = _ExitRecord(
+                attempt=int(record["attempt"]),
+                returncode=int(record["returncode"]),
+                ended=float(record["ended"]),
+                started=float(started) if isinstance(started, int | float) else None,
+                host=str(record.get("host") or ""),
+            )
+        except (KeyError, TypeError, ValueError):
+            continue
+    return found, AppStore(app_dir).cancel_path.exists()
+
+
+async def _followed(app: dict[str, Any]) -> bool:
+    """The app's supervising process lives (it records the end itself)."""
+    owner = Owner.from_json(app["owner"])
+    return await anyio.to_thread.run_sync(owner.alive)

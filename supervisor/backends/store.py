@@ -46,6 +46,7 @@ from supervisor.status import AppStatus, AppTimes, ReplicaStatus, RoleStatus, Tr
 
 __all__ = [
     "FINALIZE_LOCK",
+    "RELEASED",
     "AppStore",
     "Index",
     "IndexEntry",
@@ -70,6 +71,8 @@ read as if it were this one: a later version may change what a field means."""
 CANCEL_REQUEST = "cancel.request"
 FINALIZE_LOCK = ".finalize.lock"
 """Held by the one process that records the end of an app nobody follows."""
+RELEASED = "owner.released"
+"""Written when the owner's Supervisor closed while the app ran on (a durable backend)."""
 RESERVE = ".final-record.reserve"
 
 RECORD_LIMIT = 64 * 1024 * 1024
@@ -532,6 +535,26 @@ class AppStore:
             return self.read_transitions()
         except (OSError, ValueError, KeyError, TypeError):
             return []
+
+    def followed(self, owner: Owner) -> bool:
+        """Blocking: the app's supervising process lives and still follows it.
+
+        Its records are then the truth, and it records the end itself. An owner
+        whose Supervisor closed while the app ran on released it (``RELEASED``).
+        """
+        if (self.app_dir / RELEASED).exists():
+            return False
+        return owner.alive()
+
+    def mark_released(self) -> None:
+        """Blocking: the owner stops following an app that runs on (its Supervisor closed);
+        whoever reads the app next judges it from the scheduler and records its end."""
+        try:
+            state = self.read_state()
+        except DamagedRecordError:
+            state = None  # not known to have ended: whoever comes next judges it
+        if state is None or not state[0].is_terminal:
+            write_json_atomic(self.app_dir / RELEASED, {"by": Owner.current().to_json()})
 
     def record_observed_end(
         self, status: AppStatus, started: float | None, ended: float, owner: Owner

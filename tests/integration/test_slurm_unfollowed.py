@@ -71,3 +71,21 @@ async def test_an_end_nobody_followed_is_told_by_each_replica_and_recorded_once(
         assert (listed.state, listed.times) == (AppState.FAILED, times)
     [record] = [p async for p in anyio.Path(state_dir).glob("**/owner/pair-*/state.json")]
     assert json.loads(await record.read_text())["final"] is True
+
+
+async def test_an_app_whose_supervisor_closed_is_recorded_by_the_next_reader(
+    cluster: dict[str, object], state_dir: Path
+) -> None:
+    from supervisor import AppDef, Role
+
+    app = AppDef(name="left", roles=[Role(name="r", entrypoint="sh", args=["-c", "sleep 3"])])
+    async with Supervisor(session="owner") as owner:
+        handle = await owner.submit(app, "slurm")
+    # This process lives on, but its Supervisor closed: it follows the app no more.
+    async with Supervisor(session="reader") as sv:
+        status = await sv.wait(handle, timeout=120)
+        assert status.state is AppState.SUCCEEDED, status
+        described = await sv.describe(handle)
+        assert described is not None and described.times.ended is not None, described
+    [record] = [p async for p in anyio.Path(state_dir).glob("**/owner/left-*/state.json")]
+    assert json.loads(await record.read_text())["final"] is True

@@ -311,4 +311,4 @@ class DockerBackend(Backend):
 
     async def _release(self, runtime: DockerRuntime) -> None:
         runtime.release()
-        await anyio.to_thread.run_sync(self.foreign.mark_released, runtime.store)
+        await anyio.to_thread.run_sync(runtime.store.mark_released)

@@ -42,7 +42,6 @@ from supervisor.backends.store import (
     Owner,
     damaged_status,
     lock_file,
-    write_json_atomic,
 )
 from supervisor.errors import BackendError, DamagedRecordError
 from supervisor.fsm.rules import derive_app_state
@@ -56,9 +55,8 @@ from supervisor.status import (
     RoleStatus,
 )
 
-__all__ = ["RELEASED", "ForeignApps"]
+__all__ = ["ForeignApps"]
 
-RELEASED = "owner.released"
 _EXITED = re.compile(r"Exited \((-?\d+)\)")
 _UNFOLLOWED = "no process follows this app; state read from its containers"
 
@@ -138,18 +136,7 @@ class ForeignApps:
     @staticmethod
     def following(store: AppStore, app: dict[str, Any]) -> bool:
         """Blocking: the launching process lives and still follows the app."""
-        if (store.app_dir / RELEASED).exists():
-            return False
-        return Owner.from_json(app["owner"]).alive()
-
-    @staticmethod
-    def mark_released(store: AppStore) -> None:
-        try:
-            state = store.read_state()
-        except DamagedRecordError:
-            state = None  # not known to have ended: whoever comes next judges the containers
-        if state is None or not state[0].is_terminal:
-            write_json_atomic(store.app_dir / RELEASED, {"by": Owner.current().to_json()})
+        return store.followed(Owner.from_json(app["owner"]))
 
     # ------------------------------------------------------------------ state
     async def containers(self, app: dict[str, Any]) -> list[dict[str, Any]]:

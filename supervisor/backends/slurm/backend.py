@@ -148,6 +148,7 @@ class SlurmRuntime(AppRuntime):
         backend.context.task_group.start_soon(self._deliver)
         self._completing = 0  # the requeue (restart count) whose completion was asked for
         self._over = anyio.Event()  # a view showed the job over (or gone): a cancel is confirmed
+        self._final = False  # the final record is written
 
     def on_view(self, view: JobView) -> None:
         """The poller's listener: runs on the loop, never blocks."""
@@ -334,6 +335,7 @@ class SlurmRuntime(AppRuntime):
         await anyio.to_thread.run_sync(
             self.store.write_state, status, list(transitions), final, self._backend.owner
         )
+        self._final = self._final or final
 
     def log_target(self, role: str, replica_id: int) -> LogTarget:
         return self._backend.make_log_target(self.store, role, replica_id)
@@ -341,7 +343,13 @@ class SlurmRuntime(AppRuntime):
     def metadata(self) -> Mapping[str, str]:
         return job_metadata(self.job_id)
 
+    @property
+    def final(self) -> bool:
+        """The final record is written."""
+        return self._final
+
     async def aclose(self) -> None:
+        self._backend.runtimes.discard(self)
         self._backend.poller.untrack(self.job_id)
         await self._mail.aclose()
 
@@ -365,6 +373,7 @@ class SlurmBackend(Backend):
         self.facts: ClusterFacts | None = None
         self._facts_lock = anyio.Lock()
         self.closing = False
+        self.runtimes: set[SlurmRuntime] = set()  # followed here, until their actor ends
         self._facts_at = 0.0
         self._pyxis: bool | None = None
         self._pyxis_probed = False
@@ -483,6 +492,7 @@ class SlurmBackend(Backend):
                 sink(Submitted(role=role, replica_id=k))
             return in_allocation
         runtime = SlurmRuntime(self, request, job_id, sink, identity)
+        self.runtimes.add(runtime)
         for role, k in runtime.translator.keys:
             sink(Submitted(role=role, replica_id=k))
         self.poller.track(job_id, runtime.on_view)
@@ -670,7 +680,7 @@ class SlurmBackend(Backend):
                 note = f"a recorded cancel is not delivered yet: {e}"
                 live = dataclasses.replace(live, msg="; ".join(m for m in (live.msg, note) if m))
         ended = live.is_settled and live.state is not AppState.UNKNOWN
-        if ended and app.get("allocation") is None and not await _followed(app):
+        if ended and app.get("allocation") is None and not await _followed(store, app):
             final = await anyio.to_thread.run_sync(
                 store.record_observed_end,
                 live,
@@ -773,8 +783,24 @@ class SlurmBackend(Backend):
 
     async def aclose(self) -> None:
         self.closing = True  # a cancel or requeue still being retried stops asking
+        unmarked = []
+        for runtime in list(self.runtimes):
+            if not runtime.final:
+                # Its job runs on, and this process (which may live on) follows it no
+                # more: whoever reads the app next records its end.
+                try:
+                    with anyio.CancelScope(shield=True):
+                        await anyio.to_thread.run_sync(runtime.store.mark_released)
+                except OSError as e:
+                    unmarked.append(f"{runtime.request.app_id}: {e}")
         await self.poller.aclose()
         await self.transport.aclose()
+        if unmarked:
+            raise BackendError(
+                "closing the slurm backend: cannot record that this process follows these "
+                "apps no more (others record their end only once it exits): " + "; ".join(unmarked),
+                transient=False,
+            )
 
 
 def _with_code(event: Exited, returncode: int) -> Exited:
@@ -911,7 +937,6 @@ def _exit_records(
     return found, AppStore(app_dir).cancel_path.exists()
 
 
-async def _followed(app: dict[str, Any]) -> bool:
-    """The app's supervising process lives (it records the end itself)."""
-    owner = Owner.from_json(app["owner"])
-    return await anyio.to_thread.run_sync(owner.alive)
+async def _followed(store: AppStore, app: dict[str, Any]) -> bool:
+    """The app's supervising process lives and follows it (it records the end itself)."""
+    return await anyio.to_thread.run_sync(store.followed, Owner.from_json(app["owner"]))

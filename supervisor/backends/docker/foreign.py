@@ -382,7 +382,13 @@ class ForeignApps:
         engine = self.engine_of(app)
         since = time.time() - 1.0
         async with contextlib.AsyncExitStack() as stack:
-            first = await stack.enter_async_context(engine.events(labels, since))
+            first: AsyncIterator[dict[str, Any]] | None = None
+            try:
+                first = await stack.enter_async_context(engine.events(labels, since))
+            except BackendError as e:
+                if not e.transient:
+                    raise
+                # The engine is away as the wait begins: opened again once it is back.
             tg = await stack.enter_async_context(anyio.create_task_group())
 
             async def consume(stream: AsyncIterator[dict[str, Any]]) -> None:
@@ -408,7 +414,7 @@ class ForeignApps:
                     except BackendError as e:
                         if not e.transient:
                             raise
-                    # The engine dropped the stream (or could not reopen it): the status
+                    # The engine dropped the stream (or could not open it): the status
                     # is read again now, and what it missed is replayed from ``since``.
                     stream = None
                     wake[0].set()
@@ -430,11 +436,17 @@ class ForeignApps:
             try:
                 while True:
                     wake[0] = anyio.Event()
-                    status = await self.status(store, app)
-                    if status.is_settled and await anyio.to_thread.run_sync(
-                        self.output_settled, store, app
-                    ):
-                        return status
+                    try:
+                        status = await self.status(store, app)
+                    except BackendError as e:
+                        if not e.transient:
+                            raise
+                        # The engine is away: read again when its stream opens again.
+                    else:
+                        if status.is_settled and await anyio.to_thread.run_sync(
+                            self.output_settled, store, app
+                        ):
+                            return status
                     await wake[0].wait()
             finally:
                 tg.cancel_scope.cancel()

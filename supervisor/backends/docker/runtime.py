@@ -567,21 +567,8 @@ class DockerRuntime(AppRuntime):
     # ---------------------------------------------------------------- actions
     async def _signal(self, cid: str, sig: str) -> None:
         """Send ``sig``, retried while the engine is away (transient errors) for CONFIRM_S."""
-        last: BackendError | None = None
-        with anyio.move_on_after(CONFIRM_S):
-            while True:
-                try:
-                    await self.engine.kill(cid, sig)
-                    return
-                except BackendError as e:
-                    if not e.transient:
-                        raise
-                    last = e
-                await anyio.sleep(1.0)  # a back-off while the engine is away
-        raise BackendError(
-            f"cannot send {sig} to container {cid[:12]}: {last or 'the engine did not answer'}",
-            transient=True,
-        ) from last
+        what = f"cannot send {sig} to container {cid[:12]}"
+        await _retrying(what, partial(self.engine.kill, cid, sig), anyio.current_time() + CONFIRM_S)
 
     async def _terminate(self, slot: _Slot) -> None:
         """SIGTERM, then SIGKILL once the grace is over; returns once the exit was reported.
@@ -794,11 +781,18 @@ class DockerRuntime(AppRuntime):
             )
         except OSError as e:
             marked = e
+        # Retried while the engine is away (a dockerd restart stops the containers, so the
+        # app may end while it goes down), within one bound for all of them.
+        deadline = anyio.current_time() + CONFIRM_S
         for cid in list(self._by_cid):
-            await self.engine.remove(cid)
+            what = f"cannot remove container {cid[:12]}"
+            await _retrying(what, partial(self.engine.remove, cid), deadline)
         if self.request.owns_network:
             names = [c.name for c in self.request.containers]
-            await self.engine.remove_network(self.request.network, names)
+            what = f"cannot remove network {self.request.network}"
+            await _retrying(
+                what, partial(self.engine.remove_network, self.request.network, names), deadline
+            )
         if marked is not None:
             # Other processes then wait for this one to exit before reading to the end.
             raise BackendError(f"cannot mark the app's output complete: {marked}", transient=False)
@@ -816,3 +810,21 @@ class DockerRuntime(AppRuntime):
     @property
     def container_ids(self) -> list[str]:
         return list(self._by_cid)
+
+
+async def _retrying(what: str, call: Callable[[], Awaitable[None]], deadline: float) -> None:
+    """``call``, retried while the engine is away (transient errors) until ``deadline``
+    (anyio's clock; one second at least, so each call is tried once even past it); then
+    one transient BackendError saying ``what`` failed and why."""
+    last: BackendError | None = None
+    with anyio.move_on_after(max(deadline - anyio.current_time(), 1.0)):
+        while True:
+            try:
+                await call()
+                return
+            except BackendError as e:
+                if not e.transient:
+                    raise
+                last = e
+            await anyio.sleep(1.0)  # a back-off while the engine is away
+    raise BackendError(f"{what}: {last or 'the engine did not answer'}", transient=True) from last

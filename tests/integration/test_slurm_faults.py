@@ -76,7 +76,7 @@ async def test_node_failure_requeues_and_the_app_still_succeeds(
 async def test_controller_restart_causes_no_false_terminal_state(
     cluster: dict[str, object], state_dir: Path
 ) -> None:
-    role = Role(name="w", entrypoint="sleep", args=["20"])
+    role = Role(name="w", entrypoint="bash", args=["-c", "echo launched; exec sleep 20"])
     pid_file = anyio.Path("/run/slurmctld.pid")
     # A quick tick, so that several fall while the controller is away.
     fast = partial(SlurmBackend, poller=PollerSettings(fast=0.5, slow=1.0))
@@ -84,6 +84,11 @@ async def test_controller_restart_causes_no_false_terminal_state(
         handle = await sv.submit(AppDef(name="ctld", roles=[role]), "slurm")
         with anyio.fail_after(60):
             await until_running(sv, handle)
+            # The job RUNNING is not yet its step launched: srun asks the controller for
+            # the step and gives up (exit 1) after ~10 s without one, a real failure this
+            # test is not about. The replica's first line says the step runs.
+            async for _ in sv.log_iter(handle, "w", 0, regex="launched", should_tail=True):
+                break
         seen_states = set()
         seen_msgs = []
 
@@ -171,7 +176,11 @@ async def test_a_time_limit_hit_with_a_retry_left_is_retried_and_ends(
         history = [t async for t in sv.watch(handle)]
     assert final.state is AppState.SUCCEEDED, final
     assert final.num_restarts == 1
-    assert [t.trigger for t in history if t.role == "w"].count("restart") == 1, history
+    # One retry: the FSM's restart (this backend requeues the job after seeing TIMEOUT), or
+    # a requeue seen from Slurm when the batch script's own retry won the race (the time
+    # limit's SIGTERM ended srun before the script itself, which then requeued the job).
+    retries = [t.trigger for t in history if t.role == "w" and t.trigger in ("restart", "requeue")]
+    assert len(retries) == 1, history
     async with Supervisor(session="svc") as other:
         seen = await other.describe(handle)
     assert seen is not None and seen.state is AppState.SUCCEEDED, seen

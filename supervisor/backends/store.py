@@ -536,15 +536,16 @@ class AppStore:
         except (OSError, ValueError, KeyError, TypeError):
             return []
 
-    def followed(self, owner: Owner) -> bool:
-        """Blocking: the app's supervising process lives and still follows it.
+    def followed(self, app: Mapping[str, Any]) -> bool:
+        """Blocking: the supervising process recorded in ``app`` (this store's app record)
+        lives and still follows it.
 
         Its records are then the truth, and it records the end itself. An owner
         whose Supervisor closed while the app ran on released it (``RELEASED``).
         """
         if (self.app_dir / RELEASED).exists():
             return False
-        return owner.alive()
+        return Owner.from_json(app["owner"]).alive()
 
     def mark_released(self) -> None:
         """Blocking: the owner stops following an app that runs on (its Supervisor closed);

@@ -133,11 +133,6 @@ class ForeignApps:
         host = str(app.get("request", {}).get("host") or self._backend.host)
         return self._backend.engine_for(host)
 
-    @staticmethod
-    def following(store: AppStore, app: dict[str, Any]) -> bool:
-        """Blocking: the launching process lives and still follows the app."""
-        return store.followed(Owner.from_json(app["owner"]))
-
     # ------------------------------------------------------------------ state
     async def containers(self, app: dict[str, Any]) -> list[dict[str, Any]]:
         labels = {
@@ -154,7 +149,7 @@ class ForeignApps:
             return damaged_status(e, AppDef.from_json(app["app"]).roles)
         if recorded is not None and recorded[0].is_terminal:
             return recorded[0]
-        if await anyio.to_thread.run_sync(self.following, store, app):
+        if await anyio.to_thread.run_sync(store.followed, app):
             if recorded is None:
                 return AppStatus(AppState.SUBMITTED, msg="no state recorded yet")
             return recorded[0]
@@ -338,7 +333,7 @@ class ForeignApps:
         # Recorded first, whoever carries it out: an owner that closes or dies before
         # its stop is done leaves the request to the next process that looks.
         await anyio.to_thread.run_sync(store.request_cancel)
-        if await anyio.to_thread.run_sync(self.following, store, app):
+        if await anyio.to_thread.run_sync(store.followed, app):
             return True
         await self._stop_unfollowed(store, app)
         return True
@@ -459,15 +454,15 @@ class ForeignApps:
         status = await self.status(store, app)
         return status.is_settled and await anyio.to_thread.run_sync(self.output_settled, store, app)
 
-    @classmethod
-    def output_settled(cls, store: AppStore, app: dict[str, Any]) -> bool:
+    @staticmethod
+    def output_settled(store: AppStore, app: dict[str, Any]) -> bool:
         """Blocking: no more output will reach the app's files unless someone copies it.
 
         The owner reports an exit before the container's last output is in the
         files, and marks the end of that copy once the app ended; an owner that
         no longer follows leaves the copy to ``resume``.
         """
-        return (store.app_dir / OUTPUT_COPIED).exists() or not cls.following(store, app)
+        return (store.app_dir / OUTPUT_COPIED).exists() or not store.followed(app)
 
     # ------------------------------------------------------------------- logs
     async def log_target(self, handle: AppHandle, role: str, replica_id: int) -> LogTarget | None:
@@ -475,7 +470,7 @@ class ForeignApps:
         if found is None:
             return None
         store, app = found
-        if not await anyio.to_thread.run_sync(self.following, store, app):
+        if not await anyio.to_thread.run_sync(store.followed, app):
             await self.logs.resume(store, app, role, replica_id)
 
         async def copied() -> None:

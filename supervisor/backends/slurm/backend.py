@@ -51,7 +51,7 @@ from supervisor.backends.slurm.identity import JobIdentity
 from supervisor.backends.slurm.options import check_slurm_cfg, slurm_run_opts
 from supervisor.backends.slurm.poller import JobView, PollerSettings, SlurmPoller
 from supervisor.backends.slurm.pyxis import probe_pyxis
-from supervisor.backends.slurm.records import hosts_of_tasks, latest_per_component
+from supervisor.backends.slurm.records import JobRecord, hosts_of_tasks, latest_per_component
 from supervisor.backends.slurm.script import (
     ClusterFacts,
     SlurmRequest,
@@ -335,7 +335,8 @@ class SlurmRuntime(AppRuntime):
         await anyio.to_thread.run_sync(
             self.store.write_state, status, list(transitions), final, self._backend.owner
         )
-        self._final = self._final or final
+        if final:
+            self._final = True
 
     def log_target(self, role: str, replica_id: int) -> LogTarget:
         return self._backend.make_log_target(self.store, role, replica_id)
@@ -590,14 +591,19 @@ class SlurmBackend(Backend):
         )
         app_dir = Path(str(app.get("request", {}).get("app_dir", "")))
         keys = [key for keys in grouping for key in keys]
-        own, cancelled = await anyio.to_thread.run_sync(_exit_records, app_dir, keys)
+        group_states = [_replica_state(by_offset.get(i)) for i in range(len(grouping))]
+        own: dict[ReplicaKey, _ExitRecord] = {}
+        cancelled = False
+        # The records only speak for a group Slurm shows ended or no longer shows: a live
+        # app (every status read of a follower, every look of a log tail) reads no files.
+        if any(s is ReplicaState.UNKNOWN or is_terminal(s) for s in group_states):
+            own, cancelled = await anyio.to_thread.run_sync(_exit_records, app_dir, keys)
         applied: dict[ReplicaKey, _ExitRecord] = {}
         ends: list[float] = []
         starts: list[float] = []  # the pumps' own, to the microsecond; else Slurm's seconds
         for offset, keys in enumerate(grouping):
             rec = by_offset.get(offset)
-            meaning = meaning_of(rec.state) if rec else None
-            state = _REPLICA_STATE[meaning] if meaning else ReplicaState.UNKNOWN
+            state = group_states[offset]
             waiting = state is ReplicaState.PENDING and rec and rec.reason not in ("", "None")
             hosts = hosts_of_tasks(rec.nodes, len(keys)) if rec else [""] * len(keys)
             for (role, k), host in zip(keys, hosts, strict=True):
@@ -680,7 +686,8 @@ class SlurmBackend(Backend):
                 note = f"a recorded cancel is not delivered yet: {e}"
                 live = dataclasses.replace(live, msg="; ".join(m for m in (live.msg, note) if m))
         ended = live.is_settled and live.state is not AppState.UNKNOWN
-        if ended and app.get("allocation") is None and not await _followed(store, app):
+        by_job = app.get("allocation") is None  # a job of its own, not steps in an allocation
+        if ended and by_job and not await anyio.to_thread.run_sync(store.followed, app):
             final = await anyio.to_thread.run_sync(
                 store.record_observed_end,
                 live,
@@ -914,6 +921,12 @@ class _ExitRecord:
         )
 
 
+def _replica_state(rec: JobRecord | None) -> ReplicaState:
+    """A group's replica state as Slurm's record of it says (UNKNOWN: no record)."""
+    meaning = meaning_of(rec.state) if rec else None
+    return _REPLICA_STATE[meaning] if meaning else ReplicaState.UNKNOWN
+
+
 def _exit_records(
     app_dir: Path, keys: Sequence[ReplicaKey]
 ) -> tuple[dict[ReplicaKey, _ExitRecord], bool]:
@@ -935,8 +948,3 @@ def _exit_records(
         except (KeyError, TypeError, ValueError):
             continue
     return found, AppStore(app_dir).cancel_path.exists()
-
-
-async def _followed(store: AppStore, app: dict[str, Any]) -> bool:
-    """The app's supervising process lives and follows it (it records the end itself)."""
-    return await anyio.to_thread.run_sync(store.followed, Owner.from_json(app["owner"]))

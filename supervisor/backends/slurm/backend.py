@@ -718,6 +718,52 @@ class SlurmBackend(Backend):
             handle.app_id, status, AppDef.from_json(app["app"]).roles, transitions
         )
 
+    async def wait_foreign(self, handle: AppHandle) -> AppStatus | None:
+        """Wait for an app another process follows, hearing of its job from the shared poller.
+
+        One ``squeue`` per tick serves every waiter, however many; each looks again only
+        when the poller sees the job change. A tick that cannot reach Slurm (the
+        controller restarting) is no change, and a look that fails for a moment is
+        tried again at the next change: the wait goes on.
+        """
+        found = await self._found(handle)
+        if found is None:
+            return None
+        if found[1].get("allocation") is not None:
+            return await super().wait_foreign(handle)  # steps of an allocation: no job to track
+        job_id = int(found[1]["job_id"])
+        changed = anyio.Event()
+        reachable = True
+
+        def heard(view: JobView) -> None:
+            nonlocal reachable
+            reachable = view.where != "error"
+            changed.set()
+
+        key = object()  # this waiter's own listener
+        self.poller.track(job_id, heard, key)
+        try:
+            while True:
+                try:
+                    described = await self.describe(handle)
+                except BackendError as e:
+                    if not e.transient:
+                        raise
+                    described = None  # Slurm away for a moment: look again at the next change
+                else:
+                    if described is None:
+                        return None
+                    status = described.to_status()
+                    if status.is_settled:
+                        return status
+                while True:
+                    await changed.wait()
+                    changed = anyio.Event()
+                    if reachable:
+                        break
+        finally:
+            self.poller.untrack(job_id, key)
+
     async def cluster_info(self, partition: str | None = None) -> ClusterInfo:
         """Partitions and nodes (``asupervisor cluster``); see ``cluster.py``."""
         # Version, partitions and nodes: three calls, on either transport.

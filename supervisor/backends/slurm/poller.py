@@ -86,7 +86,9 @@ class SlurmPoller:
         self.transport = transport
         self.settings = settings
         self._task_group = task_group
-        self._listeners: dict[int, Listener] = {}
+        # Every listener of each job: its owner's runtime, and waiters for apps that
+        # other processes follow (each under its own key).
+        self._listeners: dict[int, dict[object, Listener]] = {}
         self._last: dict[int, JobView] = {}
         self._wake = anyio.Event()
         self._running = False
@@ -99,14 +101,19 @@ class SlurmPoller:
         # Apps running inside allocations: (allocation id, listener) by the app's key.
         self._step_listeners: dict[object, tuple[int, StepListener]] = {}
 
-    def track(self, job_id: int, listener: Listener) -> None:
-        self._listeners[job_id] = listener
+    def track(self, job_id: int, listener: Listener, key: object = None) -> None:
+        """Hear about ``job_id`` every time its view changes (``key``: one of several listeners)."""
+        self._listeners.setdefault(job_id, {})[key] = listener
         if not self._running:
             self._running = True
             self._task_group.start_soon(self._loop)
         self.poke()
 
-    def untrack(self, job_id: int) -> None:
+    def untrack(self, job_id: int, key: object = None) -> None:
+        listeners = self._listeners.get(job_id, {})
+        listeners.pop(key, None)
+        if listeners:
+            return  # others still listen
         self._listeners.pop(job_id, None)
         self._last.pop(job_id, None)
         self._unlisted_since.pop(job_id, None)
@@ -218,10 +225,12 @@ class SlurmPoller:
             if self._last.get(job) != view:
                 changed = True
                 self._last[job] = view
-                listener = self._listeners.get(job)
-                if listener is not None:
-                    listener(view)
+                self._deliver(job, view)
         return changed
+
+    def _deliver(self, job: int, view: JobView) -> None:
+        for listener in list(self._listeners.get(job, {}).values()):
+            listener(view)
 
     async def _deliver_steps(self, queue: list[JobRecord]) -> None:
         """One ``squeue --steps`` for every allocation in use that the controller lists."""
@@ -293,7 +302,5 @@ class SlurmPoller:
             view = JobView(job, (), "error", problem)
             if self._last.get(job) != view:
                 self._last[job] = view
-                listener = self._listeners.get(job)
-                if listener is not None:
-                    listener(view)
+                self._deliver(job, view)
         return False

@@ -39,7 +39,7 @@ from supervisor.logs import ReplicaLog
 from supervisor.logs.sink import attempt_marks
 from supervisor.status import AppStatus, Transition
 
-__all__ = ["CopyCheck", "DockerRuntime", "exit_signal", "sha256s"]
+__all__ = ["CopyCheck", "DockerRuntime", "exit_signal", "remove_each", "sha256s"]
 
 CREATE_FAILED_CODE = 127
 CREATE_CONCURRENCY = 8
@@ -781,21 +781,26 @@ class DockerRuntime(AppRuntime):
             )
         except OSError as e:
             marked = e
-        # Retried while the engine is away (a dockerd restart stops the containers, so the
-        # app may end while it goes down), within one bound for all of them.
-        deadline = anyio.current_time() + CONFIRM_S
-        for cid in list(self._by_cid):
-            what = f"cannot remove container {cid[:12]}"
-            await _retrying(what, partial(self.engine.remove, cid), deadline)
-        if self.request.owns_network:
-            names = [c.name for c in self.request.containers]
-            what = f"cannot remove network {self.request.network}"
-            await _retrying(
-                what, partial(self.engine.remove_network, self.request.network, names), deadline
-            )
+        await self._remove_all()
         if marked is not None:
             # Other processes then wait for this one to exit before reading to the end.
             raise BackendError(f"cannot mark the app's output complete: {marked}", transient=False)
+
+    async def _remove_all(self) -> None:
+        """Remove every container, then the network (see ``remove_each``)."""
+        removals = [
+            (f"cannot remove container {cid[:12]}", partial(self.engine.remove, cid))
+            for cid in self._by_cid
+        ]
+        if self.request.owns_network:
+            names = [c.name for c in self.request.containers]
+            removals.append(
+                (
+                    f"cannot remove network {self.request.network}",
+                    partial(self.engine.remove_network, self.request.network, names),
+                )
+            )
+        await remove_each(removals, CONFIRM_S)
 
     async def _ended_copy(self, cid: str) -> None:
         """Before a container goes: its output must be copied (the engine drops it with it).
@@ -810,6 +815,32 @@ class DockerRuntime(AppRuntime):
     @property
     def container_ids(self) -> list[str]:
         return list(self._by_cid)
+
+
+async def remove_each(
+    removals: Sequence[tuple[str, Callable[[], Awaitable[None]]]], bound: float
+) -> None:
+    """Make each ``(what, call)`` removal, in order, each tried even when one fails; then
+    one BackendError naming every failure.
+
+    Retried while the engine is away (a dockerd restart stops the containers, so the
+    app may end while it goes down). ``bound`` is the time allowed without progress,
+    not for all of them: an engine under load takes seconds per removal.
+    """
+    failures: list[BackendError] = []
+    deadline = anyio.current_time() + bound
+    for what, remove in removals:
+        try:
+            await _retrying(what, remove, deadline)
+        except BackendError as e:
+            failures.append(e)
+        else:
+            deadline = anyio.current_time() + bound  # progress: a new bound
+    if failures:
+        raise BackendError(
+            "; ".join(str(e) for e in failures),
+            transient=all(e.transient for e in failures),
+        ) from failures[0]
 
 
 async def _retrying(what: str, call: Callable[[], Awaitable[None]], deadline: float) -> None:

@@ -733,12 +733,10 @@ class SlurmBackend(Backend):
             return await super().wait_foreign(handle)  # steps of an allocation: no job to track
         job_id = int(found[1]["job_id"])
         changed = anyio.Event()
-        reachable = True
 
         def heard(view: JobView) -> None:
-            nonlocal reachable
-            reachable = view.where != "error"
-            changed.set()
+            if view.where != "error":  # Slurm unreachable this tick: nothing to look at
+                changed.set()
 
         key = object()  # this waiter's own listener
         self.poller.track(job_id, heard, key)
@@ -749,18 +747,13 @@ class SlurmBackend(Backend):
                 except BackendError as e:
                     if not e.transient:
                         raise
-                    described = None  # Slurm away for a moment: look again at the next change
                 else:
                     if described is None:
                         return None
-                    status = described.to_status()
-                    if status.is_settled:
+                    if (status := described.to_status()).is_settled:
                         return status
-                while True:
-                    await changed.wait()
-                    changed = anyio.Event()
-                    if reachable:
-                        break
+                await changed.wait()  # the next change of the job (a failed look: too)
+                changed = anyio.Event()
         finally:
             self.poller.untrack(job_id, key)
 

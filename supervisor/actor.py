@@ -12,7 +12,7 @@ on the trailing edge of a burst, the final record last.
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 import anyio
@@ -22,7 +22,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from supervisor.backends.base import AppCancelRequested, AppNotice, AppRuntime, Request
 from supervisor.errors import BackendError
 from supervisor.events import Lost, ReplicaEvent
-from supervisor.fsm.app import AppFSM, RestartReplicas, RoleSpec, StopReplicas
+from supervisor.fsm.app import Action, AppFSM, RestartReplicas, RoleSpec, StopReplicas
 from supervisor.observe import Observer
 from supervisor.specs import parse_handle
 from supervisor.states import TERMINAL
@@ -171,7 +171,20 @@ class AppActor:
         self._changed = anyio.Event()
 
     # -------------------------------------------------------------------- loop
-    async def run(self, runtime: AppRuntime, task_group: TaskGroup) -> None:
+    def resume(self, recorded: AppStatus, history: Sequence[Transition]) -> list[Action]:
+        """Take over from the records of another process's app (``Supervisor.attach``).
+
+        Its journal is already written and already seen by the Supervisor's
+        event stream's readers elsewhere: only what happens from here on is
+        written and announced. Returns the actions still owed, for ``run``.
+        """
+        actions = self.fsm.resume(recorded, history)
+        self._persisted = self._observed = len(history)
+        return actions
+
+    async def run(
+        self, runtime: AppRuntime, task_group: TaskGroup, owed: Sequence[Action] = ()
+    ) -> None:
         """Follow the app to its end; whatever goes wrong stays this app's problem.
 
         Runs in the Supervisor's task group beside every other app, so an
@@ -181,7 +194,7 @@ class AppActor:
         """
         self.runtime = runtime
         try:
-            await self._loop(runtime, task_group)
+            await self._loop(runtime, task_group, owed)
         except Exception as exc:
             await self._abandon(runtime, exc)
         finally:
@@ -193,33 +206,41 @@ class AppActor:
             self._note("release", f"releasing the app's resources failed: {exc}")
             self._publish()
 
-    async def _loop(self, runtime: AppRuntime, task_group: TaskGroup) -> None:
+    async def _loop(
+        self, runtime: AppRuntime, task_group: TaskGroup, owed: Sequence[Action]
+    ) -> None:
         async with anyio.create_task_group() as own:
             own.start_soon(self._persist_loop, runtime)
-            async for first in self._recv:
-                # Whatever else the mailbox holds came together (the exits of a gang,
-                # a burst of starts): applied as one batch, published once.
-                changed = False
-                item: _Mail | None = first
-                taken = 1
-                while item is not None:
-                    if isinstance(item, _Barrier):
-                        item.reached.set()
-                    else:
-                        self._apply(item, runtime, task_group)
-                        changed = True
-                        if self.fsm.is_terminal:
-                            break
-                    if taken == BATCH_MAX:
-                        break  # the rest on the next turn: the host's loop gets its turn
-                    item = self._next_mail()
-                    taken += 1
-                if changed:
-                    self._publish()
-                if self.fsm.is_terminal:
-                    break
+            self._start_actions(owed, runtime, task_group)
+            if not self.fsm.is_terminal:  # else it ended while nobody followed it
+                await self._follow_mail(runtime, task_group)
             own.cancel_scope.cancel()
             await self._persist(runtime, final=True)
+
+    async def _follow_mail(self, runtime: AppRuntime, task_group: TaskGroup) -> None:
+        """Apply the mailbox, batch by batch, until the app's state is terminal."""
+        async for first in self._recv:
+            # Whatever else the mailbox holds came together (the exits of a gang,
+            # a burst of starts): applied as one batch, published once.
+            changed = False
+            item: _Mail | None = first
+            taken = 1
+            while item is not None:
+                if isinstance(item, _Barrier):
+                    item.reached.set()
+                else:
+                    self._apply(item, runtime, task_group)
+                    changed = True
+                    if self.fsm.is_terminal:
+                        break
+                if taken == BATCH_MAX:
+                    break  # the rest on the next turn: the host's loop gets its turn
+                item = self._next_mail()
+                taken += 1
+            if changed:
+                self._publish()
+            if self.fsm.is_terminal:
+                break
 
     def _next_mail(self) -> _Mail | None:
         try:
@@ -242,6 +263,11 @@ class AppActor:
             actions = self.fsm.cancel(item.reason)
         else:
             raise TypeError(f"unexpected mail {item!r}")
+        self._start_actions(actions, runtime, task_group)
+
+    def _start_actions(
+        self, actions: Sequence[Action], runtime: AppRuntime, task_group: TaskGroup
+    ) -> None:
         for action in actions:
             if self._observer is not None:
                 if isinstance(action, StopReplicas):

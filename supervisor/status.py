@@ -69,13 +69,24 @@ class ReplicaStatus:
 class RoleStatus:
     role: str
     replicas: Sequence[ReplicaStatus] = ()
+    restarts: int = 0
+    """How many of the role's retries (``max_retries``) are used: a process that attaches
+    to the app carries its retry budget on from here."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"role": self.role, "replicas": [r.to_json() for r in self.replicas]}
+        return {
+            "role": self.role,
+            "replicas": [r.to_json() for r in self.replicas],
+            "restarts": self.restarts,
+        }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> RoleStatus:
-        return cls(d["role"], tuple(ReplicaStatus.from_json(r) for r in d["replicas"]))
+        return cls(
+            d["role"],
+            tuple(ReplicaStatus.from_json(r) for r in d["replicas"]),
+            int(d.get("restarts", 0)),
+        )
 
 
 @dataclass(frozen=True)

@@ -529,6 +529,48 @@ class Supervisor:
             raise
         return handle
 
+    async def attach(self, handle: str) -> AppStatus:
+        """Follow an app launched by another process, or before this one restarted.
+
+        When its owner is gone and its backend lets it outlive its owner (Docker,
+        Slurm), this Supervisor becomes its owner: it follows the app as if it had
+        launched it, so its retries and gang failure carry on, ``status`` answers
+        it from memory and ``watch`` gives its recorded transitions, then the live
+        ones. One owner at a time: while the owner lives (or another process took
+        it over first) this process observes, as every verb does for any handle.
+        A local app cannot outlive its reaper, so one whose owner died gives its
+        recorded state. Returns the app's status; ``UnknownAppError`` for no app.
+        """
+        self._refuse_if_shutting_down("attach")
+        actor = self._actors.get(handle)
+        if actor is not None:
+            return _with_metadata(actor)
+        parsed = parse_handle(handle)
+        tg = self._task_group()
+        adoption = await self.backend(parsed.backend).adopt(parsed)
+        if adoption is None:
+            described = await self._describe_recorded(parsed)
+            if described is None:
+                raise UnknownAppError(f"no app {handle}")
+            return described.to_status()
+        actor = AppActor(handle, adoption.request, self._observer, on_done=self._forget)
+        owed = actor.resume(adoption.recorded, adoption.history)
+        try:
+            # Shielded like a launch: a cancel between taking the lease and following
+            # the app would leave it owned by a process that does not follow it.
+            with anyio.CancelScope(shield=True):
+                runtime = await adoption.start(actor.post)
+        except BaseException:
+            actor.discard()
+            with anyio.CancelScope(shield=True):
+                await adoption.give_up()
+            raise
+        self._actors[handle] = actor
+        tg.start_soon(actor.run, runtime, tg, owed)
+        await actor.settle()
+        await actor.record_now()
+        return _with_metadata(actor)
+
     def _forget(self, actor: AppActor) -> None:
         """The app ended: once its end is on disk, its actor leaves memory.
 

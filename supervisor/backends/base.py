@@ -33,6 +33,7 @@ from supervisor.status import AppStatus, DescribeAppResponse, ListAppResponse, T
 from supervisor.validate import Capabilities
 
 __all__ = [
+    "Adoption",
     "AppCancelRequested",
     "AppNotice",
     "AppRuntime",
@@ -119,6 +120,24 @@ class Request:
 
     def to_json(self) -> dict[str, Any]:
         return {"backend": self.backend, "session": self.session, "app_id": self.app_id}
+
+
+@dataclass(frozen=True)
+class Adoption:
+    """An app this process took over from an owner that is gone (``Backend.adopt``).
+
+    ``recorded`` and ``history`` are the app's last recorded status and its
+    journal, from which the app's machines carry on. ``start`` begins to follow
+    it: the runtime reports, through the sink, what changed while nobody followed
+    the app, then every change as it happens. ``give_up`` hands the app back
+    (its lease released) when ``start`` is never called or fails.
+    """
+
+    request: Request
+    recorded: AppStatus
+    history: Sequence[Transition]
+    start: Callable[[EventSink], Awaitable[AppRuntime]]
+    give_up: Callable[[], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -256,6 +275,16 @@ class Backend(abc.ABC):
                 return status
             await anyio.sleep(interval)
             interval = min(interval * 2, 1.0)
+
+    async def adopt(self, handle: AppHandle) -> Adoption | None:
+        """Become the owner of an app whose owner is gone (``Supervisor.attach``).
+
+        None when this process cannot own it: its owner lives (this process then
+        observes it), it ended, or its replicas cannot outlive their owner, as a
+        local app's cannot outlive its reaper (this default). A backend that says
+        yes holds the app's lease from here: no other process takes it over.
+        """
+        return None
 
     async def prepare(self) -> None:  # noqa: B027 - optional hook, empty on purpose
         """Learn what ``dryrun`` needs to know about the backend (a cluster's version, ...)."""

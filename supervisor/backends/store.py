@@ -261,6 +261,7 @@ def _check_status(status: AppStatus) -> None:
     _typed(status.ui_url, _OPT_STR, "ui_url")
     for i, role in enumerate(status.roles):
         _typed(role.role, str, f"roles[{i}].role")
+        _typed(role.restarts, int, f"roles[{i}].restarts")
         for j, replica in enumerate(role.replicas):
             _check_replica(replica, f"roles[{i}].replicas[{j}]")
 
@@ -546,6 +547,29 @@ class AppStore:
         if (self.app_dir / RELEASED).exists():
             return False
         return Owner.from_json(app["owner"]).alive()
+
+    def take_over(self, owner: Owner) -> dict[str, Any] | None:
+        """Blocking: make ``owner`` the owner of an app nobody follows that has not ended.
+
+        Returns its app record, rewritten to name ``owner``; None when the app has
+        no record, ended, or is followed (its owner lives and did not release it).
+        The owner's life is the lease: others see the app followed until it dies or
+        releases it. Under the finalize lock, like recording an unfollowed app's end,
+        so of two processes attaching (or one attaching while another records the
+        end) one wins and the other then sees the app as the winner left it.
+        """
+        fd = lock_file(self.app_dir / FINALIZE_LOCK, True)
+        assert fd is not None  # a waiting lock is always taken
+        try:
+            app = self.read_app()
+            if app is None or self.followed(app) or self.read_final_status() is not None:
+                return None
+            app = {**app, "owner": owner.to_json()}
+            self.write_app(app)
+            (self.app_dir / RELEASED).unlink(missing_ok=True)
+            return app
+        finally:
+            os.close(fd)
 
     def mark_released(self) -> None:
         """Blocking: the owner stops following an app that runs on (its Supervisor closed);

@@ -143,7 +143,7 @@ class AppFSM:
                     )
                     for m in (self.replicas[(role.name, k)] for k in range(role.num_replicas))
                 )
-                roles.append(RoleStatus(role.name, reps))
+                roles.append(RoleStatus(role.name, reps, self.role_restarts[role.name]))
             waiting = (
                 f"pending: {self.pending_reason}"
                 if self.pending_reason and self.app.state is AppState.PENDING
@@ -223,6 +223,60 @@ class AppFSM:
                 to_stop.append(key)
         self._update_app(at)
         return [StopReplicas(tuple(to_stop), "cancelled by request")] if to_stop else []
+
+    def resume(self, recorded: AppStatus, history: Sequence[Transition]) -> list[Action]:
+        """Carry on from the records of an app another process followed (``attach``).
+
+        The journal (``history``) is the truth for states: its owner appends to
+        it before it replaces the status, so an owner killed between the two
+        left a status one step behind. The status gives what the journal does
+        not hold: exit codes, hosts, messages and the retries each role used.
+        Returns the gang stop still owed: an owner that died between a failure
+        and stopping the failed replica's siblings never carried it out.
+        """
+        self._snapshot = None
+        self.history = list(history)
+        for role in recorded.roles:
+            if role.role in self.role_restarts:
+                self.role_restarts[role.role] = role.restarts
+            for r in role.replicas:
+                model = self.replicas.get((r.role, r.id))
+                if model is None:
+                    continue
+                model.state = r.state
+                model.attempt = model.restarts = r.restarts
+                model.hostname, model.msg = r.hostname, r.msg
+                model.exit_code, model.signal = r.exit_code, r.signal
+                model.structured_error_msg = r.structured_error_msg
+        app_state = recorded.state
+        for t in history:
+            if t.role is None:
+                app_state = AppState[t.dest]
+                continue
+            model = self.replicas.get((t.role, t.replica_id or 0))
+            if model is not None:
+                model.state = ReplicaState[t.dest]
+                model.attempt = max(model.attempt, t.attempt)
+            if t.trigger == "requeue":
+                self._requeued_to = max(self._requeued_to, t.attempt)
+        self.app.state = app_state
+        self._counts = Counter(m.state for m in self.replicas.values())
+        self.num_restarts = recorded.num_restarts
+        self.structured_error_msg = recorded.structured_error_msg
+        failed = [m for m in self.replicas.values() if m.state is ReplicaState.FAILED]
+        actions: list[Action] = []
+        if failed:
+            self._failed = True
+            self.msg = failed[0].msg
+            others = []
+            for key, other in self.replicas.items():
+                if other.state.name not in TERMINAL:
+                    other.stop_reason = StopReason.GANG
+                    others.append(key)
+            if others:
+                actions.append(StopReplicas(tuple(others), f"{self.msg}; stopping the app"))
+        self._update_app(self._clock())
+        return actions
 
     # ---------------------------------------------------------------- internals
     def _on_requeued(self, model: ReplicaModel, event: Requeued) -> list[Action]:

@@ -200,3 +200,58 @@ def test_app_state_is_independent_of_interleaving(
 ) -> None:
     roles, sequential, interleaved = case
     assert _final_state(roles, sequential) == _final_state(roles, interleaved)
+
+
+# ------------------------------------------------------------------- resume
+@st.composite
+def runs_split(draw: st.DrawFn) -> tuple[list[RoleSpec], list[ReplicaEvent], int]:
+    """Any events of any replicas, and where an owner died amid them."""
+    roles = draw(role_specs)
+    keys = [(r.name, k) for r in roles for k in range(r.num_replicas)]
+    events: list[ReplicaEvent] = []
+    for _ in range(draw(st.integers(0, 30))):
+        role, k = draw(st.sampled_from(keys))
+        attempt = draw(st.integers(0, 3))
+        kind = draw(st.sampled_from(["submitted", "queued", "started", "lost", "exited"]))
+        if kind == "submitted":
+            events.append(Submitted(role=role, replica_id=k, attempt=attempt))
+        elif kind == "queued":
+            events.append(Queued(role=role, replica_id=k, attempt=attempt))
+        elif kind == "started":
+            events.append(Started(role=role, replica_id=k, attempt=attempt, hostname="h"))
+        elif kind == "lost":
+            events.append(Lost(role=role, replica_id=k, attempt=attempt, reason="gone"))
+        else:
+            code = draw(st.sampled_from([0, 1, -9, None]))
+            events.append(Exited(role=role, replica_id=k, attempt=attempt, exit_code=code))
+    return roles, events, draw(st.integers(0, len(events)))
+
+
+def _decided(fsm: AppFSM) -> tuple[object, ...]:
+    replicas = tuple(
+        (key, m.state, m.attempt, m.restarts, m.exit_code)
+        for key, m in sorted(fsm.replicas.items())
+    )
+    return fsm.state, fsm.num_restarts, dict(fsm.role_restarts), replicas
+
+
+@settings(max_examples=300, deadline=None)
+@given(runs_split())
+def test_an_app_resumed_from_its_records_decides_as_if_never_interrupted(
+    case: tuple[list[RoleSpec], list[ReplicaEvent], int],
+) -> None:
+    """``attach``: an owner dies after ``split`` events; a new one resumes from its records
+    (the status and the journal) and sees the rest. Every decision, and every transition
+    from then on, is the one the first owner would have made."""
+    roles, events, split = case
+    whole = AppFSM(roles, clock=lambda: 0.0)
+    for e in events[:split]:
+        whole.apply(e)
+    resumed = AppFSM(roles, clock=lambda: 0.0)
+    resumed.resume(whole.snapshot(), list(whole.history))
+    assert _decided(resumed) == _decided(whole)
+    assert resumed.history == whole.history  # nothing invented at the take-over
+    for e in events[split:]:
+        assert whole.apply(e) == resumed.apply(e)
+        assert _decided(resumed) == _decided(whole)
+    assert resumed.history == whole.history

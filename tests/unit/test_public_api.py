@@ -29,7 +29,7 @@ SUPERVISOR_METHODS = {
 
 
 BACKEND_CONTRACT = {
-    "AppCancelRequested", "AppNotice", "AppRuntime", "Backend", "BackendContext",
+    "Adoption", "AppCancelRequested", "AppNotice", "AppRuntime", "Backend", "BackendContext",
     "BackendRegistry", "DryrunContext", "EventSink", "LogTarget", "Request",
 }  # fmt: skip
 # What a new backend must implement: changing it breaks every third-party backend.

@@ -30,6 +30,7 @@ from typing import Any
 import anyio
 
 from supervisor.backends.base import (
+    Adoption,
     Backend,
     BackendContext,
     DryrunContext,
@@ -49,15 +50,26 @@ from supervisor.backends.docker.options import DOCKER_CAPABILITIES, default_host
 from supervisor.backends.docker.request import LABEL, DockerRequest, render
 from supervisor.backends.docker.runtime import CONFIRM_S, CREATE_CONCURRENCY, DockerRuntime
 from supervisor.backends.store import AppStore, Index, Owner
-from supervisor.errors import BackendError, SubmitError
+from supervisor.errors import BackendError, DamagedRecordError, SubmitError
 from supervisor.logs import LogSink
 from supervisor.observe import metrics
 from supervisor.runopts import ResolvedCfg, RunOpts
 from supervisor.specs import AppDef, AppHandle
+from supervisor.states import AppState
 from supervisor.status import AppStatus, DescribeAppResponse, ListAppResponse
 from supervisor.validate import Capabilities
 
 __all__ = ["DockerBackend"]
+
+
+def _recorded_request(store: AppStore, app: dict[str, Any]) -> DockerRequest:
+    """The request of an app's record; ``DamagedRecordError`` when it holds none."""
+    try:
+        return DockerRequest.from_json(app["request"], AppDef.from_json(app["app"]))
+    except (LookupError, TypeError, ValueError, AttributeError) as e:
+        path = str(store.app_dir / "app.json")
+        raise DamagedRecordError(path, f"no docker request in it: {e}") from e
+
 
 EVENTS_READY_S = 60.0
 """How long a launch waits for the engine's event stream to open before failing (transient)."""
@@ -77,9 +89,10 @@ class DockerBackend(Backend):
         self.index = Index(context.state_dir, "docker")
         self.owner = Owner.current()
         self._runtimes: set[DockerRuntime] = set()
-        self._events_ready: dict[str, anyio.Event] = {}
-        self._events_scopes: dict[str, anyio.CancelScope] = {}
-        """One per engine: a CancelScope serves one ``with`` block, so engines cannot share one."""
+        self._events_ready: dict[tuple[str, str], anyio.Event] = {}
+        self._events_scopes: dict[tuple[str, str], anyio.CancelScope] = {}
+        """One per engine and session (apps taken over may be of another session): a
+        CancelScope serves one ``with`` block, so streams cannot share one."""
         self._busy = 0
         self.launch_limiter = anyio.CapacityLimiter(CREATE_CONCURRENCY)
         """Shared by every launch of this backend: a cap on creates in flight across apps."""
@@ -157,13 +170,15 @@ class DockerBackend(Backend):
         self._runtimes.discard(runtime)
 
     # ------------------------------------------------------------------ events
-    async def _ensure_events(self, engine: Engine) -> None:
-        """Start following ``engine``'s events once; bounded: a launch never waits forever here."""
-        ready = self._events_ready.get(engine.host)
+    async def _ensure_events(self, engine: Engine, session: str | None = None) -> None:
+        """Start following the events of ``engine``'s containers of ``session`` (this
+        Supervisor's by default) once; bounded: a launch never waits forever here."""
+        session = session or self.context.session
+        ready = self._events_ready.get((engine.host, session))
         if ready is None:
-            ready = self._events_ready[engine.host] = anyio.Event()
-            scope = self._events_scopes[engine.host] = anyio.CancelScope()
-            self.task_group.start_soon(self._follow_events, engine, ready, scope)
+            ready = self._events_ready[(engine.host, session)] = anyio.Event()
+            scope = self._events_scopes[(engine.host, session)] = anyio.CancelScope()
+            self.task_group.start_soon(self._follow_events, engine, session, ready, scope)
         with anyio.move_on_after(EVENTS_READY_S):
             await ready.wait()
         if not ready.is_set():
@@ -174,22 +189,24 @@ class DockerBackend(Backend):
             )
 
     async def _follow_events(
-        self, engine: Engine, ready: anyio.Event, scope: anyio.CancelScope
+        self, engine: Engine, session: str, ready: anyio.Event, scope: anyio.CancelScope
     ) -> None:
-        """One stream for every container of this session; reopened if the engine drops it."""
+        """One stream for every container of a session; reopened if the engine drops it."""
         since = time.time() - 1.0
         try:
             async with self.tracked():
                 with scope:
-                    await self._read_events(engine, ready, since)
+                    await self._read_events(engine, session, ready, since)
         finally:
             ready.set()  # whatever ended the follower, nobody waits on it any more
 
-    async def _read_events(self, engine: Engine, ready: anyio.Event, since: float) -> None:
+    async def _read_events(
+        self, engine: Engine, session: str, ready: anyio.Event, since: float
+    ) -> None:
         troubled = False
         while True:
             try:
-                async with engine.events({LABEL.SESSION: self.context.session}, since) as ev:
+                async with engine.events({LABEL.SESSION: session}, since) as ev:
                     ready.set()
                     if troubled:
                         # Back. An engine that restarted does not replay the exits it
@@ -232,6 +249,45 @@ class DockerBackend(Backend):
 
     async def wait_foreign(self, handle: AppHandle) -> AppStatus | None:
         return await self.foreign.wait(handle)
+
+    async def adopt(self, handle: AppHandle) -> Adoption | None:
+        """Take over an app whose owner is gone (see ``Backend.adopt``): its containers run on."""
+        found = await self.foreign.find(handle)
+        if found is None:
+            return None
+        store = found[0]
+        app = await anyio.to_thread.run_sync(store.take_over, self.owner)
+        if app is None:
+            return None
+
+        async def give_up() -> None:
+            await anyio.to_thread.run_sync(store.mark_released)
+
+        try:
+            request = _recorded_request(store, app)
+            recorded = await anyio.to_thread.run_sync(store.read_state)
+            history = await anyio.to_thread.run_sync(store.read_transitions)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await give_up()
+            raise
+        status = recorded[0] if recorded is not None else AppStatus(AppState.SUBMITTED)
+
+        async def start(sink: EventSink) -> DockerRuntime:
+            engine = self.engine_for(request.host)
+            await self._ensure_events(engine, request.session)
+            runtime = DockerRuntime(self, request, sink)
+            runtime.engine = engine
+            self._runtimes.add(runtime)
+            try:
+                labels = {LABEL.SESSION: request.session, LABEL.APP_ID: request.app_id}
+                await runtime.adopt(await engine.list_containers(labels), status)
+            except BaseException:
+                self._runtimes.discard(runtime)
+                raise
+            return runtime
+
+        return Adoption(request, status, history, start, give_up)
 
     def make_log_target(
         self,

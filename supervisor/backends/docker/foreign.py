@@ -13,7 +13,7 @@ import contextlib
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ from supervisor.backends.docker.engine import (
 )
 from supervisor.backends.docker.request import LABEL
 from supervisor.backends.docker.resume import LogResumer
-from supervisor.backends.docker.runtime import OUTPUT_COPIED, exit_signal
+from supervisor.backends.docker.runtime import OUTPUT_COPIED, exit_signal, latest_containers
 from supervisor.backends.docker.services import BackendServices
 from supervisor.backends.listing import list_indexed
 from supervisor.backends.store import (
@@ -63,7 +63,7 @@ _UNFOLLOWED = "no process follows this app; state read from its containers"
 _Found = tuple[AppStore, dict[str, Any]]
 
 
-def _container_state(c: dict[str, Any]) -> tuple[ReplicaState, int | None]:
+def _container_state(c: Mapping[str, Any]) -> tuple[ReplicaState, int | None]:
     state = str(c.get("State") or "").lower()
     if state in ("created", "configured", "initialized"):
         return ReplicaState.PENDING, None
@@ -169,17 +169,7 @@ class ForeignApps:
         containers: Sequence[dict[str, Any]],
         recorded: tuple[AppStatus, Owner] | None,
     ) -> AppStatus:
-        latest: dict[tuple[str, int], dict[str, Any]] = {}
-        for c in containers:
-            labels = c.get("Labels") or {}
-            try:
-                key = (str(labels[LABEL.ROLE]), int(labels[LABEL.REPLICA_ID]))
-                attempt = int(labels.get(LABEL.ATTEMPT, 0))
-            except (KeyError, ValueError):
-                continue
-            held = latest.get(key)
-            if held is None or attempt >= int((held.get("Labels") or {}).get(LABEL.ATTEMPT, 0)):
-                latest[key] = c
+        latest = latest_containers(containers)
         definition = AppDef.from_json(app["app"])
         states: list[ReplicaState] = []
         roles = []
@@ -235,6 +225,10 @@ class ForeignApps:
                 recorded = None  # what the containers said replaces it
             if recorded is not None and recorded[0].is_terminal:
                 return recorded[0]
+            now = await anyio.to_thread.run_sync(store.read_app)
+            if now is not None and await anyio.to_thread.run_sync(store.followed, now):
+                # Attached to meanwhile (``take_over``): its new owner records the end.
+                return recorded[0] if recorded is not None else status
             return await self._finalize(store, app, status, cancelled)
         finally:
             os.close(fd)

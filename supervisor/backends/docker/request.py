@@ -131,6 +131,36 @@ class DockerRequest(Request):
             lines.append(f"  {c.role}/{c.replica_id}: container {c.name} image {c.image}: {argv}")
         return "\n".join(lines)
 
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any], app: AppDef) -> DockerRequest:
+        """The request an app's record holds (``to_json``): to follow the app again.
+
+        Raises ``LookupError``, ``TypeError`` or ``ValueError`` for a record that is not one.
+        """
+        return cls(
+            backend=str(d["backend"]),
+            session=str(d["session"]),
+            app_id=str(d["app_id"]),
+            app=app,
+            cfg=ResolvedCfg(),
+            host=str(d["host"]),
+            app_dir=str(d["app_dir"]),
+            network=str(d["network"]),
+            network_body=dict(d.get("network_body") or {}),
+            stop_grace=float(d["stop_grace"]),
+            containers=tuple(
+                ContainerSpec(
+                    role=str(c["role"]),
+                    replica_id=int(c["replica_id"]),
+                    name=str(c["name"]),
+                    image=str(c["image"]),
+                    log_dir=str(c["log_dir"]),
+                    body=dict(c["body"]),
+                )
+                for c in d["containers"]
+            ),
+        )
+
     @property
     def owns_network(self) -> bool:
         """The network is the app's own: created at launch, removed at its end."""

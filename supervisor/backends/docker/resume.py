@@ -17,49 +17,26 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 import anyio
 
-from supervisor.backends.docker.runtime import ATTEMPT_FILE, CopyCheck, log_sizes, sha256s
+from supervisor.backends.docker.runtime import (
+    ATTEMPT_FILE,
+    COPY_LOCK,
+    CopyCheck,
+    attempt_starts,
+    digests_since,
+    log_sizes,
+    sha256s,
+)
 from supervisor.backends.docker.services import BackendServices
 from supervisor.backends.store import AppStore, lock_file, read_json_or_none
 
-__all__ = ["COPY_LOCK", "LogResumer"]
-
-COPY_LOCK = ".copy.lock"
+__all__ = ["LogResumer"]
 
 
 _NOTHING = {"stdout": 0, "stderr": 0}
-_MARKS = ("stdout", "stderr", "combined", "index")
-
-
-def _marks(mark: dict[str, Any]) -> dict[str, int] | None:
-    """Where the attempt's output starts in every file; None from an older attempt file."""
-    try:
-        return {name: int(mark[name]) for name in _MARKS}
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
-def _digests(directory: Path, marks: dict[str, int], sizes: dict[str, int]) -> dict[str, Any]:
-    """Blocking: SHA-256 of each stream's bytes from the attempt's mark to ``sizes``."""
-    digests = sha256s()
-    for stream, digest in digests.items():
-        try:
-            with open(directory / f"{stream}.log", "rb") as f:
-                f.seek(marks[stream])
-                left = max(0, sizes[stream] - marks[stream])
-                while left:
-                    chunk = f.read(min(left, 1 << 20))
-                    if not chunk:
-                        break
-                    digest.update(chunk)
-                    left -= len(chunk)
-        except FileNotFoundError:
-            pass
-    return digests
 
 
 class LogResumer:
@@ -120,11 +97,11 @@ class LogResumer:
             mark, sizes = marks
         seen = {s: max(0, sizes[s] - int(mark.get(s, 0))) for s in ("stdout", "stderr")}
         check: CopyCheck | None = None
-        starts = _marks(mark)
+        starts = attempt_starts(mark)
         if not running and starts is not None:
             # The container ended: what its copy wrote since the mark is checked against
             # the engine's log (Podman's follow stream can lose and reorder pieces).
-            digests = await anyio.to_thread.run_sync(_digests, directory, starts, sizes)
+            digests = await anyio.to_thread.run_sync(digests_since, directory, starts, sizes)
             check = CopyCheck(seen, digests)
         log = sink.open(directory)
         scope, done = anyio.CancelScope(), anyio.Event()

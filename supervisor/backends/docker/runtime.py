@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -32,14 +33,31 @@ from supervisor.backends.base import AppCancelRequested, AppNotice, AppRuntime, 
 from supervisor.backends.docker.engine import Engine
 from supervisor.backends.docker.request import LABEL, ContainerSpec, DockerRequest
 from supervisor.backends.docker.services import BackendServices
-from supervisor.backends.store import CANCEL_REQUEST, AppStore, write_json_atomic
+from supervisor.backends.store import (
+    CANCEL_REQUEST,
+    AppStore,
+    lock_file,
+    read_json_or_none,
+    write_json_atomic,
+)
 from supervisor.errors import BackendError, SubmitError
 from supervisor.events import Exited, Lost, ReplicaKey, Started, Submitted
 from supervisor.logs import ReplicaLog
 from supervisor.logs.sink import attempt_marks
+from supervisor.states import TERMINAL
 from supervisor.status import AppStatus, Transition
 
-__all__ = ["CopyCheck", "DockerRuntime", "exit_signal", "remove_each", "sha256s"]
+__all__ = [
+    "CopyCheck",
+    "DockerRuntime",
+    "attempt_starts",
+    "container_key",
+    "digests_since",
+    "exit_signal",
+    "latest_containers",
+    "remove_each",
+    "sha256s",
+]
 
 CREATE_FAILED_CODE = 127
 CREATE_CONCURRENCY = 8
@@ -48,6 +66,8 @@ engine under load answers a burst of creates slower than its clients wait."""
 LAUNCH_TRIES = 4
 """Tries of one launch request that failed transiently (back-off 1, 2, 4 s)."""
 ATTEMPT_FILE = ".docker-attempt.json"
+COPY_LOCK = ".copy.lock"
+"""Held by the one process that copies a replica's output when its owner does not."""
 OUTPUT_COPIED = "output-copied"
 """In the app dir once the ended app's output is all in its files: other processes wait for it."""
 OOM_CODE = KILLED_CODE = 137
@@ -118,6 +138,65 @@ async def _each(calls: Sequence[Callable[[], Awaitable[None]]]) -> None:
 def sha256s() -> dict[str, Any]:
     """A fresh SHA-256 per stream."""
     return {"stdout": hashlib.sha256(), "stderr": hashlib.sha256()}
+
+
+_MARKS = ("stdout", "stderr", "combined", "index")
+
+
+def attempt_starts(mark: Mapping[str, Any]) -> dict[str, int] | None:
+    """Where the attempt's output starts in every file; None from an older attempt file."""
+    try:
+        return {name: int(mark[name]) for name in _MARKS}
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def digests_since(
+    directory: Path, marks: Mapping[str, int], sizes: Mapping[str, int]
+) -> dict[str, Any]:
+    """Blocking: SHA-256 of each stream's bytes from the attempt's mark to ``sizes``."""
+    digests = sha256s()
+    for stream, digest in digests.items():
+        try:
+            with open(directory / f"{stream}.log", "rb") as f:
+                f.seek(marks[stream])
+                left = max(0, sizes[stream] - marks[stream])
+                while left:
+                    chunk = f.read(min(left, 1 << 20))
+                    if not chunk:
+                        break
+                    digest.update(chunk)
+                    left -= len(chunk)
+        except FileNotFoundError:
+            pass
+    return digests
+
+
+def container_key(c: Mapping[str, Any]) -> tuple[ReplicaKey, int] | None:
+    """The replica a listed container runs and its attempt, from its labels."""
+    labels = c.get("Labels") or {}
+    try:
+        return (str(labels[LABEL.ROLE]), int(labels[LABEL.REPLICA_ID])), int(
+            labels.get(LABEL.ATTEMPT, 0)
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def latest_containers(
+    containers: Sequence[Mapping[str, Any]],
+) -> dict[ReplicaKey, Mapping[str, Any]]:
+    """Each replica's container of its highest attempt."""
+    latest: dict[ReplicaKey, tuple[int, Mapping[str, Any]]] = {}
+    for c in containers:
+        found = container_key(c)
+        if found is None:
+            continue
+        key, attempt = found
+        held = latest.get(key)
+        if held is None or attempt >= held[0]:
+            latest[key] = (attempt, c)
+    return {key: c for key, (_, c) in latest.items()}
 
 
 class CopyCheck:
@@ -211,6 +290,8 @@ class DockerRuntime(AppRuntime):
         self.stopping = 0
         """Stops in progress: a closing backend lets them finish before it stops following."""
         self.cancel_recorded = False
+        self._copy_locks: list[int] = []
+        """Copy locks of replicas whose output this process copies for an owner that is gone."""
 
     # ---------------------------------------------------------------- launch
     async def start(self) -> None:
@@ -300,6 +381,104 @@ class DockerRuntime(AppRuntime):
             for key, slot in self._slots.items():
                 tg.start_soon(self._start_container, key, slot)
 
+    # ----------------------------------------------------------------- adopt
+    async def adopt(self, containers: Sequence[Mapping[str, Any]], recorded: AppStatus) -> None:
+        """Follow the containers of an app taken over from an owner that is gone.
+
+        Each replica's latest container is followed from where it is: one still
+        running has its output copied on from the bytes its files already hold;
+        one that ended meanwhile is reported as if its exit had just been heard
+        (the app's machines decide its retry or the gang's end); a replica with
+        no container (its owner died amid a restart) is started as its recorded
+        attempt. Every container of the app is removed at its end, as at launch.
+        """
+        for c in containers:
+            found = container_key(c)
+            if found is not None and found[0] in self._slots:
+                self._by_cid[str(c["Id"])] = found[0]
+        self._logs = {
+            key: self._backend.log_sink.open(Path(slot.spec.log_dir))
+            for key, slot in self._slots.items()
+        }
+        self._backend.task_group.start_soon(self._watch_cancel)
+        latest = latest_containers(containers)
+        for key, slot in self._slots.items():
+            replica = recorded.replica(*key)
+            ended = replica is not None and replica.state.name in TERMINAL
+            attempt = replica.restarts if replica is not None else 0
+            container = latest.get(key)
+            if container is None:
+                if not ended:
+                    self._backend.task_group.start_soon(self._restart_one, key, attempt)
+                continue
+            c = container
+            found = container_key(c)
+            assert found is not None
+            slot.cid, slot.attempt = str(c["Id"]), max(found[1], attempt)
+            state = str(c.get("State") or "")
+            if state == "created":
+                if not ended:
+                    self._backend.task_group.start_soon(self._start_container, key, slot)
+                continue
+            copy = await self._resumed_copy(key, slot)
+            if state == "running":
+                slot.running = True
+                slot.started_sent = replica is not None and replica.state.name == "RUNNING"
+                self._send_started(key, slot)
+                if copy is None:
+                    continue  # another process copies this container's output to its end
+                slot.copy = copy
+                skip = dict(copy.received)
+                self._backend.task_group.start_soon(
+                    partial(self._copy_logs, key, slot.cid, copy, True, skip=skip)
+                )
+                continue
+            # Ended while nobody followed it: its output is completed from the engine.
+            slot.copy = copy
+            if copy is not None:
+                copy.done.set()
+            if ended:
+                slot.handled.add(slot.cid)
+                finished = self._copies_ending[slot.cid] = anyio.Event()
+                self._backend.task_group.start_soon(self._end_copy, key, slot.cid, copy, finished)
+            else:
+                slot.running = True
+                self.on_event(slot.cid, "die", {})
+        # An exit announced between the listing and now was not heard: ask once more.
+        self.reconcile()
+
+    async def _resumed_copy(self, key: ReplicaKey, slot: _Slot) -> _Copy | None:
+        """The copy of ``slot``'s container as its files hold it; None when another process
+        holds the replica's copy lock (it copies that container's output to its end)."""
+        directory = Path(slot.spec.log_dir)
+        held = await anyio.to_thread.run_sync(lock_file, directory / COPY_LOCK, False)
+        if held is None:
+            return None
+        self._copy_locks.append(held)
+
+        def read() -> tuple[dict[str, int], dict[str, int], dict[str, Any]] | None:
+            mark = read_json_or_none(directory / ATTEMPT_FILE)
+            starts = attempt_starts(mark) if isinstance(mark, dict) else None
+            if starts is None or not isinstance(mark, dict) or mark.get("container") != slot.cid:
+                return None
+            sizes = log_sizes(directory)
+            return starts, sizes, digests_since(directory, starts, sizes)
+
+        found = await anyio.to_thread.run_sync(read)
+        log = self._logs[key]
+        copy = _Copy()
+        if found is None:
+            # Never marked: its owner died before this container started, so none of
+            # its output is in the files yet.
+            await anyio.to_thread.run_sync(self._mark_attempt, slot)
+            self._backend.log_sink.mark_attempt(log)
+            return copy
+        starts, sizes, digests = found
+        self._backend.log_sink.mark_attempt(log, at=starts)
+        copy.received = {s: max(0, sizes[s] - starts[s]) for s in ("stdout", "stderr")}
+        copy.digests = digests
+        return copy
+
     async def _exists(self, kind: str, name: str) -> str | None:
         """The id of this app's container or network named ``name``, if a create made it."""
         labels = {LABEL.SESSION: self.request.session, LABEL.APP_ID: self.request.app_id}
@@ -374,13 +553,29 @@ class DockerRuntime(AppRuntime):
         )
 
     # ------------------------------------------------------------------ logs
-    async def _copy_logs(self, key: ReplicaKey, cid: str, copy: _Copy, follow: bool) -> None:
+    async def _copy_logs(
+        self,
+        key: ReplicaKey,
+        cid: str,
+        copy: _Copy,
+        follow: bool,
+        skip: Mapping[str, int] | None = None,
+    ) -> None:
+        """Copy ``cid``'s output into the replica's files; ``skip``: the bytes of each stream
+        already there (copied by the owner this process took the app over from)."""
         sink = self._backend.log_sink
         log = self._logs[key]
+        left = dict(skip or {})
         try:
             async with self._backend.tracked():
                 with copy.scope:
                     async for stream, data in self.engine.log_frames(cid, follow=follow):
+                        if left.get(stream):
+                            skipped = min(len(data), left[stream])
+                            left[stream] -= skipped
+                            data = data[skipped:]
+                            if not data:
+                                continue
                         copy.received[stream] += len(data)
                         copy.digests[stream].update(data)
                         sink.write(log, stream, data, time.time())
@@ -747,6 +942,12 @@ class DockerRuntime(AppRuntime):
         for slot in self._slots.values():
             if slot.copy is not None:
                 slot.copy.scope.cancel()
+        self._release_copy_locks()
+
+    def _release_copy_locks(self) -> None:
+        """Whoever follows the app next (or reads its logs) may copy its output again."""
+        while self._copy_locks:
+            os.close(self._copy_locks.pop())
 
     async def aclose(self) -> None:
         """The app ended: its containers and network go; its logs and records stay."""
@@ -782,6 +983,7 @@ class DockerRuntime(AppRuntime):
         except OSError as e:
             marked = e
         await self._remove_all()
+        self._release_copy_locks()
         if marked is not None:
             # Other processes then wait for this one to exit before reading to the end.
             raise BackendError(f"cannot mark the app's output complete: {marked}", transient=False)

@@ -1,0 +1,157 @@
+"""``Supervisor.attach``: a new process takes over a Docker app whose owner is gone.
+
+The owner is a separate process, SIGKILLed while the app runs (no close, no
+release, no final record). The process that attaches then follows the app as
+its owner: a replica that fails afterwards is retried under the app's policy,
+the app ends as its machines decide, and its ``watch`` gives every transition,
+recorded ones and live ones, exactly once. While an owner lives, ``attach``
+only observes. Both engines; any container or network left behind fails the test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+from supervisor import AppDef, AppState, BindMount, Role, Supervisor, UnknownAppError
+from supervisor.status import Transition
+
+from .docker_engines import IMAGE, EngineUnderTest
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.docker]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Attempt 0: replica 0 fails once /gate/fail exists, replica 1 runs until stopped.
+# Attempt 1 (the retry): both succeed.
+REPLICA = """
+import os, sys, time
+attempt = int(os.environ["ASUPERVISOR_ATTEMPT"])
+k = int(os.environ["ASUPERVISOR_REPLICA_ID"])
+print("attempt", attempt, flush=True)
+if attempt == 0:
+    while k == 1 or not os.path.exists("/gate/fail"):
+        time.sleep(0.05)
+    print("failing", flush=True)
+    sys.exit(3)
+print("done", flush=True)
+"""
+
+OWNER = """
+import sys, anyio
+from supervisor import AppDef, BindMount, Role, RetryPolicy, Supervisor
+
+async def main() -> None:
+    gate, host, session, image, code = sys.argv[1:6]
+    role = Role("w", image=image, entrypoint="python3", args=["-c", code], num_replicas=2,
+                max_retries=1, retry_policy=RetryPolicy.APPLICATION,
+                mounts=[BindMount(gate, "/gate", read_only=True)])
+    async with Supervisor(session=session) as sv:
+        handle = await sv.submit(AppDef("adopted", [role]), "docker",
+                                 {"host": host, "stop_grace": 2.0})
+        for k in (0, 1):  # each replica's first line is in its files before the kill
+            async for _ in sv.log_iter(handle, "w", k, should_tail=True):
+                break
+        print(handle, flush=True)
+        await anyio.sleep_forever()
+
+anyio.run(main)
+"""
+
+
+def _key(t: Transition) -> tuple[object, ...]:
+    return (t.seq, t.source, t.dest, t.trigger, t.role, t.replica_id, t.attempt)
+
+
+async def _owner_killed_while_running(engine: EngineUnderTest, gate: Path, state_dir: Path) -> str:
+    env = {
+        **os.environ,
+        "ASUPERVISOR_HOME": str(state_dir),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    argv = [sys.executable, "-c", OWNER, str(gate), engine.host, engine.session, IMAGE, REPLICA]
+    async with await anyio.open_process(argv, env=env) as owner:
+        assert owner.stdout is not None
+        with anyio.fail_after(120):
+            handle = (await owner.stdout.receive()).decode().strip()
+        owner.kill()  # SIGKILL: no close, no release, no final record
+        await owner.wait()
+    return handle
+
+
+async def test_an_app_whose_owner_was_sigkilled_is_retried_by_the_process_that_attaches(
+    engine: EngineUnderTest, tmp_path: Path, state_dir: Path
+) -> None:
+    handle = await _owner_killed_while_running(engine, tmp_path, state_dir)
+    async with Supervisor(session=engine.session) as sv:
+        attached = await sv.attach(handle)
+        assert attached.state is AppState.RUNNING, attached
+        assert handle in sv.followed()
+        record = json.loads(
+            (
+                state_dir / "index" / "docker" / engine.session / f"{handle.rsplit('/', 1)[1]}.json"
+            ).read_text()
+        )
+        app_json = json.loads((Path(record["app_dir"]) / "app.json").read_text())
+        assert app_json["owner"]["pid"] == os.getpid()  # this process holds the lease now
+
+        seen: list[Transition] = []
+
+        async def watch() -> None:
+            async for t in sv.watch(handle):
+                seen.append(t)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch)
+            (tmp_path / "fail").touch()
+            with anyio.fail_after(120):
+                final = await sv.wait(handle)
+        assert final.state is AppState.SUCCEEDED, final
+        assert final.num_restarts == 1, final
+        assert [r.restarts for r in final.roles] == [1]
+        # Every transition once, in order: the dead owner's then this process's.
+        assert [t.seq for t in seen] == list(range(len(seen)))
+        restarts = [t for t in seen if t.trigger == "restart"]
+        assert sorted((t.replica_id, t.attempt) for t in restarts) == [(0, 1), (1, 1)], seen
+        assert (seen[-1].role, seen[-1].dest) == (None, "SUCCEEDED"), seen
+        lines = [line async for line in sv.log_iter(handle, "w", 0)]
+        assert lines == ["attempt 0\n", "failing\n", "attempt 1\n", "done\n"], lines
+
+    async with Supervisor(session=engine.session) as later:
+        described = await later.describe(handle)
+        assert described is not None and described.state is AppState.SUCCEEDED, described
+        # The journal on disk holds the same transitions, none written twice.
+        assert [_key(t) for t in described.transitions] == [_key(t) for t in seen]
+
+
+async def test_attach_while_the_owner_lives_only_observes(
+    engine: EngineUnderTest, tmp_path: Path
+) -> None:
+    role = Role(
+        "w",
+        image=IMAGE,
+        entrypoint="python3",
+        args=["-c", REPLICA],
+        num_replicas=1,
+        mounts=[BindMount(str(tmp_path), "/gate", read_only=True)],
+    )
+    async with (
+        Supervisor(session=engine.session) as owner,
+        Supervisor(session=engine.session) as other,
+    ):
+        handle = await owner.submit(AppDef("observed", [role]), "docker", engine.cfg)
+        seen = await other.attach(handle)
+        assert seen.state in (AppState.SUBMITTED, AppState.PENDING, AppState.RUNNING), seen
+        assert other.followed() == [] and other.status(handle) is None
+        (tmp_path / "fail").touch()
+        with anyio.fail_after(120):
+            final = await other.wait(handle)
+        assert final.state is AppState.FAILED, final  # max_retries=0: the owner decided
+        assert (await other.attach(handle)).state is AppState.FAILED
+        with pytest.raises(UnknownAppError):
+            await other.attach(handle.rsplit("/", 1)[0] + "/no-such-app")

@@ -91,6 +91,10 @@ def _feature_rows(classes: dict[str, type[Backend]]) -> list[tuple[str, dict[str
             },
         ),
         (
+            "`attach` takes over an app whose owner is gone (retries go on)",
+            {n: _yes(_overrides(cls, "adopt")) for n, cls in classes.items()},
+        ),
+        (
             "Asks the system before `dryrun` (`Supervisor.prepare`)",
             {n: _yes(_overrides(cls, "prepare")) for n, cls in classes.items()},
         ),

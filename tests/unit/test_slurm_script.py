@@ -23,6 +23,7 @@ from supervisor.backends.slurm.options import (
 )
 from supervisor.backends.slurm.script import (
     ClusterFacts,
+    SlurmRequest,
     dependencies,
     group_keys,
     render,
@@ -444,3 +445,39 @@ def test_cli_form_takes_lists_and_handles() -> None:
     assert cfg.get_list("nodelist") == ("n1", "n2")
     assert cfg.get_list("afterok") == ("slurm://s/a", "slurm://s/b")
     assert cfg.get_bool("exclusive") is True and cfg.get_bool("hold") is True
+
+
+def test_the_recorded_request_gives_back_what_following_the_job_needs() -> None:
+    """``attach``: a process that takes the app over rebuilds the request from its record.
+    The replicas' environments (which may hold secrets) are not in the record."""
+    app = AppDef(
+        name="x",
+        roles=[
+            Role(name="a", entrypoint="e", num_replicas=4, max_retries=1),
+            Role(
+                name="b", entrypoint="e", num_replicas=2, env={"TORCHELASTIC_ERROR_FILE": "e.json"}
+            ),
+        ],
+    )
+    cfg = slurm_run_opts().resolve({"ntasks_per_node": 2})
+    request = render(app, cfg, CTX, facts=FACTS, default_log_dir=Path("/l"), job_dir=None)
+    recorded = request.to_json()
+    assert "TRICKY" not in str(recorded) and all("env" not in r for r in recorded["replicas"])
+    again = SlurmRequest.from_json(recorded, app)
+    assert (again.app_id, again.session) == ("train-0001", "svc")
+    assert (again.max_retries, again.workdir) == (request.max_retries, request.workdir)
+    assert again.job_names == request.job_names
+    assert [[(r.role, r.replica_id) for r in g.replicas] for g in again.groups] == [
+        [(r.role, r.replica_id) for r in g.replicas] for g in request.groups
+    ]
+    for before, after in zip(request.replicas, again.replicas, strict=True):
+        assert (after.role, after.replica_id, after.group, after.log_dir) == (
+            before.role,
+            before.replica_id,
+            before.group,
+            before.log_dir,
+        )
+        assert after.error_file(again.workdir) == before.error_file(request.workdir)
+    older = {k: v for k, v in recorded.items() if k != "replicas"}
+    with pytest.raises(KeyError):
+        SlurmRequest.from_json(older, app)

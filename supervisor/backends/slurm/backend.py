@@ -23,6 +23,7 @@ from typing import Any
 import anyio
 
 from supervisor.backends.base import (
+    Adoption,
     AppNotice,
     AppRuntime,
     Backend,
@@ -705,6 +706,51 @@ class SlurmBackend(Backend):
             )
             return final
         return live
+
+    async def adopt(self, handle: AppHandle) -> Adoption | None:
+        """Take over an app whose owner is gone (see ``Backend.adopt``): its job runs on.
+
+        Not an app inside an allocation: its driver process on the allocation's
+        first node belongs to the owner that started it.
+        """
+        found = await self._found(handle)
+        if found is None or found[1].get("allocation") is not None:
+            return None
+        store = found[0]
+        app = await anyio.to_thread.run_sync(store.take_over, self.owner)
+        if app is None:
+            return None
+
+        async def give_up() -> None:
+            await anyio.to_thread.run_sync(store.mark_released)
+
+        try:
+            try:
+                request = SlurmRequest.from_json(app["request"], AppDef.from_json(app["app"]))
+            except (LookupError, TypeError, ValueError, AttributeError) as e:
+                raise DamagedRecordError(
+                    str(store.app_dir / "app.json"),
+                    f"it holds no request this version can follow the job with: {e}",
+                ) from e
+            recorded = await anyio.to_thread.run_sync(store.read_state)
+            history = await anyio.to_thread.run_sync(store.read_transitions)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await give_up()
+            raise
+        status = recorded[0] if recorded is not None else AppStatus(AppState.SUBMITTED)
+        job_id, identity = int(app["job_id"]), _identity_of(app)
+
+        async def start(sink: EventSink) -> SlurmRuntime:
+            runtime = SlurmRuntime(self, request, job_id, sink, identity)
+            runtime.translator.resume(
+                {(r.role, r.id): r.restarts for role in status.roles for r in role.replicas}
+            )
+            self.runtimes.add(runtime)
+            self.poller.track(job_id, runtime.on_view)
+            return runtime
+
+        return Adoption(request, status, history, start, give_up)
 
     async def describe(self, handle: AppHandle) -> DescribeAppResponse | None:
         found = await self._found(handle)

@@ -207,8 +207,66 @@ class SlurmRequest(Request):
             "job_dir": self.job_dir,
             "max_retries": self.max_retries,
             "groups": [[[r.role, r.replica_id] for r in g.replicas] for g in self.groups],
+            "job_names": list(self.job_names),
+            "replicas": [
+                {
+                    "role": r.role,
+                    "replica_id": r.replica_id,
+                    "group": r.group,
+                    "log_dir": r.log_dir,
+                    "error_file": r.error_file(self.workdir),
+                }
+                for r in self.replicas
+            ],
             "script": self.script,
         }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any], app: AppDef) -> SlurmRequest:
+        """What following the job again needs of the request an app's record holds.
+
+        Not the whole request: no replica's command or environment is recorded (the
+        environment may hold secrets), and following needs neither. Raises
+        ``LookupError``, ``TypeError`` or ``ValueError`` for a record without it
+        (an earlier asupervisor recorded no replicas).
+        """
+        replicas = {
+            (str(r["role"]), int(r["replica_id"])): SlurmReplica(
+                role=str(r["role"]),
+                replica_id=int(r["replica_id"]),
+                group=int(r["group"]),
+                argv=(),
+                env={"TORCHELASTIC_ERROR_FILE": str(r["error_file"])},
+                log_dir=str(r["log_dir"]),
+            )
+            for r in d["replicas"]
+        }
+        names = [str(n) for n in d["job_names"]]
+        groups = tuple(
+            SlurmGroup(
+                group=i,
+                replicas=tuple(replicas[(str(role), int(k))] for role, k in members),
+                directives=(f"--job-name={names[i]}",),
+                launcher_log="",
+                first_task=0,
+            )
+            for i, members in enumerate(d["groups"])
+        )
+        job_dir = d.get("job_dir")
+        return cls(
+            backend=str(d["backend"]),
+            session=str(d["session"]),
+            app_id=str(d["app_id"]),
+            app=app,
+            cfg=ResolvedCfg(),
+            app_dir=str(d["app_dir"]),
+            workdir=str(d["workdir"]),
+            job_dir=None if job_dir is None else str(job_dir),
+            max_retries=int(d["max_retries"]),
+            replicas=tuple(replicas.values()),
+            groups=groups,
+            script=str(d["script"]),
+        )
 
 
 DEPENDENCY_MARK = "# asupervisor waits for: "

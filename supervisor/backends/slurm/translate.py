@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import signal
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from supervisor.backends.base import AppCancelRequested, AppNotice
@@ -59,6 +59,13 @@ class ViewTranslator:
         # The latest view shows the whole job over: nothing (the batch script included)
         # will put it back in the queue, so a retry must requeue it from outside.
         self.ended = False
+
+    def resume(self, attempts: Mapping[ReplicaKey, int]) -> None:
+        """Carry on from the attempts another process's records reached (``attach``):
+        a view of a later run is then a requeue, one of these runs is not."""
+        for key, attempt in attempts.items():
+            if key in self._attempts:
+                self._attempts[key] = attempt
 
     def events(self, view: JobView) -> list[Mail]:
         if view.where == "error":

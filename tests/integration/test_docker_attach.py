@@ -21,7 +21,7 @@ import pytest
 from supervisor import AppDef, AppState, BindMount, Role, Supervisor, UnknownAppError
 from supervisor.status import Transition
 
-from .docker_engines import IMAGE, EngineUnderTest
+from .docker_engines import IMAGE, EngineUnderTest, api, labelled
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.docker]
 
@@ -127,6 +127,34 @@ async def test_an_app_whose_owner_was_sigkilled_is_retried_by_the_process_that_a
         assert described is not None and described.state is AppState.SUCCEEDED, described
         # The journal on disk holds the same transitions, none written twice.
         assert [_key(t) for t in described.transitions] == [_key(t) for t in seen]
+
+
+async def test_a_container_removed_while_nobody_followed_counts_as_killed_and_is_retried(
+    engine: EngineUnderTest, tmp_path: Path, state_dir: Path
+) -> None:
+    """``docker rm -f`` of a replica's container between its owner's death and the attach:
+    the replica was killed (137) and the app's retry runs the next attempt of both."""
+    handle = await _owner_killed_while_running(engine, tmp_path, state_dir)
+    app_id = handle.rsplit("/", 1)[1]
+    [gone] = [
+        c
+        for c in labelled(engine.host, "containers", f"io.asupervisor.app_id={app_id}")
+        if c["Labels"]["io.asupervisor.replica_id"] == "1"
+    ]
+    await anyio.to_thread.run_sync(api, engine.host, "DELETE", f"/containers/{gone['Id']}?force=1")
+    async with Supervisor(session=engine.session) as sv:
+        await sv.attach(handle)
+        with anyio.fail_after(120):
+            final = await sv.wait(handle)
+        assert final.state is AppState.SUCCEEDED, final
+        assert final.num_restarts == 1, final
+        described = await sv.describe(handle)
+        assert described is not None
+        restarts = [t for t in described.transitions if t.trigger == "restart"]
+        assert [t.replica_id for t in restarts] == [0, 1], described.transitions
+        assert all(t.msg.startswith("w/1 killed by SIGKILL; restart 1/1") for t in restarts)
+        lines = [line async for line in sv.log_iter(handle, "w", 1)]
+        assert lines == ["attempt 0\n", "attempt 1\n", "done\n"], lines
 
 
 async def test_attach_while_the_owner_lives_only_observes(

@@ -44,8 +44,8 @@ from supervisor.errors import BackendError, SubmitError
 from supervisor.events import Exited, Lost, ReplicaKey, Started, Submitted
 from supervisor.logs import ReplicaLog
 from supervisor.logs.sink import attempt_marks
-from supervisor.states import TERMINAL
-from supervisor.status import AppStatus, Transition
+from supervisor.states import TERMINAL, ReplicaState
+from supervisor.status import AppStatus, ReplicaStatus, Transition
 
 __all__ = [
     "CopyCheck",
@@ -406,16 +406,14 @@ class DockerRuntime(AppRuntime):
             replica = recorded.replica(*key)
             ended = replica is not None and replica.state.name in TERMINAL
             attempt = replica.restarts if replica is not None else 0
-            container = latest.get(key)
-            if container is None:
+            current = latest.get(key)
+            found = container_key(current) if current is not None else None
+            if current is None or found is None or found[1] < attempt:
                 if not ended:
-                    self._backend.task_group.start_soon(self._restart_one, key, attempt)
+                    self._catch_up(key, slot, current, attempt, replica)
                 continue
-            c = container
-            found = container_key(c)
-            assert found is not None
-            slot.cid, slot.attempt = str(c["Id"]), max(found[1], attempt)
-            state = str(c.get("State") or "")
+            slot.cid, slot.attempt = str(current["Id"]), found[1]
+            state = str(current.get("State") or "")
             if state == "created":
                 if not ended:
                     self._backend.task_group.start_soon(self._start_container, key, slot)
@@ -423,7 +421,7 @@ class DockerRuntime(AppRuntime):
             copy = await self._resumed_copy(key, slot)
             if state == "running":
                 slot.running = True
-                slot.started_sent = replica is not None and replica.state.name == "RUNNING"
+                slot.started_sent = replica is not None and replica.state is ReplicaState.RUNNING
                 self._send_started(key, slot)
                 if copy is None:
                     continue  # another process copies this container's output to its end
@@ -446,6 +444,37 @@ class DockerRuntime(AppRuntime):
                 self.on_event(slot.cid, "die", {})
         # An exit announced between the listing and now was not heard: ask once more.
         self.reconcile()
+
+    def _catch_up(
+        self,
+        key: ReplicaKey,
+        slot: _Slot,
+        container: Mapping[str, Any] | None,
+        attempt: int,
+        replica: ReplicaStatus | None,
+    ) -> None:
+        """A replica whose latest container is not the attempt its records reached."""
+        if container is None and replica is not None and replica.state is ReplicaState.RUNNING:
+            # Its container went (removed by force) while nobody followed it: as reconcile
+            # reports a container gone while it ran, SIGKILLed; the app's machines decide.
+            self.emit(
+                Exited(
+                    role=key[0],
+                    replica_id=key[1],
+                    attempt=attempt,
+                    exit_code=KILLED_CODE,
+                    signal=exit_signal(KILLED_CODE),
+                    msg=f"{key[0]}/{key[1]}: its container is gone",
+                )
+            )
+            return
+        if container is not None:
+            # An older attempt's: stopped (if it runs) and removed by the restart below.
+            slot.cid = str(container["Id"])
+            slot.running = container.get("State") == "running"
+        # Its owner decided this attempt (a launch, a restart) and died before carrying it out.
+        slot.attempt = attempt
+        self._backend.task_group.start_soon(self._restart_one, key, attempt)
 
     async def _resumed_copy(self, key: ReplicaKey, slot: _Slot) -> _Copy | None:
         """The copy of ``slot``'s container as its files hold it; None when another process

@@ -942,18 +942,18 @@ class DockerRuntime(AppRuntime):
     async def record(
         self, status: AppStatus, transitions: Sequence[Transition], final: bool
     ) -> None:
-        await anyio.to_thread.run_sync(
-            self.store.write_state, status, list(transitions), final, self._backend.owner
-        )
+        # One worker-thread hop: the final record is on the path of every ``wait``.
+        await anyio.to_thread.run_sync(self._record, status, list(transitions), final)
         if final:
             self.final = True
+
+    def _record(self, status: AppStatus, transitions: list[Transition], final: bool) -> None:
+        """Blocking: the state (and journal), then for the final one the index entry."""
+        self.store.write_state(status, transitions, final, self._backend.owner)
+        if final:
             # ``list`` answers the app from its index entry from now on.
-            await anyio.to_thread.run_sync(
-                self._backend.index.settle,
-                self.request.session,
-                self.request.app_id,
-                self.store.app_dir,
-                status,
+            self._backend.index.settle(
+                self.request.session, self.request.app_id, self.store.app_dir, status
             )
 
     def log_target(self, role: str, replica_id: int) -> LogTarget:

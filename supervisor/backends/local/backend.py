@@ -322,26 +322,25 @@ class LocalRuntime(AppRuntime):
     async def record(
         self, status: AppStatus, transitions: Sequence[Transition], final: bool
     ) -> None:
-        write = partial(self.store.write_state, status, list(transitions), final, self._owner)
+        # One worker-thread hop for the whole record: the final one is on the path of
+        # every ``wait``, and each hop costs about as much as the writes themselves.
+        await anyio.to_thread.run_sync(self._record, status, list(transitions), final)
+
+    def _record(self, status: AppStatus, transitions: list[Transition], final: bool) -> None:
+        """Blocking: the state (and journal), then for the final one the index entry."""
         try:
-            await anyio.to_thread.run_sync(write)
+            self.store.write_state(status, transitions, final, self._owner)
         except OSError as e:
             # The replicas' output filled the disk: the space set aside at the start is
             # the final record's. Earlier records wait for space like everything else.
-            if not final or e.errno not in _DISK_FULL:
+            if not final or e.errno not in _DISK_FULL or not self.store.release_reserve():
                 raise
-            if not await anyio.to_thread.run_sync(self.store.release_reserve):
-                raise
-            await anyio.to_thread.run_sync(write)
+            self.store.write_state(status, transitions, final, self._owner)
         if final:
-            await anyio.to_thread.run_sync(self.store.release_reserve)
+            self.store.release_reserve()
             # ``list`` answers the app from its index entry from now on.
-            await anyio.to_thread.run_sync(
-                self._backend.index.settle,
-                self.request.session,
-                self.request.app_id,
-                self.store.app_dir,
-                status,
+            self._backend.index.settle(
+                self.request.session, self.request.app_id, self.store.app_dir, status
             )
 
     def log_target(self, role: str, replica_id: int) -> LogTarget:

@@ -7,6 +7,12 @@ never decides an app's state. Apps it launched are followed by their actor;
 apps launched elsewhere (another process, an earlier run) are answered from
 the backend's own records (``describe``, ``list``, ``cancel``, ``log_target``).
 
+A new backend implements five methods: ``Backend.dryrun`` and ``launch``, and its
+runtime's ``stop``, ``restart`` and ``log_target``. Everything else has a default:
+no run options, every retry policy, and no records, so that only the Supervisor
+that launched an app sees it. A backend whose apps others can see overrides the
+record keeping (``AppRuntime.record``) and the answers from records.
+
 Backends are looked up by name: built-ins first, then the
 ``asupervisor.backends`` entry-point group, so a third party adds one with a
 line in its own pyproject. Each Supervisor has its own registry instance.
@@ -173,11 +179,13 @@ class AppRuntime(abc.ABC):
     async def restart(self, attempts: Sequence[tuple[ReplicaKey, int]], reason: str) -> None:
         """Stop what runs of these replicas, then launch each as the given attempt."""
 
-    @abc.abstractmethod
-    async def record(
+    async def record(  # noqa: B027 - optional hook, empty on purpose
         self, status: AppStatus, transitions: Sequence[Transition], final: bool
     ) -> None:
-        """Keep the app's state where other processes can read it (may be a no-op)."""
+        """Keep the app's state where other processes can read it.
+
+        This default keeps nothing: only the Supervisor that launched the app sees it.
+        """
 
     @abc.abstractmethod
     def log_target(self, role: str, replica_id: int) -> LogTarget: ...
@@ -194,9 +202,8 @@ class AppRuntime(abc.ABC):
         """What the backend knows the app by (Slurm: ``slurm_job_id``), for its status."""
         return {}
 
-    @abc.abstractmethod
-    async def aclose(self) -> None:
-        """Release what the runtime holds once the app is terminal."""
+    async def aclose(self) -> None:  # noqa: B027 - optional hook, empty on purpose
+        """Release what the runtime holds once the app is terminal (this default: nothing)."""
 
 
 class Backend(abc.ABC):
@@ -213,12 +220,14 @@ class Backend(abc.ABC):
         return make_handle(self.context.name, session, app_id)
 
     @classmethod
-    @abc.abstractmethod
-    def run_opts(cls) -> RunOpts: ...
+    def run_opts(cls) -> RunOpts:
+        """The options ``cfg`` accepts (this default: none)."""
+        return RunOpts()
 
     @property
-    @abc.abstractmethod
-    def capabilities(self) -> Capabilities: ...
+    def capabilities(self) -> Capabilities:
+        """What the backend can honour (this default: every retry policy, no mounts)."""
+        return Capabilities(backend=self.name)
 
     def capabilities_for(self, cfg: ResolvedCfg) -> Capabilities:
         """What this backend can honor under these run options (a limit ``cfg`` raises)."""
@@ -232,21 +241,26 @@ class Backend(abc.ABC):
     async def launch(self, request: Request, sink: EventSink) -> AppRuntime:
         """Start the request; side effects happen here. Raises SubmitError and leaves nothing."""
 
-    @abc.abstractmethod
+    # Apps this Supervisor does not hold in memory: launched by another process, or here
+    # and ended. These defaults are those of a backend that keeps no records, whose
+    # apps only the Supervisor that launched them sees, while they run.
+
     async def describe(self, handle: AppHandle) -> DescribeAppResponse | None:
-        """An app this process does not follow; None if it does not exist."""
+        """An app this process does not follow; None if it does not exist (this default)."""
+        return None
 
-    @abc.abstractmethod
-    async def list(self) -> list[ListAppResponse]: ...
+    async def list(self) -> list[ListAppResponse]:
+        """The apps of this backend its records know (this default: none)."""
+        return []
 
-    @abc.abstractmethod
     async def cancel(self, handle: AppHandle) -> bool:
         """Ask for an app this process does not follow to be cancelled; False if unknown."""
+        return False
 
-    @abc.abstractmethod
-    async def log_target(
-        self, handle: AppHandle, role: str, replica_id: int
-    ) -> LogTarget | None: ...
+    async def log_target(self, handle: AppHandle, role: str, replica_id: int) -> LogTarget | None:
+        """Where the logs of a replica of an app this process does not follow are (None:
+        nowhere, this default)."""
+        return None
 
     async def hold(self, handle: AppHandle, release: bool = False) -> bool:
         """Keep a pending app from starting (``release``: let it start); False if unknown.

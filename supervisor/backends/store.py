@@ -25,6 +25,7 @@ Every function here blocks (file I/O) and is meant to run in a worker thread.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import json
@@ -34,7 +35,7 @@ import socket
 import stat
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,7 @@ from supervisor.status import AppStatus, AppTimes, ReplicaStatus, RoleStatus, Tr
 __all__ = [
     "FINALIZE_LOCK",
     "RELEASED",
+    "AppRecord",
     "AppStore",
     "Index",
     "IndexEntry",
@@ -385,6 +387,51 @@ class Owner:
         return cls(int(d["pid"]), d.get("start"), str(d.get("host", "")))
 
 
+_RECORD_FIELDS = frozenset({"format", "handle", "app", "owner", "request"})
+
+
+@dataclass(frozen=True)
+class AppRecord:
+    """An app's ``app.json``: one typed, versioned record, the same for every backend.
+
+    ``request`` is the backend's request as it recorded it (``Request.to_json``),
+    ``extra`` what else the backend keeps (Slurm: its job id and identity). Its
+    state and transitions are the other two records (``read_state``,
+    ``read_transitions``), written by the app's owner as it goes.
+    """
+
+    handle: str
+    app: AppDef
+    owner: Owner
+    request: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.extra,
+            "format": RECORD_FORMAT,
+            "handle": self.handle,
+            "app": self.app.to_json(),
+            "request": dict(self.request),
+            "owner": self.owner.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> AppRecord:
+        """Checked: ``ValueError`` (or ``LookupError``, ``TypeError``) for what is not one."""
+        _typed(data, dict, "the record")
+        _check_format(data)
+        _typed(data.get("handle", ""), str, "handle")
+        _typed(data.get("request", {}), dict, "request")
+        return cls(
+            handle=data.get("handle", ""),
+            app=_parse_app(data.get("app")),
+            owner=_parse_owner(data.get("owner")),
+            request=dict(data.get("request") or {}),
+            extra={k: v for k, v in data.items() if k not in _RECORD_FIELDS},
+        )
+
+
 class AppStore:
     def __init__(self, app_dir: Path) -> None:
         self.app_dir = app_dir
@@ -393,7 +440,7 @@ class AppStore:
     def cancel_path(self) -> Path:
         return self.app_dir / CANCEL_REQUEST
 
-    def create(self, replica_dirs: Sequence[Path], app_record: Mapping[str, Any]) -> None:
+    def create(self, replica_dirs: Sequence[Path], app_record: AppRecord) -> None:
         """Claim the app directory, then make the replica directories and write app.json.
 
         The app directory itself is made with one ``mkdir`` (never ``exist_ok``):
@@ -449,8 +496,8 @@ class AppStore:
         """Remove the app directory of a launch that started nothing, so its id is free again."""
         shutil.rmtree(self.app_dir, ignore_errors=True)
 
-    def write_app(self, app_record: Mapping[str, Any]) -> None:
-        write_json_atomic(self.app_dir / "app.json", {"format": RECORD_FORMAT, **app_record})
+    def write_app(self, app_record: AppRecord) -> None:
+        write_json_atomic(self.app_dir / "app.json", app_record.to_json())
 
     def write_state(
         self, status: AppStatus, transitions: Sequence[Transition], final: bool, owner: Owner
@@ -468,25 +515,17 @@ class AppStore:
         }
         write_json_atomic(self.app_dir / "state.json", record)
 
-    def read_app(self) -> dict[str, Any] | None:
-        """``app.json``, None when there is none; its ``app`` and ``owner`` are checked.
+    def read_app(self) -> AppRecord | None:
+        """``app.json``, None when there is none.
 
-        Raises ``DamagedRecordError`` for a record that cannot be one. What each
-        backend adds (a job id, a request) it checks itself.
+        Raises ``DamagedRecordError`` for a record that cannot be one, or one of a
+        newer format. What each backend adds (a job id, a request) it checks itself.
         """
         path = self.app_dir / "app.json"
         data = read_record(path)
         if data is None:
             return None
-
-        def check(d: Any) -> dict[str, Any]:
-            _typed(d, dict, "the record")
-            _check_format(d)
-            _parse_app(d.get("app"))
-            _parse_owner(d.get("owner"))
-            return dict(d)
-
-        result: dict[str, Any] = _parse(path, check, data)
+        result: AppRecord = _parse(path, AppRecord.from_json, data)
         return result
 
     def read_state(self) -> tuple[AppStatus, Owner] | None:
@@ -537,7 +576,7 @@ class AppStore:
         except (OSError, ValueError, KeyError, TypeError):
             return []
 
-    def followed(self, app: Mapping[str, Any]) -> bool:
+    def followed(self, app: AppRecord) -> bool:
         """Blocking: the supervising process recorded in ``app`` (this store's app record)
         lives and still follows it.
 
@@ -546,9 +585,9 @@ class AppStore:
         """
         if (self.app_dir / RELEASED).exists():
             return False
-        return Owner.from_json(app["owner"]).alive()
+        return app.owner.alive()
 
-    def take_over(self, owner: Owner) -> dict[str, Any] | None:
+    def take_over(self, owner: Owner) -> AppRecord | None:
         """Blocking: make ``owner`` the owner of an app nobody follows that has not ended.
 
         Returns its app record, rewritten to name ``owner``; None when the app has
@@ -564,7 +603,7 @@ class AppStore:
             app = self.read_app()
             if app is None or self.followed(app) or self.read_final_status() is not None:
                 return None
-            app = {**app, "owner": owner.to_json()}
+            app = dataclasses.replace(app, owner=owner)
             self.write_app(app)
             (self.app_dir / RELEASED).unlink(missing_ok=True)
             return app
@@ -865,7 +904,7 @@ def end_is_known(app_dir: Path) -> bool:
         app = store.read_app()
     except DamagedRecordError:
         return False
-    return app is not None and not Owner.from_json(app["owner"]).alive()
+    return app is not None and not app.owner.alive()
 
 
 def remove_app(index: Index, session: str, app_id: str, app_dir: Path | None) -> None:

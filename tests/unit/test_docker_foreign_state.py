@@ -7,10 +7,14 @@ from typing import Any
 from supervisor import AppDef, AppState, ReplicaState, Role
 from supervisor.backends.docker.foreign import ForeignApps
 from supervisor.backends.docker.request import LABEL
-from supervisor.backends.store import Owner
+from supervisor.backends.store import AppRecord, Owner
 from supervisor.status import AppStatus, ReplicaStatus, RoleStatus
 
-APP = {"app": AppDef("a", [Role("w", image="i", entrypoint="e", num_replicas=2)]).to_json()}
+APP = AppRecord(
+    handle="docker://s/a",
+    app=AppDef("a", [Role("w", image="i", entrypoint="e", num_replicas=2)]),
+    owner=Owner(1, None, "elsewhere"),
+)
 
 
 def container(k: int, state: str, status: str = "", attempt: int = 0) -> dict[str, Any]:

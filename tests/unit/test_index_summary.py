@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from supervisor import AppDef, AppState, Role
-from supervisor.backends.store import AppStore, Index, Owner, end_is_known, remove_app
+from supervisor.backends.store import AppRecord, AppStore, Index, Owner, end_is_known, remove_app
 from supervisor.status import AppStatus, Transition
 
 APP = AppDef(name="named", roles=[Role(name="r", entrypoint="true")])
@@ -27,7 +27,7 @@ def _ended_app(tmp_path: Path, final: bool = True) -> tuple[Index, Path]:
     index = Index(tmp_path / "state", "local")
     app_dir = tmp_path / "logs" / "s" / "named-1"
     store = AppStore(app_dir)
-    store.create([], {"app": APP.to_json(), "owner": Owner.current().to_json()})
+    store.create([], AppRecord(handle="local://s/named-1", app=APP, owner=Owner.current()))
     store.write_state(ENDED, JOURNAL, final, Owner.current())
     index.add("s", "named-1", app_dir, "named")
     return index, app_dir

@@ -21,6 +21,7 @@ import pytest
 from supervisor import AppDef, AppState, DamagedRecordError, ReplicaState, Role
 from supervisor.backends.store import (
     RECORD_FORMAT,
+    AppRecord,
     AppStore,
     Index,
     Owner,
@@ -48,7 +49,7 @@ STATUS = AppStatus(
 
 def _store(tmp_path: Path) -> AppStore:
     store = AppStore(tmp_path / "app")
-    store.create([], {"app": APP.to_json(), "owner": OWNER.to_json()})
+    store.create([], AppRecord(handle="local://s/a-1", app=APP, owner=OWNER))
     store.write_state(STATUS, [], True, OWNER)
     return store
 
@@ -89,7 +90,7 @@ def test_an_intact_record_reads_back(tmp_path: Path) -> None:
     assert store.read_state() == (STATUS, OWNER)
     assert store.read_final_status() == STATUS
     app = store.read_app()
-    assert app is not None and AppDef.from_json(app["app"]) == APP
+    assert app is not None and app.app == APP
 
 
 def test_no_record_yet_is_none_not_damage(tmp_path: Path) -> None:
@@ -97,7 +98,7 @@ def test_no_record_yet_is_none_not_damage(tmp_path: Path) -> None:
     assert store.read_app() is None
     assert store.read_state() is None
     assert store.read_final_status() is None
-    store.create([], {"app": APP.to_json(), "owner": OWNER.to_json()})
+    store.create([], AppRecord(handle="local://s/a-1", app=APP, owner=OWNER))
     assert store.read_state() is None
 
 
@@ -301,7 +302,7 @@ def test_every_record_says_its_format_and_one_without_it_is_the_first(tmp_path: 
         path.write_text(json.dumps(record))
     assert store.read_state() == (STATUS, OWNER)
     app = store.read_app()
-    assert app is not None and AppDef.from_json(app["app"]) == APP
+    assert app is not None and app.app == APP
     assert index.lookup("s", "a-1") == store.app_dir
 
 
@@ -332,3 +333,23 @@ def test_a_record_of_a_newer_format_is_refused_saying_so_never_misread(
         path.write_text(json.dumps({**record, "format": bad}))
         with pytest.raises(DamagedRecordError, match=why):
             read()
+
+
+def test_the_app_record_is_typed_and_keeps_what_a_backend_adds(tmp_path: Path) -> None:
+    store = AppStore(tmp_path / "app")
+    record = AppRecord(
+        handle="slurm://s/a-1",
+        app=APP,
+        owner=OWNER,
+        request={"app_dir": str(store.app_dir)},
+        extra={"job_id": 42, "identity": {"comment": "c"}},
+    )
+    store.create([], record)
+    assert store.read_app() == record
+    on_disk = json.loads((store.app_dir / "app.json").read_text())
+    assert on_disk["format"] == RECORD_FORMAT and on_disk["job_id"] == 42
+    # The record's own fields are its own: ``extra`` cannot pass for them.
+    clash = AppRecord(handle="local://s/a-1", app=APP, owner=OWNER, extra={"owner": "x"})
+    store.write_app(clash)
+    found = store.read_app()
+    assert found is not None and found.owner == OWNER and "owner" not in found.extra

@@ -49,7 +49,7 @@ from supervisor.backends.docker.foreign import ForeignApps
 from supervisor.backends.docker.options import DOCKER_CAPABILITIES, default_host, docker_run_opts
 from supervisor.backends.docker.request import LABEL, DockerRequest, render
 from supervisor.backends.docker.runtime import CONFIRM_S, CREATE_CONCURRENCY, DockerRuntime
-from supervisor.backends.store import AppStore, Index, Owner
+from supervisor.backends.store import AppRecord, AppStore, Index, Owner
 from supervisor.errors import BackendError, DamagedRecordError, SubmitError
 from supervisor.logs import LogSink
 from supervisor.observe import metrics
@@ -62,10 +62,10 @@ from supervisor.validate import Capabilities
 __all__ = ["DockerBackend"]
 
 
-def _recorded_request(store: AppStore, app: dict[str, Any]) -> DockerRequest:
+def _recorded_request(store: AppStore, app: AppRecord) -> DockerRequest:
     """The request of an app's record; ``DamagedRecordError`` when it holds none."""
     try:
-        return DockerRequest.from_json(app["request"], AppDef.from_json(app["app"]))
+        return DockerRequest.from_json(app.request, app.app)
     except (LookupError, TypeError, ValueError, AttributeError) as e:
         path = str(store.app_dir / "app.json")
         raise DamagedRecordError(path, f"no docker request in it: {e}") from e
@@ -129,12 +129,12 @@ class DockerBackend(Backend):
         engine = self.engine_for(request.host)
         await self._ensure_events(engine)
         store = AppStore(Path(request.app_dir))
-        record: dict[str, Any] = {
-            "handle": self.handle(request.session, request.app_id),
-            "app": request.app.to_json(),
-            "request": request.to_json(),
-            "owner": self.owner.to_json(),
-        }
+        record = AppRecord(
+            handle=self.handle(request.session, request.app_id),
+            app=request.app,
+            owner=self.owner,
+            request=request.to_json(),
+        )
         try:
             dirs = [Path(c.log_dir) for c in request.containers]
             await anyio.to_thread.run_sync(store.create, dirs, record)

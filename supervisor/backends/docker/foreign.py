@@ -37,6 +37,7 @@ from supervisor.backends.docker.services import BackendServices
 from supervisor.backends.listing import list_indexed
 from supervisor.backends.store import (
     FINALIZE_LOCK,
+    AppRecord,
     AppStore,
     IndexEntry,
     Owner,
@@ -45,7 +46,7 @@ from supervisor.backends.store import (
 )
 from supervisor.errors import BackendError, DamagedRecordError
 from supervisor.fsm.rules import derive_app_state
-from supervisor.specs import AppDef, AppHandle
+from supervisor.specs import AppHandle
 from supervisor.states import AppState, ReplicaState, is_terminal
 from supervisor.status import (
     AppStatus,
@@ -60,7 +61,7 @@ __all__ = ["ForeignApps"]
 _EXITED = re.compile(r"Exited \((-?\d+)\)")
 _UNFOLLOWED = "no process follows this app; state read from its containers"
 
-_Found = tuple[AppStore, dict[str, Any]]
+_Found = tuple[AppStore, AppRecord]
 
 
 def _container_state(c: Mapping[str, Any]) -> tuple[ReplicaState, int | None]:
@@ -129,24 +130,24 @@ class ForeignApps:
         app = await anyio.to_thread.run_sync(store.read_app)
         return None if app is None else (store, app)
 
-    def engine_of(self, app: dict[str, Any]) -> Engine:
-        host = str(app.get("request", {}).get("host") or self._backend.host)
+    def engine_of(self, app: AppRecord) -> Engine:
+        host = str(app.request.get("host") or self._backend.host)
         return self._backend.engine_for(host)
 
     # ------------------------------------------------------------------ state
-    async def containers(self, app: dict[str, Any]) -> list[dict[str, Any]]:
+    async def containers(self, app: AppRecord) -> list[dict[str, Any]]:
         labels = {
-            LABEL.SESSION: str(app["request"]["session"]),
-            LABEL.APP_ID: str(app["request"]["app_id"]),
+            LABEL.SESSION: str(app.request["session"]),
+            LABEL.APP_ID: str(app.request["app_id"]),
         }
         return await self.engine_of(app).list_containers(labels)
 
-    async def status(self, store: AppStore, app: dict[str, Any]) -> AppStatus:
+    async def status(self, store: AppStore, app: AppRecord) -> AppStatus:
         try:
             recorded = await anyio.to_thread.run_sync(store.read_state)
         except DamagedRecordError as e:
             # Said as it is; a cancel still stops the containers and records anew.
-            return damaged_status(e, AppDef.from_json(app["app"]).roles)
+            return damaged_status(e, app.app.roles)
         if recorded is not None and recorded[0].is_terminal:
             return recorded[0]
         if await anyio.to_thread.run_sync(store.followed, app):
@@ -165,12 +166,12 @@ class ForeignApps:
 
     @staticmethod
     def _from_containers(
-        app: dict[str, Any],
+        app: AppRecord,
         containers: Sequence[dict[str, Any]],
         recorded: tuple[AppStatus, Owner] | None,
     ) -> AppStatus:
         latest = latest_containers(containers)
-        definition = AppDef.from_json(app["app"])
+        definition = app.app
         states: list[ReplicaState] = []
         roles = []
         for role in definition.roles:
@@ -206,7 +207,7 @@ class ForeignApps:
     async def finalize(
         self,
         store: AppStore,
-        app: dict[str, Any],
+        app: AppRecord,
         status: AppStatus,
         *,
         cancelled: set[tuple[str, int]] | None = None,
@@ -236,7 +237,7 @@ class ForeignApps:
     async def _finalize(
         self,
         store: AppStore,
-        app: dict[str, Any],
+        app: AppRecord,
         status: AppStatus,
         cancelled: set[tuple[str, int]] | None,
     ) -> AppStatus:
@@ -268,7 +269,7 @@ class ForeignApps:
                 roles=roles,
             )
         # The containers hold the only copy of what they wrote since nobody followed them.
-        definition = AppDef.from_json(app["app"])
+        definition = app.app
         for role in definition.roles:
             for k in range(role.num_replicas):
                 await self.logs.resume(store, app, role.name, k, final=True)
@@ -280,9 +281,9 @@ class ForeignApps:
         await anyio.to_thread.run_sync(store.write_state, status, steps, True, owner)
         for c in containers:
             await engine.remove(str(c["Id"]))
-        if app["request"].get("network_body", True):  # not a joined network: the app's own
-            names = [str(c.get("name", "")) for c in app["request"].get("containers") or ()]
-            await engine.remove_network(str(app["request"]["network"]), [n for n in names if n])
+        if app.request.get("network_body", True):  # not a joined network: the app's own
+            names = [str(c.get("name", "")) for c in app.request.get("containers") or ()]
+            await engine.remove_network(str(app.request["network"]), [n for n in names if n])
         return status
 
     # ------------------------------------------------------------------ verbs
@@ -293,9 +294,7 @@ class ForeignApps:
         store, app = found
         status = await self.status(store, app)
         transitions = await anyio.to_thread.run_sync(store.read_transitions_or_none)
-        return DescribeAppResponse.from_status(
-            handle.app_id, status, AppDef.from_json(app["app"]).roles, transitions
-        )
+        return DescribeAppResponse.from_status(handle.app_id, status, app.app.roles, transitions)
 
     async def list(self) -> list[ListAppResponse]:
         """The apps recorded in this state directory, as for every backend.
@@ -310,7 +309,7 @@ class ForeignApps:
             if found is None:
                 return None
             status = await self.status(*found)
-            name = str(found[1]["app"]["name"])
+            name = str(found[1].app.name)
             times = await anyio.to_thread.run_sync(found[0].read_times)
             return ListAppResponse(entry.app_id, status.state, str(handle), name, status.msg, times)
 
@@ -332,10 +331,10 @@ class ForeignApps:
         await self._stop_unfollowed(store, app)
         return True
 
-    async def _stop_unfollowed(self, store: AppStore, app: dict[str, Any]) -> AppStatus:
+    async def _stop_unfollowed(self, store: AppStore, app: AppRecord) -> AppStatus:
         """Carry out a cancel nobody follows: SIGTERM, grace, SIGKILL; record CANCELLED."""
         engine = self.engine_of(app)
-        grace = float(app["request"].get("stop_grace", 5.0))
+        grace = float(app.request.get("stop_grace", 5.0))
         live = [c for c in await self.containers(app) if c.get("State") == "running"]
         running = [str(c["Id"]) for c in live]
         stopped = set()
@@ -364,10 +363,10 @@ class ForeignApps:
         store, app = found
         wake: list[anyio.Event] = [anyio.Event()]
         labels = {
-            LABEL.SESSION: str(app["request"]["session"]),
-            LABEL.APP_ID: str(app["request"]["app_id"]),
+            LABEL.SESSION: str(app.request["session"]),
+            LABEL.APP_ID: str(app.request["app_id"]),
         }
-        owner_pid = Owner.from_json(app["owner"]).pid
+        owner_pid = app.owner.pid
         engine = self.engine_of(app)
         since = time.time() - 1.0
         async with contextlib.AsyncExitStack() as stack:
@@ -449,7 +448,7 @@ class ForeignApps:
         return status.is_settled and await anyio.to_thread.run_sync(self.output_settled, store, app)
 
     @staticmethod
-    def output_settled(store: AppStore, app: dict[str, Any]) -> bool:
+    def output_settled(store: AppStore, app: AppRecord) -> bool:
         """Blocking: no more output will reach the app's files unless someone copies it.
 
         The owner reports an exit before the container's last output is in the

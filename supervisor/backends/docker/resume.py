@@ -31,7 +31,7 @@ from supervisor.backends.docker.runtime import (
     sha256s,
 )
 from supervisor.backends.docker.services import BackendServices
-from supervisor.backends.store import AppStore, lock_file, read_json_or_none
+from supervisor.backends.store import AppRecord, AppStore, lock_file, read_json_or_none
 
 __all__ = ["LogResumer"]
 
@@ -45,7 +45,7 @@ class LogResumer:
         self._copies: dict[str, tuple[anyio.CancelScope, anyio.Event]] = {}
 
     async def resume(
-        self, store: AppStore, app: dict[str, Any], role: str, replica_id: int, final: bool = False
+        self, store: AppStore, app: AppRecord, role: str, replica_id: int, final: bool = False
     ) -> None:
         """Nobody copies this replica's output any more: copy the rest of it from the engine.
 
@@ -77,9 +77,7 @@ class LogResumer:
         cid = str(mark.get("container") or "")
         if not cid or (not final and f"{directory}:{cid}" in self._copies):
             return
-        engine = self._backend.engine_for(
-            str(app.get("request", {}).get("host") or self._backend.host)
-        )
+        engine = self._backend.engine_for(str(app.request.get("host") or self._backend.host))
         info = await engine.inspect(cid)
         if info is None:
             return

@@ -48,6 +48,7 @@ from supervisor.backends.local.request import (
 )
 from supervisor.backends.store import (
     CANCEL_REQUEST,
+    AppRecord,
     AppStore,
     Index,
     IndexEntry,
@@ -140,12 +141,12 @@ class LocalRuntime(AppRuntime):
 
     def _create_store(self) -> None:
         """The app's directories and first record (in a worker thread: O(replicas))."""
-        record = {
-            "handle": self._backend.handle(self.request.session, self.request.app_id),
-            "app": self.request.app.to_json(),
-            "request": self.request.to_json(),
-            "owner": self._owner.to_json(),
-        }
+        record = AppRecord(
+            handle=self._backend.handle(self.request.session, self.request.app_id),
+            app=self.request.app,
+            owner=self._owner,
+            request=self.request.to_json(),
+        )
         self.store.create([Path(s.launch.log_dir) for s in self._slots.values()], record)
 
     async def start(self) -> None:
@@ -506,7 +507,7 @@ class LocalBackend(Backend):
         return AppStore(app_dir) if app_dir is not None else None
 
     @staticmethod
-    def _read_status(store: AppStore) -> tuple[AppStatus, dict[str, Any] | None] | None:
+    def _read_status(store: AppStore) -> tuple[AppStatus, AppRecord | None] | None:
         """The app's status and ``app.json``; None for no app. Blocking.
 
         A damaged record is the app's status (UNKNOWN, saying so), not an
@@ -518,13 +519,13 @@ class LocalBackend(Backend):
             return damaged_status(e), None
         if app is None:
             return None
-        roles = AppDef.from_json(app["app"]).roles
+        roles = app.app.roles
         try:
             state = store.read_state()
         except DamagedRecordError as e:
             return damaged_status(e, roles), app
         if state is None:
-            owner = Owner.from_json(app["owner"])
+            owner = app.owner
             if owner.alive():
                 return AppStatus(AppState.SUBMITTED, msg="no state recorded yet"), app
             msg = f"the supervising process (pid {owner.pid}) ended without recording any state"
@@ -560,7 +561,7 @@ class LocalBackend(Backend):
         if found is None:
             return None
         status, app = found
-        roles = AppDef.from_json(app["app"]).roles if app is not None else ()
+        roles = app.app.roles if app is not None else ()
         transitions = await anyio.to_thread.run_sync(store.read_transitions_or_none)
         return DescribeAppResponse.from_status(handle.app_id, status, roles, transitions)
 
@@ -576,7 +577,7 @@ class LocalBackend(Backend):
                 app_id=entry.app_id,
                 state=status.state,
                 app_handle=self.handle(entry.session, entry.app_id),
-                name=str(app["app"]["name"]) if app is not None else "",
+                name=app.app.name if app is not None else "",
                 msg=status.msg,
                 times=await anyio.to_thread.run_sync(store.read_times),
             )
@@ -611,7 +612,7 @@ class LocalBackend(Backend):
                 status, app = found
                 if status.is_settled or app is None:
                     return status
-                owner_pid = Owner.from_json(app["owner"]).pid
+                owner_pid = app.owner.pid
                 await _first_of(inotify.get, partial(_process_exit, owner_pid))
 
     def make_log_target(self, store: AppStore, role: str, replica_id: int) -> LogTarget:
@@ -631,9 +632,9 @@ class LocalBackend(Backend):
             return None
         target = self.make_log_target(store, role, replica_id)
         app = await anyio.to_thread.run_sync(store.read_app)
-        if app is None or not isinstance(app.get("owner"), dict):
+        if app is None:
             return target
-        owner = Owner.from_json(app["owner"])
+        owner = app.owner
         if owner.host != socket.gethostname():
             return target  # no pidfd for a process on another machine
         # The owner's death ends the output (its replicas die with it): an event.

@@ -59,7 +59,7 @@ from supervisor.backends.slurm.script import (
 )
 from supervisor.backends.slurm.translate import signal_name
 from supervisor.backends.slurm.transport import SlurmTransport
-from supervisor.backends.store import CANCEL_REQUEST, AppStore, Owner, read_json_or_none
+from supervisor.backends.store import CANCEL_REQUEST, AppRecord, AppStore, Owner, read_json_or_none
 from supervisor.errors import BackendError, Problem, SpecError, SubmitError
 from supervisor.events import Exited, Lost, ReplicaKey, Requeued, Started
 from supervisor.fsm.rules import derive_app_state
@@ -790,13 +790,11 @@ def _signal_driver(app_dir: str) -> None:
 # ---------------------------------------------------------------- other processes
 
 
-async def allocation_status(transport: SlurmTransport, app: dict[str, Any]) -> AppStatus:
+async def allocation_status(transport: SlurmTransport, app: AppRecord) -> AppStatus:
     """An allocation app's state as its files and Slurm show it now, without an FSM."""
-    from supervisor.specs import AppDef
-
-    request = app["request"]
+    request = app.request
     app_dir = str(request["app_dir"])
-    allocation = int(app["job_id"])
+    allocation = int(app.extra["job_id"])
     groups = [[(str(role), int(k)) for role, k in g] for g in request["groups"]]
     steps: dict[tuple[int, int], StepRecord] = {}
     record: JobRecord | None = None
@@ -839,7 +837,7 @@ async def allocation_status(transport: SlurmTransport, app: dict[str, Any]) -> A
                 restarts=attempt,
                 msg=seen.msg,
             )
-    definition = AppDef.from_json(app["app"])
+    definition = app.app
     roles = tuple(
         RoleStatus(role.name, tuple(found[(role.name, k)] for k in range(role.num_replicas)))
         for role in definition.roles
@@ -853,11 +851,11 @@ async def allocation_status(transport: SlurmTransport, app: dict[str, Any]) -> A
     )
 
 
-async def cancel_elsewhere(transport: SlurmTransport, app: dict[str, Any]) -> None:
+async def cancel_elsewhere(transport: SlurmTransport, app: AppRecord) -> None:
     """A cancel from a process that did not launch the app: its steps, never the allocation
     (the recorded cancel, written before, keeps the driver from retrying)."""
-    request = app["request"]
+    request = app.request
     await anyio.to_thread.run_sync(_signal_driver, str(request["app_dir"]))
     prefix = step_prefix(str(request["session"]), str(request["app_id"]))
-    mine = _steps_by_group(prefix, await transport.steps([int(app["job_id"])]))
+    mine = _steps_by_group(prefix, await transport.steps([int(app.extra["job_id"])]))
     await transport.cancel_steps([s.step_id for s in mine.values()])

@@ -68,6 +68,7 @@ from supervisor.backends.slurm.states import Meaning, meaning_of
 from supervisor.backends.slurm.translate import Mail, ViewTranslator, signal_name
 from supervisor.backends.slurm.transport import AccountingDisabled, CliTransport, SlurmTransport
 from supervisor.backends.store import (
+    AppRecord,
     AppStore,
     Index,
     IndexEntry,
@@ -430,13 +431,13 @@ class SlurmBackend(Backend):
             script = with_dependencies(request.script, await self._job_ids(waits))
             request = dataclasses.replace(request, script=script)
         store = AppStore(Path(request.app_dir))
-        record: dict[str, Any] = {
-            "handle": self.handle(request.session, request.app_id),
-            "app": request.app.to_json(),
-            "request": request.to_json(),
-            "owner": self.owner.to_json(),
-            "job_id": None,
-        }
+        record = AppRecord(
+            handle=self.handle(request.session, request.app_id),
+            app=request.app,
+            owner=self.owner,
+            request=request.to_json(),
+            extra={"job_id": None},  # a job id once sbatch took the job
+        )
         dirs = [Path(r.log_dir) for r in request.replicas]
         await anyio.to_thread.run_sync(store.create, dirs, record)
         # Until sbatch takes the job, nothing runs: a launch that fails leaves nothing
@@ -478,10 +479,10 @@ class SlurmBackend(Backend):
                         partial(shutil.rmtree, request.job_dir, ignore_errors=True)
                     )
             raise
-        record["job_id"] = job_id
-        record["identity"] = identity.to_json()
+        extra: dict[str, Any] = {"job_id": job_id, "identity": identity.to_json()}
         if allocation is not None:
-            record["allocation"] = allocation
+            extra["allocation"] = allocation
+        record = dataclasses.replace(record, extra=extra)
         await anyio.to_thread.run_sync(store.write_app, record)
         await anyio.to_thread.run_sync(
             self.index.add, request.session, request.app_id, store.app_dir
@@ -510,16 +511,16 @@ class SlurmBackend(Backend):
                 problems.append(
                     Problem(f"cfg.{kind}", f"{handle} is not a slurm app submitted to this cluster")
                 )
-            elif found[1].get("allocation") is not None:
+            elif found[1].extra.get("allocation") is not None:
                 problems.append(
                     Problem(
                         f"cfg.{kind}",
-                        f"{handle} runs inside allocation {found[1]['allocation']}: it is no "
+                        f"{handle} runs inside allocation {found[1].extra['allocation']}: it is no "
                         "job of its own that Slurm could wait for",
                     )
                 )
             else:
-                out[handle] = int(found[1]["job_id"])
+                out[handle] = int(found[1].extra["job_id"])
         if problems:
             raise SpecError(problems, context="invalid run options")
         return out
@@ -529,36 +530,36 @@ class SlurmBackend(Backend):
         found = await self._found(handle)
         if found is None:
             return False
-        if found[1].get("allocation") is not None:
+        if found[1].extra.get("allocation") is not None:
             raise BackendError(
-                f"{handle} runs inside allocation {found[1]['allocation']}: there is no job of "
-                "its own to hold or release",
+                f"{handle} runs inside allocation {found[1].extra['allocation']}: there is no "
+                "job of its own to hold or release",
                 transient=False,
             )
-        job_id = int(found[1]["job_id"])
+        job_id = int(found[1].extra["job_id"])
         await (self.transport.release(job_id) if release else self.transport.hold(job_id))
         self.poller.poke()
         return True
 
     # ------------------------------------------------------ apps of other processes
-    async def _found(self, handle: AppHandle) -> tuple[AppStore, dict[str, Any]] | None:
+    async def _found(self, handle: AppHandle) -> tuple[AppStore, AppRecord] | None:
         app_dir = await anyio.to_thread.run_sync(self.index.lookup, handle.session, handle.app_id)
         if app_dir is None:
             return None
         store = AppStore(app_dir)
         app = await anyio.to_thread.run_sync(store.read_app)
-        if app is None or app.get("job_id") is None:
+        if app is None or app.extra.get("job_id") is None:
             return None
-        job_id = app["job_id"]
+        job_id = app.extra["job_id"]
         if isinstance(job_id, bool) or not isinstance(job_id, int):
             raise DamagedRecordError(str(app_dir / "app.json"), f"job_id is {job_id!r}")
         return store, app
 
-    async def _status_of(self, app: dict[str, Any]) -> AppStatus:
+    async def _status_of(self, app: AppRecord) -> AppStatus:
         """The app's state as Slurm and its replicas' exit records say now, without an FSM."""
         return (await self._observe(app)).status
 
-    async def _observe(self, app: dict[str, Any]) -> _Observed:
+    async def _observe(self, app: AppRecord) -> _Observed:
         """What Slurm reports of the app's job now, corrected by each replica's own exit
         record (``exit.json``, written by its pump on the node).
 
@@ -566,9 +567,9 @@ class SlurmBackend(Backend):
         job that left the controller when the cluster keeps no accounting; the pump's
         record of this attempt says how each replica really ended, long after.
         """
-        if app.get("allocation") is not None:
+        if app.extra.get("allocation") is not None:
             return _Observed(await allocation_status(self.transport, app), None, None)
-        job_id = int(app["job_id"])
+        job_id = int(app.extra["job_id"])
         records = [r for r in await self.transport.queue() if r.het_job_id == job_id]
         gone = f"Slurm no longer knows job {job_id}"
         if not records:
@@ -581,16 +582,16 @@ class SlurmBackend(Backend):
         if not _identity_of(app).owns_all(records):
             records = []
             gone = f"job id {job_id} now names another job"
-        definition = AppDef.from_json(app["app"])
+        definition = app.app
         by_offset = {r.het_offset: r for r in records}
         found: dict[ReplicaKey, ReplicaStatus] = {}
-        stored = app.get("request", {}).get("groups")
+        stored = app.request.get("groups")
         grouping = (
             [[(str(role), int(k)) for role, k in g] for g in stored]
             if isinstance(stored, list)
             else group_keys(definition)
         )
-        app_dir = Path(str(app.get("request", {}).get("app_dir", "")))
+        app_dir = Path(str(app.request.get("app_dir", "")))
         keys = [key for keys in grouping for key in keys]
         group_states = [_replica_state(by_offset.get(i)) for i in range(len(grouping))]
         own: dict[ReplicaKey, _ExitRecord] = {}
@@ -660,7 +661,7 @@ class SlurmBackend(Backend):
             starts = [float(r.started) for r in records if r.started > 0]
         return _Observed(status, min(starts, default=None), max(ends, default=None))
 
-    async def _final_or_live(self, store: AppStore, app: dict[str, Any]) -> AppStatus:
+    async def _final_or_live(self, store: AppStore, app: AppRecord) -> AppStatus:
         """The final record when there is one (its supervising actor saw the error files and
         the root cause), else what Slurm says now.
 
@@ -670,7 +671,7 @@ class SlurmBackend(Backend):
         try:
             final = await anyio.to_thread.run_sync(store.read_final_status)
         except DamagedRecordError as e:
-            return damaged_status(e, AppDef.from_json(app["app"]).roles)
+            return damaged_status(e, app.app.roles)
         if final is not None:
             return final
         observed = await self._observe(app)
@@ -679,15 +680,15 @@ class SlurmBackend(Backend):
             # A recorded cancel the job does not show yet (sent while Slurm or slurmrestd
             # was away): whoever looks next sends it again.
             try:
-                if app.get("allocation") is not None:
+                if app.extra.get("allocation") is not None:
                     await cancel_elsewhere(self.transport, app)  # its steps, never the allocation
                 else:
-                    await self.transport.cancel(int(app["job_id"]))
+                    await self.transport.cancel(int(app.extra["job_id"]))
             except BackendError as e:
                 note = f"a recorded cancel is not delivered yet: {e}"
                 live = dataclasses.replace(live, msg="; ".join(m for m in (live.msg, note) if m))
         ended = live.is_settled and live.state is not AppState.UNKNOWN
-        by_job = app.get("allocation") is None  # a job of its own, not steps in an allocation
+        by_job = app.extra.get("allocation") is None  # a job of its own, not steps in an allocation
         if ended and by_job and not await anyio.to_thread.run_sync(store.followed, app):
             final = await anyio.to_thread.run_sync(
                 store.record_observed_end,
@@ -696,7 +697,7 @@ class SlurmBackend(Backend):
                 observed.ended or time.time(),
                 self.owner,
             )
-            request = app.get("request") or {}
+            request = app.request
             await anyio.to_thread.run_sync(
                 self.index.settle,
                 str(request.get("session")),
@@ -714,7 +715,7 @@ class SlurmBackend(Backend):
         first node belongs to the owner that started it.
         """
         found = await self._found(handle)
-        if found is None or found[1].get("allocation") is not None:
+        if found is None or found[1].extra.get("allocation") is not None:
             return None
         store = found[0]
         app = await anyio.to_thread.run_sync(store.take_over, self.owner)
@@ -726,7 +727,7 @@ class SlurmBackend(Backend):
 
         try:
             try:
-                request = SlurmRequest.from_json(app["request"], AppDef.from_json(app["app"]))
+                request = SlurmRequest.from_json(app.request, app.app)
             except (LookupError, TypeError, ValueError, AttributeError) as e:
                 raise DamagedRecordError(
                     str(store.app_dir / "app.json"),
@@ -739,7 +740,7 @@ class SlurmBackend(Backend):
                 await give_up()
             raise
         status = recorded[0] if recorded is not None else AppStatus(AppState.SUBMITTED)
-        job_id, identity = int(app["job_id"]), _identity_of(app)
+        job_id, identity = int(app.extra["job_id"]), _identity_of(app)
 
         async def start(sink: EventSink) -> SlurmRuntime:
             runtime = SlurmRuntime(self, request, job_id, sink, identity)
@@ -759,10 +760,8 @@ class SlurmBackend(Backend):
         store, app = found
         status = await self._final_or_live(store, app)
         transitions = await anyio.to_thread.run_sync(store.read_transitions_or_none)
-        status = dataclasses.replace(status, metadata=job_metadata(int(app["job_id"])))
-        return DescribeAppResponse.from_status(
-            handle.app_id, status, AppDef.from_json(app["app"]).roles, transitions
-        )
+        status = dataclasses.replace(status, metadata=job_metadata(int(app.extra["job_id"])))
+        return DescribeAppResponse.from_status(handle.app_id, status, app.app.roles, transitions)
 
     async def wait_foreign(self, handle: AppHandle) -> AppStatus | None:
         """Wait for an app another process follows, hearing of its job from the shared poller.
@@ -775,9 +774,9 @@ class SlurmBackend(Backend):
         found = await self._found(handle)
         if found is None:
             return None
-        if found[1].get("allocation") is not None:
+        if found[1].extra.get("allocation") is not None:
             return await super().wait_foreign(handle)  # steps of an allocation: no job to track
-        job_id = int(found[1]["job_id"])
+        job_id = int(found[1].extra["job_id"])
         changed = anyio.Event()
 
         def heard(view: JobView) -> None:
@@ -824,7 +823,7 @@ class SlurmBackend(Backend):
             if found is None:
                 return None
             status = await self._final_or_live(*found)
-            name = str(found[1]["app"]["name"])
+            name = str(found[1].app.name)
             times = await anyio.to_thread.run_sync(found[0].read_times)
             return ListAppResponse(entry.app_id, status.state, str(handle), name, status.msg, times)
 
@@ -836,9 +835,9 @@ class SlurmBackend(Backend):
         if found is None:
             return False
         await anyio.to_thread.run_sync(found[0].request_cancel)
-        job_id = int(found[1]["job_id"])
+        job_id = int(found[1].extra["job_id"])
         try:
-            if found[1].get("allocation") is not None:
+            if found[1].extra.get("allocation") is not None:
                 await cancel_elsewhere(self.transport, found[1])  # its steps, never the allocation
                 self.poller.poke()
                 return True
@@ -915,9 +914,9 @@ def _failed(mail: Mail) -> bool:
     return isinstance(mail, Exited) and (bool(mail.exit_code) or mail.signal is not None)
 
 
-def _identity_of(app: dict[str, Any]) -> JobIdentity:
-    tag = owner_comment(str(app["request"]["session"]), str(app["request"]["app_id"]), None)
-    return JobIdentity.from_json(app.get("identity"), tag)
+def _identity_of(app: AppRecord) -> JobIdentity:
+    tag = owner_comment(str(app.request["session"]), str(app.request["app_id"]), None)
+    return JobIdentity.from_json(app.extra.get("identity"), tag)
 
 
 def transport_from_env() -> SlurmTransport:

@@ -5,6 +5,7 @@ Commands (``asupervisor COMMAND --help`` for each; ``-h`` works everywhere)::
     run [--backend B] [--cfg k=v,...] [--dryrun] [--wait] [--log] [--json] TARGET [ARGS...]
     status HANDLE [--json]
     describe HANDLE [--json]
+    attach HANDLE [--json]
     log HANDLE [ROLE[/K]] [-f] [--regex R] [--since T] [--until T] [--streams S]
     cancel HANDLE | cancel [--backend B] --state S | --partition P | --all [--yes]
     list [--backend B] [--cluster [--user U] [--partition P]] [--state S] [--json]

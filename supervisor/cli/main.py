@@ -42,7 +42,7 @@ from supervisor.cli.render import (
 from supervisor.cli.runcmd import run
 from supervisor.cli.timespec import TimeSpec, parse_duration
 from supervisor.cluster import ClusterInfo
-from supervisor.errors import InvalidHandleError, UnknownBackendError
+from supervisor.errors import InvalidHandleError, UnknownAppError, UnknownBackendError
 from supervisor.logs import Stream
 from supervisor.specs import parse_handle
 from supervisor.states import AppState
@@ -186,6 +186,36 @@ def describe(ctx: click.Context, handle: str, as_json: bool) -> None:
         echo_json(describe_json(handle, found))
     else:
         print_describe(console(), handle, found)
+    _exit_for(ctx, handle, found.to_status())
+
+
+@cli.command()
+@click.argument("handle", type=HANDLE)
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.pass_context
+def attach(ctx: click.Context, handle: str, as_json: bool) -> None:
+    """Take over a Docker or Slurm app whose supervising process is gone; follow it to its end.
+
+    This process becomes the app's owner: its retries and gang failure carry
+    on until it ends, then its status is printed as by `status`. While its
+    owner lives, this only waits for the end. Interrupted (Ctrl-C), it hands
+    the app back: the app runs on. Exit codes as for `run --wait`.
+    """
+
+    async def main() -> DescribeAppResponse:
+        async with _supervisor(ctx) as sv:
+            try:
+                await sv.attach(handle)
+            except UnknownAppError as e:
+                raise CliError(str(e)) from e
+            await sv.wait(handle)
+            return await _describe(sv, handle)
+
+    found = run_async(main)
+    if as_json:
+        echo_json(status_json(handle, found.to_status(), found.times))
+    else:
+        print_status(console(), handle, found.to_status(), found.times)
     _exit_for(ctx, handle, found.to_status())
 
 

@@ -183,3 +183,34 @@ async def test_attach_while_the_owner_lives_only_observes(
         assert (await other.attach(handle)).state is AppState.FAILED
         with pytest.raises(UnknownAppError):
             await other.attach(handle.rsplit("/", 1)[0] + "/no-such-app")
+
+
+async def test_the_cli_attaches_to_an_app_whose_replica_failed_while_nobody_followed_it(
+    engine: EngineUnderTest, tmp_path: Path, state_dir: Path
+) -> None:
+    """``asupervisor attach``: the failure that happened while the app had no owner is
+    decided by its machines on attach (a retry left: the app runs again), to its end."""
+    handle = await _owner_killed_while_running(engine, tmp_path, state_dir)
+    (tmp_path / "fail").touch()
+    app_id = handle.rsplit("/", 1)[1]
+    [failing] = [
+        c
+        for c in labelled(engine.host, "containers", f"io.asupervisor.app_id={app_id}")
+        if c["Labels"]["io.asupervisor.replica_id"] == "0"
+    ]
+    with anyio.fail_after(60):  # the engine's wait: returns once the container exited
+        await anyio.to_thread.run_sync(
+            api, engine.host, "POST", f"/containers/{failing['Id']}/wait"
+        )
+    env = {
+        **os.environ,
+        "ASUPERVISOR_HOME": str(state_dir),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    argv = [sys.executable, "-m", "supervisor.cli.main", "--session", engine.session]
+    with anyio.fail_after(120):
+        done = await anyio.run_process([*argv, "attach", handle, "--json"], env=env, check=False)
+    assert done.returncode == 0, done.stderr.decode()
+    shown = json.loads(done.stdout)
+    assert (shown["state"], shown["num_restarts"]) == ("SUCCEEDED", 1), shown
+    assert shown["ended"] is not None

@@ -35,6 +35,7 @@ from supervisor.backends.docker.resume import LogResumer
 from supervisor.backends.docker.runtime import OUTPUT_COPIED, exit_signal, latest_containers
 from supervisor.backends.docker.services import BackendServices
 from supervisor.backends.listing import list_indexed
+from supervisor.backends.pids import owner_exit
 from supervisor.backends.store import (
     FINALIZE_LOCK,
     AppRecord,
@@ -90,17 +91,6 @@ async def _run_times(
         ends.append(engine_time(state.get("FinishedAt")))
     started = min((t for t in starts if t is not None), default=None)
     return started, max((t for t in ends if t is not None), default=time.time())
-
-
-async def _process_exit(pid: int) -> None:
-    try:
-        pidfd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        await anyio.wait_readable(pidfd)
-    finally:
-        os.close(pidfd)
 
 
 class ForeignApps:
@@ -366,7 +356,7 @@ class ForeignApps:
             LABEL.SESSION: str(app.request["session"]),
             LABEL.APP_ID: str(app.request["app_id"]),
         }
-        owner_pid = app.owner.pid
+        owner = app.owner
         engine = self.engine_of(app)
         since = time.time() - 1.0
         async with contextlib.AsyncExitStack() as stack:
@@ -415,7 +405,7 @@ class ForeignApps:
                         wake[0].set()
 
             async def on_owner() -> None:
-                await _process_exit(owner_pid)
+                await owner_exit(owner)
                 wake[0].set()
 
             tg.start_soon(on_events)

@@ -46,6 +46,7 @@ from supervisor.backends.local.request import (
     local_run_opts,
     render,
 )
+from supervisor.backends.pids import owner_exit
 from supervisor.backends.store import (
     CANCEL_REQUEST,
     AppRecord,
@@ -375,33 +376,6 @@ class LocalRuntime(AppRuntime):
             raise failures[0]
 
 
-async def _process_exit(pid: int) -> None:
-    """Return when ``pid`` exits; at once if it already has."""
-    try:
-        pidfd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        await anyio.wait_readable(pidfd)
-    finally:
-        os.close(pidfd)
-
-
-async def _owner_exit(owner: Owner) -> None:
-    """Return when the app's supervising process exits; at once if it already has."""
-    try:
-        pidfd = os.pidfd_open(owner.pid)
-    except ProcessLookupError:
-        return
-    try:
-        # The pidfd pins the process; a pid already reused by another is no owner.
-        if not await anyio.to_thread.run_sync(owner.alive):
-            return
-        await anyio.wait_readable(pidfd)
-    finally:
-        os.close(pidfd)
-
-
 async def _first_of(*waits: Callable[[], Awaitable[object]]) -> None:
     """Return when the first of ``waits`` does; the others are cancelled."""
     async with anyio.create_task_group() as tg:
@@ -612,8 +586,7 @@ class LocalBackend(Backend):
                 status, app = found
                 if status.is_settled or app is None:
                     return status
-                owner_pid = app.owner.pid
-                await _first_of(inotify.get, partial(_process_exit, owner_pid))
+                await _first_of(inotify.get, partial(owner_exit, app.owner))
 
     def make_log_target(self, store: AppStore, role: str, replica_id: int) -> LogTarget:
         async def finished() -> bool:
@@ -638,7 +611,7 @@ class LocalBackend(Backend):
         if owner.host != socket.gethostname():
             return target  # no pidfd for a process on another machine
         # The owner's death ends the output (its replicas die with it): an event.
-        return replace(target, ended=partial(_owner_exit, owner))
+        return replace(target, ended=partial(owner_exit, owner))
 
     async def aclose(self) -> None:
         for runtime in list(self._runtimes):

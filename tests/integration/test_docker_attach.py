@@ -89,6 +89,7 @@ async def test_an_app_whose_owner_was_sigkilled_is_retried_by_the_process_that_a
 ) -> None:
     handle = await _owner_killed_while_running(engine, tmp_path, state_dir)
     async with Supervisor(session=engine.session) as sv:
+        stream = sv.events()  # every app this Supervisor follows: attached ones too
         attached = await sv.attach(handle)
         assert attached.state is AppState.RUNNING, attached
         assert handle in sv.followed()
@@ -121,6 +122,16 @@ async def test_an_app_whose_owner_was_sigkilled_is_retried_by_the_process_that_a
         assert (seen[-1].role, seen[-1].dest) == (None, "SUCCEEDED"), seen
         lines = [line async for line in sv.log_iter(handle, "w", 0)]
         assert lines == ["attempt 0\n", "failing\n", "attempt 1\n", "done\n"], lines
+        # The event stream carries what happened since the attach, once each.
+        streamed = []
+        async with stream:
+            with anyio.move_on_after(1):
+                async for event in stream:
+                    assert event.handle == handle
+                    streamed.append(_key(event.transition))
+        live = [_key(t) for t in seen if t.seq >= restarts[0].seq]
+        assert streamed == [k for k in map(_key, seen) if k in streamed], streamed  # in order
+        assert set(live) <= set(streamed) and len(streamed) == len(set(streamed)), streamed
 
     async with Supervisor(session=engine.session) as later:
         described = await later.describe(handle)

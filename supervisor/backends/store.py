@@ -630,7 +630,8 @@ class AppStore:
         keeps. The journal gets the app's steps it lacks, as the state table takes
         them: RUNNING at ``started`` when the app ran and that was never recorded,
         then the end at ``ended``. Under ``FINALIZE_LOCK``: a record already final
-        (another reader's, or the owner's) is returned instead, unchanged.
+        (another reader's, or the owner's) is returned instead, unchanged, and an
+        app some process took over meanwhile is left to that owner to record.
         """
         fd = lock_file(self.app_dir / FINALIZE_LOCK, True)
         assert fd is not None  # a waiting lock is always taken
@@ -641,6 +642,9 @@ class AppStore:
                 final = None  # what was observed replaces it
             if final is not None:
                 return final
+            app = self.read_app()
+            if app is not None and self.followed(app):
+                return status  # taken over meanwhile (``take_over``): its owner records it
             self.write_state(status, self.observed_steps(status, started, ended), True, owner)
             return status
         finally:

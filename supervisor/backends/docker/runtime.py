@@ -994,6 +994,7 @@ class DockerRuntime(AppRuntime):
                 try:
                     await self._cleanup()
                 finally:
+                    self._release_copy_locks()
                     self.ended.set()
 
     async def _cleanup(self) -> None:
@@ -1012,7 +1013,6 @@ class DockerRuntime(AppRuntime):
         except OSError as e:
             marked = e
         await self._remove_all()
-        self._release_copy_locks()
         if marked is not None:
             # Other processes then wait for this one to exit before reading to the end.
             raise BackendError(f"cannot mark the app's output complete: {marked}", transient=False)

@@ -29,10 +29,11 @@ from typing import Any
 import anyio
 from asyncinotify import Inotify, Mask
 
-from supervisor.backends.base import AppCancelRequested, AppNotice, AppRuntime, EventSink, LogTarget
+from supervisor.backends.base import AppCancelRequested, AppNotice, EventSink, LogTarget
 from supervisor.backends.docker.engine import Engine
 from supervisor.backends.docker.request import LABEL, ContainerSpec, DockerRequest
 from supervisor.backends.docker.services import BackendServices
+from supervisor.backends.replicas import ReplicaRuntime
 from supervisor.backends.store import (
     CANCEL_REQUEST,
     AppStore,
@@ -108,31 +109,6 @@ def exit_signal(code: int | None) -> str | None:
         return signal.Signals(code - 128).name
     except ValueError:
         return None
-
-
-async def _each(calls: Sequence[Callable[[], Awaitable[None]]]) -> None:
-    """Run ``calls`` at once; their engine failures come out as one BackendError.
-
-    Not as a task group's exception group: the actor tells an engine failure
-    (the app's notice) from a broken supervision by the exception's type.
-    """
-    failures: list[BackendError] = []
-
-    async def one(call: Callable[[], Awaitable[None]]) -> None:
-        try:
-            await call()
-        except BackendError as e:
-            failures.append(e)
-
-    async with anyio.create_task_group() as tg:
-        for call in calls:
-            tg.start_soon(one, call)
-    if len(failures) == 1:
-        raise failures[0]
-    if failures:
-        raise BackendError(
-            "; ".join(str(e) for e in failures), transient=all(e.transient for e in failures)
-        )
 
 
 def sha256s() -> dict[str, Any]:
@@ -266,7 +242,7 @@ class _Slot:
     lock: anyio.Lock = field(default_factory=anyio.Lock)
 
 
-class DockerRuntime(AppRuntime):
+class DockerRuntime(ReplicaRuntime):
     def __init__(self, backend: BackendServices, request: DockerRequest, sink: EventSink) -> None:
         self._backend = backend
         self.engine: Engine = backend.engine
@@ -864,47 +840,36 @@ class DockerRuntime(AppRuntime):
     async def stop(self, keys: Sequence[ReplicaKey], reason: str) -> None:
         self.stopping += 1
         try:
-            await _each([partial(self._stop_one, key) for key in keys])
+            await super().stop(keys, reason)
         finally:
             self.stopping -= 1
 
-    async def _stop_one(self, key: ReplicaKey) -> None:
-        slot = self._slots[key]
-        slot.stopped = True
-        if slot.running:
-            await self._terminate(slot)
-        elif not slot.lock.locked():
-            self.emit(Exited(role=key[0], replica_id=key[1], attempt=slot.attempt, exit_code=None))
+    # The shared stop and restart protocol (``ReplicaRuntime``), for containers.
+    def replica_slot(self, key: ReplicaKey) -> _Slot:
+        return self._slots[key]
 
-    async def restart(self, attempts: Sequence[tuple[ReplicaKey, int]], reason: str) -> None:
-        await _each([partial(self._restart_one, key, attempt) for key, attempt in attempts])
+    def attempt_running(self, key: ReplicaKey) -> bool:
+        return self._slots[key].running
 
-    async def _restart_one(self, key: ReplicaKey, attempt: int) -> None:
+    async def end_attempt(self, key: ReplicaKey) -> None:
+        await self._terminate(self._slots[key])
+
+    async def start_attempt(self, key: ReplicaKey) -> None:
+        """A new container for the attempt, under the replica's name: the last one goes."""
         slot = self._slots[key]
-        async with slot.lock:
-            if slot.running:
-                await self._terminate(slot)
-            slot.attempt = attempt
-            if slot.stopped:
-                self.emit(Exited(role=key[0], replica_id=key[1], attempt=attempt, exit_code=None))
-                return
-            old = slot.cid
-            if old is not None:
-                await self._ended_copy(old)
-                await self.engine.remove(old)
-            slot.started_sent = False
-            try:
-                slot.cid = await self.engine.create(slot.spec.name, slot.spec.config(attempt))
-            except BackendError as e:
-                slot.cid = None
-                self._report_failed_start(key, slot, str(e))
-                return
-            self._by_cid[slot.cid] = key
-            await self._start_container(key, slot)
-            if slot.stopped and slot.running:
-                # A stop that came while this attempt was being created found nothing
-                # running and left it to us: the new container goes at once.
-                await self._terminate(slot)
+        old = slot.cid
+        if old is not None:
+            await self._ended_copy(old)
+            await self.engine.remove(old)
+        slot.started_sent = False
+        try:
+            slot.cid = await self.engine.create(slot.spec.name, slot.spec.config(slot.attempt))
+        except BackendError as e:
+            slot.cid = None
+            self._report_failed_start(key, slot, str(e))
+            return
+        self._by_cid[slot.cid] = key
+        await self._start_container(key, slot)
 
     # ----------------------------------------------------------------- cancel
     async def _watch_cancel(self) -> None:

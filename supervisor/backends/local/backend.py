@@ -27,7 +27,6 @@ from asyncinotify import Inotify, Mask
 from supervisor.backends.base import (
     AppCancelRequested,
     AppNotice,
-    AppRuntime,
     Backend,
     BackendContext,
     DryrunContext,
@@ -47,6 +46,7 @@ from supervisor.backends.local.request import (
     render,
 )
 from supervisor.backends.pids import owner_exit
+from supervisor.backends.replicas import ReplicaRuntime
 from supervisor.backends.store import (
     CANCEL_REQUEST,
     AppRecord,
@@ -125,7 +125,7 @@ class _Slot:
     lock: anyio.Lock = field(default_factory=anyio.Lock)
 
 
-class LocalRuntime(AppRuntime):
+class LocalRuntime(ReplicaRuntime):
     def __init__(self, backend: LocalBackend, request: LocalRequest, sink: EventSink) -> None:
         self._backend = backend
         self.request = request
@@ -286,40 +286,26 @@ class LocalRuntime(AppRuntime):
         finally:
             done.set()
 
-    async def stop(self, keys: Sequence[ReplicaKey], reason: str) -> None:
-        async with anyio.create_task_group() as tg:
-            for key in keys:
-                tg.start_soon(self._stop_one, key)
+    # The shared stop and restart protocol (``ReplicaRuntime``), for processes.
+    def replica_slot(self, key: ReplicaKey) -> _Slot:
+        return self._slots[key]
 
-    async def _stop_one(self, key: ReplicaKey) -> None:
+    def attempt_running(self, key: ReplicaKey) -> bool:
+        proc = self._slots[key].proc
+        return proc is not None and not proc.exited.is_set()
+
+    async def end_attempt(self, key: ReplicaKey) -> None:
         slot = self._slots[key]
-        slot.stopped = True
-        proc = slot.proc
-        if proc is not None and not proc.exited.is_set():
+        proc, done = slot.proc, slot.done
+        if proc is not None and done is not None:
             await proc.terminate(self.request.stop_grace)
-        elif not slot.lock.locked():
-            # Nothing runs and no restart is under way to report it: answer here.
-            self.emit(Exited(role=key[0], replica_id=key[1], attempt=slot.attempt, exit_code=None))
+            await done.wait()
 
-    async def restart(self, attempts: Sequence[tuple[ReplicaKey, int]], reason: str) -> None:
-        async with anyio.create_task_group() as tg:
-            for key, attempt in attempts:
-                tg.start_soon(self._restart_one, key, attempt)
-
-    async def _restart_one(self, key: ReplicaKey, attempt: int) -> None:
+    async def start_attempt(self, key: ReplicaKey) -> None:
         slot = self._slots[key]
-        async with slot.lock:
-            slot.attempt = attempt
-            proc, done = slot.proc, slot.done
-            if proc is not None and done is not None:
-                await proc.terminate(self.request.stop_grace)
-                await done.wait()
-            if not slot.stopped:
-                await anyio.to_thread.run_sync(
-                    lambda: Path(slot.launch.error_file).unlink(missing_ok=True)
-                )
-            # _spawn checks ``stopped`` again: a stop that came during the await wins.
-            await self._spawn(key, slot)
+        await anyio.to_thread.run_sync(lambda: Path(slot.launch.error_file).unlink(missing_ok=True))
+        # _spawn checks ``stopped`` again: a stop that came during the await wins.
+        await self._spawn(key, slot)
 
     async def record(
         self, status: AppStatus, transitions: Sequence[Transition], final: bool

@@ -127,6 +127,18 @@ class Request:
     def to_json(self) -> dict[str, Any]:
         return {"backend": self.backend, "session": self.session, "app_id": self.app_id}
 
+    @staticmethod
+    def fields_from_json(d: Mapping[str, Any], app: AppDef) -> dict[str, Any]:
+        """The fields every request has, from what ``to_json`` recorded: where a backend's
+        ``from_json`` starts (the run options are not recorded; following needs none)."""
+        return {
+            "backend": str(d["backend"]),
+            "session": str(d["session"]),
+            "app_id": str(d["app_id"]),
+            "app": app,
+            "cfg": ResolvedCfg(),
+        }
+
 
 @dataclass(frozen=True)
 class Adoption:

@@ -144,6 +144,17 @@ def _exit_for(ctx: click.Context, handle: str, status: AppStatus) -> None:
         ctx.exit(code)
 
 
+def _show_status(
+    ctx: click.Context, handle: str, found: DescribeAppResponse, as_json: bool
+) -> None:
+    """Print the app's status (``--json``: for programs) and exit as ``status`` does."""
+    if as_json:
+        echo_json(status_json(handle, found.to_status(), found.times))
+    else:
+        print_status(console(), handle, found.to_status(), found.times)
+    _exit_for(ctx, handle, found.to_status())
+
+
 @cli.command()
 @click.argument("handle", type=HANDLE)
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
@@ -159,12 +170,7 @@ def status(ctx: click.Context, handle: str, as_json: bool) -> None:
         async with _supervisor(ctx) as sv:
             return await _describe(sv, handle)
 
-    found = run_async(main)
-    if as_json:
-        echo_json(status_json(handle, found.to_status(), found.times))
-    else:
-        print_status(console(), handle, found.to_status(), found.times)
-    _exit_for(ctx, handle, found.to_status())
+    _show_status(ctx, handle, run_async(main), as_json)
 
 
 @cli.command()
@@ -211,12 +217,7 @@ def attach(ctx: click.Context, handle: str, as_json: bool) -> None:
             await sv.wait(handle)
             return await _describe(sv, handle)
 
-    found = run_async(main)
-    if as_json:
-        echo_json(status_json(handle, found.to_status(), found.times))
-    else:
-        print_status(console(), handle, found.to_status(), found.times)
-    _exit_for(ctx, handle, found.to_status())
+    _show_status(ctx, handle, run_async(main), as_json)
 
 
 _REPLICA = re.compile(r"(?P<role>[^/]+)(?:/(?P<k>\d+))?")

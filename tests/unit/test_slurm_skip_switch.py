@@ -29,7 +29,7 @@ def _pytest(*args: str, skip: bool) -> str:
         env=env,
         capture_output=True,
         text=True,
-        timeout=110,
+        timeout=300,  # a guard against a hang: under heavy load a child takes minutes
         check=False,
     )
     return done.stdout + done.stderr

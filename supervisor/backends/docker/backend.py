@@ -29,6 +29,7 @@ from typing import Any
 
 import anyio
 
+from supervisor.backends.adoption import take_over
 from supervisor.backends.base import (
     Adoption,
     Backend,
@@ -50,26 +51,15 @@ from supervisor.backends.docker.options import DOCKER_CAPABILITIES, default_host
 from supervisor.backends.docker.request import LABEL, DockerRequest, render
 from supervisor.backends.docker.runtime import CONFIRM_S, CREATE_CONCURRENCY, DockerRuntime
 from supervisor.backends.store import AppRecord, AppStore, Index, Owner
-from supervisor.errors import BackendError, DamagedRecordError, SubmitError
+from supervisor.errors import BackendError, SubmitError
 from supervisor.logs import LogSink
 from supervisor.observe import metrics
 from supervisor.runopts import ResolvedCfg, RunOpts
 from supervisor.specs import AppDef, AppHandle
-from supervisor.states import AppState
 from supervisor.status import AppStatus, DescribeAppResponse, ListAppResponse
 from supervisor.validate import Capabilities
 
 __all__ = ["DockerBackend"]
-
-
-def _recorded_request(store: AppStore, app: AppRecord) -> DockerRequest:
-    """The request of an app's record; ``DamagedRecordError`` when it holds none."""
-    try:
-        return DockerRequest.from_json(app.request, app.app)
-    except (LookupError, TypeError, ValueError, AttributeError) as e:
-        path = str(store.app_dir / "app.json")
-        raise DamagedRecordError(path, f"no docker request in it: {e}") from e
-
 
 EVENTS_READY_S = 60.0
 """How long a launch waits for the engine's event stream to open before failing (transient)."""
@@ -255,23 +245,12 @@ class DockerBackend(Backend):
         found = await self.foreign.find(handle)
         if found is None:
             return None
-        store = found[0]
-        app = await anyio.to_thread.run_sync(store.take_over, self.owner)
-        if app is None:
+        taken = await take_over(
+            found[0], self.owner, lambda app: DockerRequest.from_json(app.request, app.app)
+        )
+        if taken is None:
             return None
-
-        async def give_up() -> None:
-            await anyio.to_thread.run_sync(store.mark_released)
-
-        try:
-            request = _recorded_request(store, app)
-            recorded = await anyio.to_thread.run_sync(store.read_state)
-            history = await anyio.to_thread.run_sync(store.read_transitions)
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await give_up()
-            raise
-        status = recorded[0] if recorded is not None else AppStatus(AppState.SUBMITTED)
+        request, status = taken.request, taken.recorded
 
         async def start(sink: EventSink) -> DockerRuntime:
             engine = self.engine_for(request.host)
@@ -287,7 +266,7 @@ class DockerBackend(Backend):
                 raise
             return runtime
 
-        return Adoption(request, status, history, start, give_up)
+        return Adoption(request, status, taken.history, start, taken.give_up)
 
     def make_log_target(
         self,

@@ -138,11 +138,7 @@ class DockerRequest(Request):
         Raises ``LookupError``, ``TypeError`` or ``ValueError`` for a record that is not one.
         """
         return cls(
-            backend=str(d["backend"]),
-            session=str(d["session"]),
-            app_id=str(d["app_id"]),
-            app=app,
-            cfg=ResolvedCfg(),
+            **Request.fields_from_json(d, app),
             host=str(d["host"]),
             app_dir=str(d["app_dir"]),
             network=str(d["network"]),

@@ -22,6 +22,7 @@ from typing import Any
 
 import anyio
 
+from supervisor.backends.adoption import take_over
 from supervisor.backends.base import (
     Adoption,
     AppNotice,
@@ -717,30 +718,13 @@ class SlurmBackend(Backend):
         found = await self._found(handle)
         if found is None or found[1].extra.get("allocation") is not None:
             return None
-        store = found[0]
-        app = await anyio.to_thread.run_sync(store.take_over, self.owner)
-        if app is None:
+        taken = await take_over(
+            found[0], self.owner, lambda app: SlurmRequest.from_json(app.request, app.app)
+        )
+        if taken is None:
             return None
-
-        async def give_up() -> None:
-            await anyio.to_thread.run_sync(store.mark_released)
-
-        try:
-            try:
-                request = SlurmRequest.from_json(app.request, app.app)
-            except (LookupError, TypeError, ValueError, AttributeError) as e:
-                raise DamagedRecordError(
-                    str(store.app_dir / "app.json"),
-                    f"it holds no request this version can follow the job with: {e}",
-                ) from e
-            recorded = await anyio.to_thread.run_sync(store.read_state)
-            history = await anyio.to_thread.run_sync(store.read_transitions)
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await give_up()
-            raise
-        status = recorded[0] if recorded is not None else AppStatus(AppState.SUBMITTED)
-        job_id, identity = int(app.extra["job_id"]), _identity_of(app)
+        request, status = taken.request, taken.recorded
+        job_id, identity = int(taken.record.extra["job_id"]), _identity_of(taken.record)
 
         async def start(sink: EventSink) -> SlurmRuntime:
             runtime = SlurmRuntime(self, request, job_id, sink, identity)
@@ -751,7 +735,7 @@ class SlurmBackend(Backend):
             self.poller.track(job_id, runtime.on_view)
             return runtime
 
-        return Adoption(request, status, history, start, give_up)
+        return Adoption(request, status, taken.history, start, taken.give_up)
 
     async def describe(self, handle: AppHandle) -> DescribeAppResponse | None:
         found = await self._found(handle)

@@ -254,11 +254,7 @@ class SlurmRequest(Request):
         )
         job_dir = d.get("job_dir")
         return cls(
-            backend=str(d["backend"]),
-            session=str(d["session"]),
-            app_id=str(d["app_id"]),
-            app=app,
-            cfg=ResolvedCfg(),
+            **Request.fields_from_json(d, app),
             app_dir=str(d["app_dir"]),
             workdir=str(d["workdir"]),
             job_dir=None if job_dir is None else str(job_dir),

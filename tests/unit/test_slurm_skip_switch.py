@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SLURM_MODULES = sorted(str(p) for p in (ROOT / "tests" / "integration").glob("test_slurm_*.py"))
 
@@ -35,6 +37,7 @@ def _pytest(*args: str, skip: bool) -> str:
     return done.stdout + done.stderr
 
 
+@pytest.mark.timeout(660)  # its two children run pytest over every Slurm module
 def test_every_slurm_test_is_skipped_with_the_reason() -> None:
     assert len(SLURM_MODULES) >= 6
     collected = _pytest("--collect-only", "-q", skip=False)
@@ -52,6 +55,7 @@ def test_every_slurm_test_is_skipped_with_the_reason() -> None:
         assert Path(module).name in out
 
 
+@pytest.mark.timeout(330)
 def test_without_the_switch_nothing_is_skipped_at_collection() -> None:
     out = _pytest("--setup-plan", "-q", skip=False)
     assert "ASUPERVISOR_SLURM_CLUSTER=skip" not in out

@@ -1087,9 +1087,11 @@ class Supervisor:
         stop_watching = anyio.Event()
         is_finished = target.is_finished
         copied = target.copied
-        if copied is not None and (not should_tail or (finished is not None and finished.is_set())):
+        if copied is not None and (not should_tail or finished is None or finished.is_set()):
             # Also a follow of an app that already ended: its last copies may still be
-            # rewriting an attempt's files (a docker copy found wrong at the exit).
+            # rewriting an attempt's files (a docker copy found wrong at the exit). An
+            # app known from its records (``finished`` None: another process's, or one
+            # that ended and left memory) answers at once while it runs.
             await copied()
         elif copied is not None and finished is not None:
             # The app ended (``finished``) before its last output reached the files:

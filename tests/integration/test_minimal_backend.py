@@ -18,7 +18,7 @@ import anyio
 import pytest
 from anyio.abc import Process, TaskGroup
 
-from supervisor import AppDef, AppState, ReplicaState, RetryPolicy, Role, Supervisor
+from supervisor import AppDef, AppHandle, AppState, ReplicaState, RetryPolicy, Role, Supervisor
 from supervisor.backends.base import (
     AppRuntime,
     Backend,
@@ -143,3 +143,39 @@ async def test_the_supervisor_drives_a_five_method_backend(state_dir: Path) -> N
     # No records: another Supervisor does not know the apps (the default ``describe``).
     async with Supervisor(session="other", backends={"proc": ProcessBackend}) as other:
         assert await other.describe(handle) is None
+
+
+class RewritingBackend(ProcessBackend):
+    """A backend whose last copy of an ended app's output rewrites the files (as docker's
+    does when the engine's follow stream lost or reordered pieces). A fake: Podman does
+    that only under heavy load, never on demand."""
+
+    async def log_target(self, handle: AppHandle, role: str, replica_id: int) -> LogTarget | None:
+        directory = self.context.state_dir / "proc" / handle.app_id / role / str(replica_id)
+
+        async def finished() -> bool:
+            return True
+
+        async def copied() -> None:
+            await anyio.sleep(0.2)  # the engine's last fetch takes a while
+            await anyio.Path(directory / "combined.log").write_text("whole, in order\n")
+
+        return LogTarget(directory=directory, is_finished=finished, copied=copied)
+
+
+@pytest.mark.parametrize("should_tail", [False, True])
+async def test_a_read_after_the_end_waits_for_the_last_copy_of_the_output(
+    state_dir: Path, should_tail: bool
+) -> None:
+    """Of an app known from its records (it ended and left memory), a follow too waits
+    for the backend's last copy: a follow that read the files first would give what
+    that copy replaces."""
+    role = Role(name="r", entrypoint=PY, args=["-c", "print('reordered', flush=True)"])
+    async with Supervisor(session="mini", backends={"proc": RewritingBackend}) as sv:
+        handle = await sv.submit(AppDef(name="copy", roles=[role]), "proc")
+        with anyio.fail_after(60):
+            assert (await sv.wait(handle)).state is AppState.SUCCEEDED
+        assert handle not in sv.followed()  # ended: answered from the backend from now on
+        with anyio.fail_after(60):
+            lines = [line async for line in sv.log_iter(handle, "r", 0, should_tail=should_tail)]
+        assert lines == ["whole, in order\n"]

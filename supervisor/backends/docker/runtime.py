@@ -449,7 +449,6 @@ class DockerRuntime(ReplicaRuntime):
             slot.cid = str(container["Id"])
             slot.running = container.get("State") == "running"
         # Its owner decided this attempt (a launch, a restart) and died before carrying it out.
-        slot.attempt = attempt
         self._backend.task_group.start_soon(self._restart_one, key, attempt)
 
     async def _resumed_copy(self, key: ReplicaKey, slot: _Slot) -> _Copy | None:
@@ -463,8 +462,10 @@ class DockerRuntime(ReplicaRuntime):
 
         def read() -> tuple[dict[str, int], dict[str, int], dict[str, Any]] | None:
             mark = read_json_or_none(directory / ATTEMPT_FILE)
-            starts = attempt_starts(mark) if isinstance(mark, dict) else None
-            if starts is None or not isinstance(mark, dict) or mark.get("container") != slot.cid:
+            if not isinstance(mark, dict) or mark.get("container") != slot.cid:
+                return None
+            starts = attempt_starts(mark)
+            if starts is None:
                 return None
             sizes = log_sizes(directory)
             return starts, sizes, digests_since(directory, starts, sizes)
@@ -575,7 +576,7 @@ class DockerRuntime(ReplicaRuntime):
             async with self._backend.tracked():
                 with copy.scope:
                     async for stream, data in self.engine.log_frames(cid, follow=follow):
-                        if left.get(stream):
+                        if left and left.get(stream):  # only an adopted copy skips
                             skipped = min(len(data), left[stream])
                             left[stream] -= skipped
                             data = data[skipped:]

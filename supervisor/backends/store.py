@@ -59,6 +59,7 @@ __all__ = [
     "lock_file",
     "read_json_or_none",
     "read_record",
+    "record_identities",
     "remove_app",
     "unknown_status",
     "write_json_atomic",
@@ -504,7 +505,7 @@ class AppStore:
     ) -> None:
         """Append the new transitions to the journal (O(what changed)), replace state.json."""
         if transitions:
-            lines = "".join(json.dumps(t.to_json()) + "\n" for t in transitions)
+            lines = "".join(t.to_json_line() + "\n" for t in transitions)
             with (self.app_dir / "transitions.jsonl").open("a") as f:
                 f.write(lines)
         record = {
@@ -744,6 +745,11 @@ class IndexEntry:
 _SUMMARIZED = ("app.json", "state.json")
 
 
+def record_identities(app_dir: Path) -> list[list[int] | None]:
+    """What an index entry's summary vouches for: the identity of each summarized record."""
+    return [_identity(app_dir / name) for name in _SUMMARIZED]
+
+
 def _identity(path: str | Path) -> list[int] | None:
     """What changes when the file is replaced or written: inode, size, mtime, ctime."""
     try:
@@ -794,11 +800,23 @@ class Index:
     def entry_path(self, session: str, app_id: str) -> Path:
         return self.root / session / f"{_escape(app_id)}.json"
 
-    def settle(self, session: str, app_id: str, app_dir: Path, status: AppStatus) -> None:
+    def settle(
+        self,
+        session: str,
+        app_id: str,
+        app_dir: Path,
+        status: AppStatus,
+        times: AppTimes | None = None,
+        records: list[list[int] | None] | None = None,
+    ) -> None:
         """Keep the app's final status and times in its entry, once its final record is written.
 
-        Best effort: an entry that cannot be rewritten only makes ``list`` read the
-        app's records, as it does for apps still running.
+        A caller that settles later than it wrote the final record passes what it
+        kept then: ``times`` (spares reading the whole journal back) and ``records``
+        (``record_identities`` taken right after that write, so a record changed
+        since is seen as changed, not vouched for). Best effort: an entry that cannot
+        be rewritten only makes ``list`` read the app's records, as it does for apps
+        still running.
         """
         path = self.entry_path(session, app_id)
         try:
@@ -807,14 +825,15 @@ class Index:
             return
         if not isinstance(data, dict) or data.get("app_dir") != str(app_dir):
             return
-        times = AppStore(app_dir).read_times()
+        if times is None:
+            times = AppStore(app_dir).read_times()
         data["final"] = {
             "state": status.state.name,
             "msg": status.msg,
             "submitted": times.submitted,
             "started": times.started,
             "ended": times.ended,
-            "records": [_identity(app_dir / name) for name in _SUMMARIZED],
+            "records": record_identities(app_dir) if records is None else records,
         }
         with contextlib.suppress(OSError):
             write_json_atomic(path, data)

@@ -55,6 +55,7 @@ from supervisor.backends.store import (
     IndexEntry,
     Owner,
     damaged_status,
+    record_identities,
     unknown_status,
 )
 from supervisor.errors import BackendError, DamagedRecordError, SubmitError
@@ -65,6 +66,7 @@ from supervisor.specs import AppDef, AppHandle, RetryPolicy
 from supervisor.states import TERMINAL, AppState, ReplicaState
 from supervisor.status import (
     AppStatus,
+    AppTimes,
     DescribeAppResponse,
     ListAppResponse,
     RoleStatus,
@@ -139,30 +141,35 @@ class LocalRuntime(ReplicaRuntime):
         # What every replica's environment starts from, taken once (``os.environ`` decodes
         # every variable on each read): as at the launch, for restarts too, as TorchX does.
         self._base_env = request.base_env(os.environ)
+        # Kept as the records are written: the final one's index entry needs them.
+        self._times = AppTimes()
+        # The final status and its records' identities, once the final record is written.
+        self._final: tuple[AppStatus, list[list[int] | None]] | None = None
 
     def _create_store(self) -> None:
-        """The app's directories and first record (in a worker thread: O(replicas))."""
+        """Blocking: the app's directories, first record, index entry and final reserve.
+
+        O(replicas), so in a worker thread, and in one hop: each hop costs about
+        as much as these writes, and every submit waits for them.
+        """
+        request = self.request
         record = AppRecord(
-            handle=self._backend.handle(self.request.session, self.request.app_id),
-            app=self.request.app,
+            handle=self._backend.handle(request.session, request.app_id),
+            app=request.app,
             owner=self._owner,
-            request=self.request.to_json(),
+            request=request.to_json(),
         )
         self.store.create([Path(s.launch.log_dir) for s in self._slots.values()], record)
+        self._backend.index.add(
+            request.session, request.app_id, self.store.app_dir, request.app.name
+        )
+        self.store.reserve(_reserve_size(len(self._slots)))
 
     async def start(self) -> None:
         try:
             await anyio.to_thread.run_sync(self._create_store)
-            await anyio.to_thread.run_sync(
-                self._backend.index.add,
-                self.request.session,
-                self.request.app_id,
-                self.store.app_dir,
-                self.request.app.name,
-            )
         except OSError as e:
             raise SubmitError(f"cannot create {self.store.app_dir}: {e}", transient=False) from e
-        await anyio.to_thread.run_sync(self.store.reserve, _reserve_size(len(self._slots)))
         # Only now that the directories exist: the writer thread must not find them missing.
         self._logs = {
             key: self._backend.log_sink.open(Path(slot.launch.log_dir))
@@ -312,10 +319,11 @@ class LocalRuntime(ReplicaRuntime):
     ) -> None:
         # One worker-thread hop for the whole record: the final one is on the path of
         # every ``wait``, and each hop costs about as much as the writes themselves.
+        self._times = self._times.after(transitions)
         await anyio.to_thread.run_sync(self._record, status, list(transitions), final)
 
     def _record(self, status: AppStatus, transitions: list[Transition], final: bool) -> None:
-        """Blocking: the state (and journal), then for the final one the index entry."""
+        """Blocking: the state and the journal (the index entry waits for ``_settle``)."""
         try:
             self.store.write_state(status, transitions, final, self._owner)
         except OSError as e:
@@ -325,10 +333,27 @@ class LocalRuntime(ReplicaRuntime):
                 raise
             self.store.write_state(status, transitions, final, self._owner)
         if final:
-            self.store.release_reserve()
+            # Taken now: a record changed before ``_settle`` must not be vouched for.
+            self._final = (status, record_identities(self.store.app_dir))
+
+    def _settle(self) -> None:
+        """Blocking: the reserve given back and, after the final record, the index settled.
+
+        Here and not with the final record: that record is on the path of every
+        ``wait``, and until the index entry is settled ``list`` reads the app's
+        records instead, which give the same answer.
+        """
+        self.store.release_reserve()
+        if self._final is not None:
+            status, records = self._final
             # ``list`` answers the app from its index entry from now on.
             self._backend.index.settle(
-                self.request.session, self.request.app_id, self.store.app_dir, status
+                self.request.session,
+                self.request.app_id,
+                self.store.app_dir,
+                status,
+                self._times,
+                records,
             )
 
     def log_target(self, role: str, replica_id: int) -> LogTarget:
@@ -348,7 +373,7 @@ class LocalRuntime(ReplicaRuntime):
                     await slot.done.wait()
         # Whatever the replicas left behind (outside their process groups) goes too.
         self._backend.reaper.release(self.request.app_id)
-        await anyio.to_thread.run_sync(self.store.release_reserve)
+        await anyio.to_thread.run_sync(self._settle)
         self._backend.forget(self)
         # Log failures no exit reported (a replica that never started): this app's
         # to show, not left for the Supervisor's close to raise at everyone.

@@ -55,6 +55,7 @@ run and stored absolute, so another process (the CLI elsewhere) finds the app.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shlex
@@ -106,6 +107,7 @@ CLEAN_PATH = os.defpath
 _ENV_PATTERN = re.compile(r"[A-Za-z0-9_*?\[\]!]+")
 
 
+@functools.cache  # immutable, and asked for by every dryrun
 def local_run_opts() -> RunOpts:
     return RunOpts(
         [

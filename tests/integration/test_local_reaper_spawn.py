@@ -1,0 +1,154 @@
+"""The reaper's two ways of starting a replica inside its app's cgroup agree.
+
+A spawn that comes alone forks straight into the cgroup (clone3 with
+CLONE_INTO_CGROUP); one of a burst, or one shortly after another, steps the
+reaper into the cgroup for a vfork (Popen). Which one runs is a cost decision
+(see ``Reaper.spawn``), so both must give the same result: the replica inside
+the app's cgroup, in a session of its own, with the given cwd, environment and
+output, and the same words when it cannot start.
+
+The reaper's code runs in a child interpreter (``python -I -S``, as the real
+reaper does) because it sets signal dispositions of the process it runs in.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REAPER = Path(__file__).resolve().parents[2] / "supervisor/backends/local/reaper.py"
+
+# Spawns replicas through the real reaper code, one way forced each time, and prints
+# what each replica (or the failure) looked like.
+PROBE = r"""
+import importlib.util, json, os, socket, sys
+spec = importlib.util.spec_from_file_location("reaper", sys.argv[1])
+reaper = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(reaper)
+ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+r = reaper.Reaper(ours, None)
+sent = []
+r.send = lambda **msg: sent.append(msg)
+out = {"cgroup": r.cgroup, "runs": []}
+SHOW = ("echo $$ $(cut -d: -f3 /proc/self/cgroup | tail -n1) $(cut -d' ' -f6 /proc/$$/stat)"
+        " $PWD $PROBE_VAR")
+cases = [
+    ("ok", ["sh", "-c", SHOW], "/tmp"),
+    ("missing", ["no-such-program-here"], "/tmp"),
+    ("bad-cwd", ["sh", "-c", "true"], "/no/such/dir"),
+    ("not-executable", [sys.argv[2]], "/tmp"),
+]
+for way in ("clone", "move"):
+    for i, (name, argv, cwd) in enumerate(cases):
+        r.clone_into = way == "clone"
+        r.last_move = float("-inf")  # a quiet while since the last move
+        read_end, write_end = os.pipe()
+        sent.clear()
+        msg = {"id": i, "argv": argv, "cwd": cwd, "group": f"{way}-{i}",
+               "env": {"PATH": os.defpath, "PROBE_VAR": f"{way}-{name}"}}
+        r.spawn(msg, [write_end, os.dup(write_end)])
+        reply = sent[-1]
+        line = ""
+        if reply["op"] == "spawned":
+            line = os.read(read_end, 4096).decode().strip()
+            os.waitpid(reply["pid"], 0)
+            r.live.discard(reply["pid"])
+        os.close(read_end)
+        out["runs"].append({"way": way, "case": name, "reply": reply, "line": line,
+                            "group": r.groups.get(f"{way}-{i}"), "popens": len(r.popens)})
+        r.popens.clear()
+r.stop_everything()
+print(json.dumps(out))
+"""
+
+
+def _probe(tmp_path: Path) -> dict[str, object]:
+    plain = tmp_path / "plain-file"
+    plain.write_text("not a program\n")
+    plain.chmod(0o644)
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", PROBE, str(REAPER), str(plain)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    result: dict[str, object] = json.loads(done.stdout)
+    return result
+
+
+def test_both_ways_start_the_replica_inside_its_cgroup_and_fail_alike(tmp_path: Path) -> None:
+    out = _probe(tmp_path)
+    if out["cgroup"] is None:
+        pytest.skip("no writable cgroup v2 here (needs root): the reaper spawns without one")
+    runs = {(r["way"], r["case"]): r for r in out["runs"]}  # type: ignore[attr-defined]
+    for way in ("clone", "move"):
+        ok = runs[way, "ok"]
+        assert ok["reply"]["op"] == "spawned", ok
+        pid, cgroup, sid, cwd, var = ok["line"].split()
+        # Its own session, its app's cgroup, the cwd and environment it was given.
+        assert int(pid) == ok["reply"]["pid"] and int(sid) == int(pid)
+        assert ok["group"].endswith(cgroup), (ok["group"], cgroup)
+        assert (cwd, var) == ("/tmp", f"{way}-ok")
+    # Which way ran: only the move uses Popen (and keeps its object until the reap).
+    assert runs["clone", "ok"]["popens"] == 0
+    assert runs["move", "ok"]["popens"] == 1
+    # The same failures, in the same words, whichever way was taken.
+    for case, errno_, words in [
+        ("missing", 2, "No such file or directory"),
+        ("bad-cwd", 2, "No such file or directory: /no/such/dir"),
+        ("not-executable", 13, "Permission denied"),
+    ]:
+        replies = [runs[way, case]["reply"] for way in ("clone", "move")]
+        assert replies[0] == replies[1], replies
+        assert replies[0]["op"] == "failed"
+        assert (replies[0]["errno"], replies[0]["error"]) == (errno_, words)
+
+
+def test_a_spawn_that_is_part_of_a_burst_moves_instead_of_forking_the_reaper(
+    tmp_path: Path,
+) -> None:
+    """With another message queued, or a move moments ago, the cheap vfork way is taken."""
+    probe = r"""
+import importlib.util, json, os, socket, sys, time
+spec = importlib.util.spec_from_file_location("reaper", sys.argv[1])
+reaper = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(reaper)
+ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+r = reaper.Reaper(ours, None)
+r.send = lambda **msg: None
+ways = []
+def spawn(i):
+    read_end, write_end = os.pipe()
+    before = len(r.popens)
+    r.spawn({"id": i, "argv": ["true"], "cwd": "/", "group": f"g{i}",
+             "env": {"PATH": os.defpath}}, [write_end, os.dup(write_end)])
+    os.close(read_end)
+    ways.append("move" if len(r.popens) > before else "clone")
+spawn(0)                        # alone, after a quiet while: forked into the cgroup
+theirs.send(b"{}")              # another message waits: a burst
+spawn(1)
+ours.recv(16)
+spawn(2)                        # a move happened just now: moves stay cheap
+time.sleep(reaper.MOVES_STAY_CHEAP_S * 5)
+spawn(3)                        # quiet again
+print(json.dumps({"cgroup": r.cgroup, "ways": ways}))
+r.stop_everything()
+"""
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", probe, str(REAPER)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    out = json.loads(done.stdout)
+    if out["cgroup"] is None:
+        pytest.skip("no writable cgroup v2 here (needs root): the reaper spawns without one")
+    assert out["ways"] == ["clone", "move", "move", "clone"]

@@ -50,7 +50,7 @@ for way in ("clone", "move"):
         r.last_move = float("-inf")  # a quiet while since the last move
         read_end, write_end = os.pipe()
         sent.clear()
-        msg = {"id": i, "argv": argv, "cwd": cwd, "group": f"{way}-{i}",
+        msg = {"id": i, "argv": argv, "cwd": cwd, "group": f"{way}-{i}", "alone": True,
                "env": {"PATH": os.defpath, "PROBE_VAR": f"{way}-{name}"}}
         r.spawn(msg, [write_end, os.dup(write_end)])
         reply = sent[-1]
@@ -114,7 +114,8 @@ def test_both_ways_start_the_replica_inside_its_cgroup_and_fail_alike(tmp_path: 
 def test_a_spawn_that_is_part_of_a_burst_moves_instead_of_forking_the_reaper(
     tmp_path: Path,
 ) -> None:
-    """With another message queued, or a move moments ago, the cheap vfork way is taken."""
+    """With other replicas starting, another message queued, or a move moments ago,
+    the vfork way is taken (one move pays for the burst)."""
     probe = r"""
 import importlib.util, json, os, socket, sys, time
 spec = importlib.util.spec_from_file_location("reaper", sys.argv[1])
@@ -124,10 +125,10 @@ ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 r = reaper.Reaper(ours, None)
 r.send = lambda **msg: None
 ways = []
-def spawn(i):
+def spawn(i, alone=True):
     read_end, write_end = os.pipe()
     before = len(r.popens)
-    r.spawn({"id": i, "argv": ["true"], "cwd": "/", "group": f"g{i}",
+    r.spawn({"id": i, "argv": ["true"], "cwd": "/", "group": f"g{i}", "alone": alone,
              "env": {"PATH": os.defpath}}, [write_end, os.dup(write_end)])
     os.close(read_end)
     ways.append("move" if len(r.popens) > before else "clone")
@@ -138,6 +139,8 @@ ours.recv(16)
 spawn(2)                        # a move happened just now: moves stay cheap
 time.sleep(reaper.MOVES_STAY_CHEAP_S * 5)
 spawn(3)                        # quiet again
+time.sleep(reaper.MOVES_STAY_CHEAP_S * 5)
+spawn(4, alone=False)           # the supervisor starts others with it: one move pays for all
 print(json.dumps({"cgroup": r.cgroup, "ways": ways}))
 r.stop_everything()
 """
@@ -151,4 +154,4 @@ r.stop_everything()
     out = json.loads(done.stdout)
     if out["cgroup"] is None:
         pytest.skip("no writable cgroup v2 here (needs root): the reaper spawns without one")
-    assert out["ways"] == ["clone", "move", "move", "clone"]
+    assert out["ways"] == ["clone", "move", "move", "clone", "move"]

@@ -143,6 +143,9 @@ class LocalRuntime(ReplicaRuntime):
         self._base_env = request.base_env(os.environ)
         # Kept as the records are written: the final one's index entry needs them.
         self._times = AppTimes()
+        # Attempts being started now: a spawn is "alone" (the reaper may fork it straight
+        # into the app's cgroup) only when no other replica starts with it.
+        self._starting = 0
         # The final status and its records' identities, once the final record is written.
         self._final: tuple[AppStatus, list[list[int] | None]] | None = None
 
@@ -180,6 +183,7 @@ class LocalRuntime(ReplicaRuntime):
             self.emit(Submitted(role=key[0], replica_id=key[1]))
         # All at once: the reaper forks while this process prepares the next requests;
         # started a slice per loop turn, so a big app does not hold the host's loop.
+        self._starting += len(self._slots)
         async with anyio.create_task_group() as tg:
             for n, (key, slot) in enumerate(self._slots.items(), 1):
                 tg.start_soon(self._spawn_locked, key, slot)
@@ -191,7 +195,16 @@ class LocalRuntime(ReplicaRuntime):
             await self._spawn(key, slot)
 
     async def _spawn(self, key: ReplicaKey, slot: _Slot) -> None:
-        """Start one attempt; called with ``slot.lock`` held, so a stop meanwhile waits for it."""
+        """Start one attempt; called with ``slot.lock`` held, so a stop meanwhile waits for it.
+
+        The caller counted it in ``_starting``; it is uncounted here once started (or not).
+        """
+        try:
+            await self._spawn_counted(key, slot)
+        finally:
+            self._starting -= 1
+
+    async def _spawn_counted(self, key: ReplicaKey, slot: _Slot) -> None:
         launch = slot.launch
         if slot.stopped:
             # A stop decided before the spawn: nothing starts, the stop is answered here.
@@ -215,6 +228,7 @@ class LocalRuntime(ReplicaRuntime):
                 reaper=self._backend.reaper,
                 sink=self._backend.log_sink,
                 log=log,
+                alone=self._starting == 1,
             )
         except (OSError, BackendError) as e:
             reason = e.strerror if isinstance(e, OSError) else None
@@ -312,6 +326,7 @@ class LocalRuntime(ReplicaRuntime):
         slot = self._slots[key]
         await anyio.to_thread.run_sync(lambda: Path(slot.launch.error_file).unlink(missing_ok=True))
         # _spawn checks ``stopped`` again: a stop that came during the await wins.
+        self._starting += 1
         await self._spawn(key, slot)
 
     async def record(

@@ -78,13 +78,17 @@ class ReplicaProcess:
         reaper: Reaper,
         sink: LogSink,
         log: ReplicaLog,
+        alone: bool = False,
     ) -> ReplicaProcess:
-        """Spawn through the reaper; OSError if it cannot start, BackendError if no reaper."""
+        """Spawn through the reaper; OSError if it cannot start, BackendError if no reaper.
+
+        ``alone``: no other replica of the app is being started with this one.
+        """
         r_out, w_out = os.pipe()
         r_err, w_err = os.pipe()
         try:
             pid, report = await reaper.spawn(
-                argv, cwd=cwd, env=env, group=group, stdout=w_out, stderr=w_err
+                argv, cwd=cwd, env=env, group=group, stdout=w_out, stderr=w_err, alone=alone
             )
         except BaseException:
             os.close(r_out)

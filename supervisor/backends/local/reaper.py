@@ -364,11 +364,13 @@ class Reaper:
 
         The child is born inside the cgroup, so nothing it forks can be missed,
         in one of two ways, each the cheaper one when it is chosen. This process
-        steps into the cgroup for a vfork (0.3-0.5 ms) while moves are cheap: during
-        a burst, or within ``MOVES_STAY_CHEAP_S`` of the last move. A spawn that comes
-        alone after a quiet while, where that first move would cost 5-15 ms (every
-        submit of a service that submits now and then), forks straight into the
-        cgroup with clone3 instead (1.5-2.5 ms: a full fork of this process).
+        steps into the cgroup for a vfork (0.3-0.5 ms) while moves are cheap: within
+        ``MOVES_STAY_CHEAP_S`` of the last move, or for a burst, whose first move
+        pays once for all. A spawn that comes alone (``alone``: the supervisor
+        starts no other replica with it, and no other message waits) after a quiet
+        while, where that first move would cost 5-15 ms (every submit of a
+        one-replica app by a service that submits now and then), forks straight
+        into the cgroup with clone3 instead (1.5-2.5 ms: a full fork of this process).
         """
         if len(fds) != 2:
             self.send(op="failed", id=msg["id"], errno=0, error="no output pipes were passed")
@@ -379,6 +381,7 @@ class Reaper:
             pid = None
             if (
                 group is not None
+                and msg.get("alone") is True
                 and self.clone_into
                 and time.monotonic() - self.last_move > MOVES_STAY_CHEAP_S
                 and not self._more_waiting()

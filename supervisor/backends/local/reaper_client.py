@@ -265,9 +265,12 @@ class Reaper:
         group: str,
         stdout: int,
         stderr: int,
+        alone: bool = False,
     ) -> tuple[int, ExitReport]:
         """Start ``argv`` in its own session; the pid and where its exit will be reported.
 
+        ``alone``: the caller starts no other replica with this one, so the reaper
+        may take the way that is cheaper for a single spawn (see ``reaper.py``).
         Raises OSError when it cannot be started (not found, bad cwd), BackendError
         when the reaper cannot be reached.
         """
@@ -285,6 +288,7 @@ class Reaper:
             "cwd": cwd,
             "env": dict(env),
             "group": group,
+            "alone": alone,
         }
         try:
             conn.send(msg, (stdout, stderr), ident=ident)

@@ -18,7 +18,16 @@ from typing import Any
 
 import anyio
 
-from bench.util import Json, child_parser, raise_nofile, run_child, scratch, summarize, write_json
+from bench.util import (
+    Json,
+    bounded,
+    child_parser,
+    raise_nofile,
+    run_child,
+    scratch,
+    summarize,
+    write_json,
+)
 
 TARGET_S = 0.100
 QUERIES: dict[str, dict[str, Any]] = {
@@ -34,19 +43,12 @@ async def _measure(n: int, reps: int, tmp: Path) -> Json:
 
     state_dir = tmp / "state"
     async with Supervisor(session="bench", state_dir=state_dir) as sv:
-        limiter = anyio.Semaphore(16)
 
         async def one(i: int) -> None:
-            try:
-                app = AppDef(name=f"short-{i}", roles=[Role(name="r", entrypoint="true")])
-                await sv.wait(await sv.submit(app, "local"))
-            finally:
-                limiter.release()
+            app = AppDef(name=f"short-{i}", roles=[Role(name="r", entrypoint="true")])
+            await sv.wait(await sv.submit(app, "local"))
 
-        async with anyio.create_task_group() as tg:
-            for i in range(n):
-                await limiter.acquire()
-                tg.start_soon(one, i)
+        await bounded(n, 16, one)
     times: dict[str, list[float]] = {q: [] for q in QUERIES}
     counts: dict[str, int] = {}
     async with Supervisor(session="reader", state_dir=state_dir) as reader:

@@ -8,7 +8,16 @@ instance, imports) stay out of the figures.
 Implementations:
 
 * ``asupervisor``: ``await sv.submit(app, "local")`` (validation, dry run, the
-  app's records on disk, N spawns with their pipes and pidfds);
+  app's records on disk, N spawns with their pipes and pidfds), the
+  repetitions back to back in one Supervisor;
+* ``asupervisor-service``: the same submit as a long-running service makes it:
+  one Supervisor (its own ``state_dir``) for all repetitions, a warm-up app,
+  then before each timed submit a quiet while of ``QUIET_S`` (0.3 s) with
+  nothing running. The ``asupervisor`` row's back-to-back submits never leave
+  such a while, and a real service does: after one, the local reaper's first
+  move of itself into an app's cgroup used to wait an RCU grace period
+  (5-15 ms per submit; fixed since, a lone spawn is forked straight into the
+  cgroup with clone3), which only this row would show;
 * ``torchx``: ``runner.run(app, "local_cwd", cfg)`` (dry run and schedule:
   N spawns writing to log files, one ``Tee`` thread per replica);
 * ``popen`` (baseline): a loop of ``subprocess.Popen`` with stdout/stderr
@@ -25,7 +34,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -40,31 +49,59 @@ from bench.util import (
     write_json,
 )
 
+if TYPE_CHECKING:
+    from supervisor import AppDef
+
 BASELINE = "popen"
 IMPLS = {
     "asupervisor": "asupervisor `await sv.submit(app, 'local')`",
+    "asupervisor-service": "asupervisor in a running service (0.3 s quiet before each submit)",
     "torchx": "TorchX `runner.run(app, 'local_cwd')`",
     "popen": "baseline: loop of `subprocess.Popen`",
     "anyio-open-process": "loop of `await anyio.open_process`",
 }
 ARGV = ("sleep", "60")
+QUIET_S = 0.3
+"""``asupervisor-service``: the quiet while, nothing running, before each timed submit."""
+
+
+def _app(replicas: int) -> AppDef:
+    from supervisor import AppDef, Role
+
+    role = Role(name="r", entrypoint=ARGV[0], args=ARGV[1:], num_replicas=replicas)
+    return AppDef(name="submit", roles=[role])
 
 
 async def _asupervisor(n: int, reps: int, tmp: Path) -> list[float]:
-    from supervisor import AppDef, Role, Supervisor
-
-    def app(replicas: int) -> AppDef:
-        role = Role(name="r", entrypoint=ARGV[0], args=ARGV[1:], num_replicas=replicas)
-        return AppDef(name="submit", roles=[role])
+    from supervisor import Supervisor
 
     out: list[float] = []
     async with Supervisor(session="bench", state_dir=tmp / "state") as sv:
-        warm = await sv.submit(app(1), "local")
+        warm = await sv.submit(_app(1), "local")
         await sv.cancel(warm)
         await sv.wait(warm)
         for _ in range(reps):
             started = time.perf_counter()
-            handle = await sv.submit(app(n), "local")
+            handle = await sv.submit(_app(n), "local")
+            out.append(time.perf_counter() - started)
+            await sv.cancel(handle)
+            await sv.wait(handle)
+    return out
+
+
+async def _asupervisor_service(n: int, reps: int, tmp: Path) -> list[float]:
+    """One Supervisor kept open, a quiet while before each submit (see the docstring)."""
+    from supervisor import Supervisor
+
+    out: list[float] = []
+    async with Supervisor(session="bench", state_dir=tmp / "service-state") as sv:
+        warm = await sv.submit(_app(1), "local")
+        await sv.cancel(warm)
+        await sv.wait(warm)
+        for _ in range(reps):
+            await anyio.sleep(QUIET_S)
+            started = time.perf_counter()
+            handle = await sv.submit(_app(n), "local")
             out.append(time.perf_counter() - started)
             await sv.cancel(handle)
             await sv.wait(handle)
@@ -168,6 +205,8 @@ def child() -> None:
     with scratch() as tmp:
         if args.impl == "asupervisor":
             samples = anyio.run(_asupervisor, args.n, args.reps, tmp)
+        elif args.impl == "asupervisor-service":
+            samples = anyio.run(_asupervisor_service, args.n, args.reps, tmp)
         elif args.impl == "torchx":
             samples = _torchx(args.n, args.reps, tmp)
         elif args.impl == "popen":
@@ -192,6 +231,7 @@ def run_case(plan: dict[str, Any]) -> Json:
         "unit": "s",
         "baseline": BASELINE,
         "impls": IMPLS,
+        "service_quiet_s": QUIET_S,
         "rows": rows,
     }
 

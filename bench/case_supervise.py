@@ -47,14 +47,12 @@ import anyio.lowlevel
 
 from bench.util import (
     REPO,
+    HelperCpu,
     Json,
     add_ratios,
     child_parser,
-    comm,
     cpu_self,
-    helpers,
     maxrss_kib,
-    proc_cpu,
     raise_nofile,
     ratio,
     run_child,
@@ -95,8 +93,7 @@ class Probe:
         self.launch_end: float | None = None
         self.cpu_before = 0.0
         self.window: Json = {}
-        self._helpers: dict[int, float] = {}
-        self._names: dict[int, str] = {}
+        self._helpers = HelperCpu(REPLICA_COMMANDS)
         self._launched = threading.Event()
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench-probe", daemon=True)
@@ -111,20 +108,13 @@ class Probe:
         GIL (TorchX) takes seconds, so it is skipped where there is nothing
         to find.
         """
-        if not self.scan_helpers:
-            return
-        for pid in helpers(REPLICA_COMMANDS):
-            self._names.setdefault(pid, comm(pid))
-
-    def _helper_cpu(self) -> float:
-        for pid in self._names:
-            self._helpers[pid] = max(self._helpers.get(pid, 0.0), proc_cpu(pid))
-        return sum(self._helpers.values())
+        if self.scan_helpers:
+            self._helpers.find()
 
     def _sample(self) -> tuple[float, float]:
         """(CPU seconds, monotonic time), taken together; the helpers' CPU is added after."""
         cpu, at = cpu_self(), time.monotonic()
-        return cpu + self._helper_cpu(), at
+        return cpu + self._helpers.read(), at
 
     def started(self) -> None:
         if self.launch_start is None:
@@ -159,7 +149,7 @@ class Probe:
         # Keep the helpers' CPU current until the end: a reaper that exits
         # with its supervisor is no longer readable afterwards.
         while not self._done.wait(0.5):
-            self._helper_cpu()
+            self._helpers.read()
 
     def finish(self) -> Json:
         total = self._sample()[0] - self.cpu_before
@@ -173,8 +163,8 @@ class Probe:
         return {
             "steady": self.window,
             "total_cpu_s": total,
-            "helper_cpu_s": sum(self._helpers.values()),
-            "helpers": sorted(set(self._names.values())),
+            "helper_cpu_s": self._helpers.last,
+            "helpers": sorted(set(self._helpers.names.values())),
             "spawn_s": spawn,
             "maxrss_kib": maxrss_kib(),
         }

@@ -1,6 +1,6 @@
 """Run the benchmark cases and write their results as JSON.
 
-    bench/.venv/bin/python -m bench.run [--quick] [--cases wait,submit,...,docker,fsm,loop_lag]
+    bench/.venv/bin/python -m bench.run [--quick] [--cases wait,submit,...,list_index,apps]
 
 Normally started by ``bash scripts/bench``, which also builds ``bench/.venv``
 and renders the report. Writes ``bench/results/<date>.json`` and
@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import (
+    case_apps,
     case_docker,
     case_fsm,
     case_list_index,
@@ -61,6 +62,7 @@ CASES: dict[str, Callable[[dict[str, Any]], Json]] = {
     "loop_lag": case_loop_lag.run_case,
     "memory_apps": case_memory_apps.run_case,
     "list_index": case_list_index.run_case,
+    "apps": case_apps.run_case,
 }
 
 FULL: dict[str, dict[str, Any]] = {
@@ -78,6 +80,8 @@ FULL: dict[str, dict[str, Any]] = {
             *(("popen", n, 5) for n in (1, 10, 100, 1000)),
             *(("anyio-open-process", n, 5) for n in (1, 10, 100, 1000)),
             *(("asupervisor", n, 5) for n in (1, 10, 100, 1000)),
+            # One Supervisor, 0.3 s quiet before each submit: a service's submits.
+            *(("asupervisor-service", n, 5) for n in (1, 10)),
             *(("torchx", n, 5) for n in (1, 10, 100)),
             ("torchx", 1000, 3),
         ],
@@ -127,6 +131,8 @@ FULL: dict[str, dict[str, Any]] = {
     "memory_apps": {"runs": [("asupervisor", 10_000, 1)], "in_flight": 8},
     # 1,000 short apps run, then listed 5 times per query: about a minute.
     "list_index": {"runs": [("asupervisor", 1000, 5)]},
+    # 1,000 replicas of `true` as one app, then as 1,000 apps: under a minute.
+    "apps": {"runs": [(impl, 1000, 3) for impl in case_apps.IMPLS]},
 }
 
 QUICK: dict[str, dict[str, Any]] = {
@@ -140,9 +146,13 @@ QUICK: dict[str, dict[str, Any]] = {
     },
     "submit": {
         "runs": [
-            (impl, n, 2)
-            for impl in ("popen", "anyio-open-process", "asupervisor", "torchx")
-            for n in (1, 10)
+            *(
+                (impl, n, 2)
+                for impl in ("popen", "anyio-open-process", "asupervisor", "torchx")
+                # N=100: the Popen target is about N >= 100.
+                for n in (1, 10, 100)
+            ),
+            ("asupervisor-service", 1, 2),
         ],
     },
     "supervise": {
@@ -181,6 +191,7 @@ QUICK: dict[str, dict[str, Any]] = {
     },
     "memory_apps": {"runs": [("asupervisor", 1000, 1)], "in_flight": 8},
     "list_index": {"runs": [("asupervisor", 200, 2)]},
+    "apps": {"runs": [(impl, 100, 1) for impl in case_apps.IMPLS]},
 }
 
 

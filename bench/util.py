@@ -23,11 +23,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+import anyio
 
 REPO = Path(__file__).resolve().parent.parent
 TAG_ENV = "ASUPERVISOR_BENCH_TAG"
@@ -241,6 +243,61 @@ def helpers(exclude: frozenset[str]) -> list[int]:
     return [
         pid for pid in children() if comm(pid) not in exclude and cmdline(pid) not in (mine, b"")
     ]
+
+
+class HelperCpu:
+    """CPU seconds of this process's helper children (asupervisor's reaper), from /proc.
+
+    The supervising process's own CPU (``cpu_self``) leaves out its helper
+    processes, and a helper that exits (with its Supervisor) takes its figures
+    from /proc with it, while its reaped CPU would land in ``RUSAGE_CHILDREN``
+    mixed with the replicas'. So the helpers are noted once they run
+    (``find``), every reading is kept, and ``read`` sums each helper's latest
+    (largest) one: read once more before the helpers end.
+    """
+
+    def __init__(self, exclude: frozenset[str]) -> None:
+        self.exclude = exclude
+        self.names: dict[int, str] = {}
+        """pid -> command name of every helper noted so far."""
+        self._cpu: dict[int, float] = {}
+
+    def find(self) -> None:
+        """Note the helpers alive now (call it after a first launch started them)."""
+        for pid in helpers(self.exclude):
+            self.names.setdefault(pid, comm(pid))
+
+    def read(self) -> float:
+        """Sum of the noted helpers' CPU seconds, refreshed from those still alive."""
+        for pid in self.names:
+            self._cpu[pid] = max(self._cpu.get(pid, 0.0), proc_cpu(pid))
+        return self.last
+
+    @property
+    def last(self) -> float:
+        """The sum as of the latest ``read``, without reading /proc again."""
+        return sum(self._cpu.values())
+
+
+async def bounded(count: int, in_flight: int, one: Callable[[int], Awaitable[None]]) -> None:
+    """Await ``one(i)`` for every ``i`` in ``range(count)``, at most ``in_flight`` at a time.
+
+    A task starts only once a slot is free, as a service that caps its
+    submissions would do it: ``count`` tasks parked on a limiter from the start
+    would add their own creation and scheduling to what a case measures.
+    """
+    slots = anyio.Semaphore(in_flight)
+
+    async def run(i: int) -> None:
+        try:
+            await one(i)
+        finally:
+            slots.release()
+
+    async with anyio.create_task_group() as tg:
+        for i in range(count):
+            await slots.acquire()
+            tg.start_soon(run, i)
 
 
 # ---------------------------------------------------------------- child processes

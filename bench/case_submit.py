@@ -72,7 +72,9 @@ def _app(replicas: int) -> AppDef:
     return AppDef(name="submit", roles=[role])
 
 
-async def _asupervisor(n: int, reps: int, tmp: Path) -> list[float]:
+async def _asupervisor(n: int, reps: int, tmp: Path, quiet_s: float = 0.0) -> list[float]:
+    """One Supervisor for every repetition; ``quiet_s`` idle before each submit (a service's
+    pace, see the docstring), none for back-to-back submits."""
     from supervisor import Supervisor
 
     out: list[float] = []
@@ -81,25 +83,7 @@ async def _asupervisor(n: int, reps: int, tmp: Path) -> list[float]:
         await sv.cancel(warm)
         await sv.wait(warm)
         for _ in range(reps):
-            started = time.perf_counter()
-            handle = await sv.submit(_app(n), "local")
-            out.append(time.perf_counter() - started)
-            await sv.cancel(handle)
-            await sv.wait(handle)
-    return out
-
-
-async def _asupervisor_service(n: int, reps: int, tmp: Path) -> list[float]:
-    """One Supervisor kept open, a quiet while before each submit (see the docstring)."""
-    from supervisor import Supervisor
-
-    out: list[float] = []
-    async with Supervisor(session="bench", state_dir=tmp / "service-state") as sv:
-        warm = await sv.submit(_app(1), "local")
-        await sv.cancel(warm)
-        await sv.wait(warm)
-        for _ in range(reps):
-            await anyio.sleep(QUIET_S)
+            await anyio.sleep(quiet_s)
             started = time.perf_counter()
             handle = await sv.submit(_app(n), "local")
             out.append(time.perf_counter() - started)
@@ -206,7 +190,7 @@ def child() -> None:
         if args.impl == "asupervisor":
             samples = anyio.run(_asupervisor, args.n, args.reps, tmp)
         elif args.impl == "asupervisor-service":
-            samples = anyio.run(_asupervisor_service, args.n, args.reps, tmp)
+            samples = anyio.run(_asupervisor, args.n, args.reps, tmp, QUIET_S)
         elif args.impl == "torchx":
             samples = _torchx(args.n, args.reps, tmp)
         elif args.impl == "popen":

@@ -248,86 +248,99 @@ def ratio_target(
     ]
 
 
-def wait_targets(case: Json) -> list[list[str]]:
-    rows = case.get("rows", [])
+def ratio_targets(
+    rows: list[Json],
+    impl: str,
+    baseline: str,
+    baseline_name: str,
+    target: float,
+    what: Callable[[int], str],
+    least_n: int = 0,
+) -> list[list[str]]:
+    """``ratio_target`` for each N that ``impl`` was measured at (from ``least_n`` on)."""
     return [
         ratio_target(
-            f"wait after the last exit within {WAIT_TARGET_RATIO:g}× a bare anyio"
-            f" `process.wait()`, N={row['n']:,}",
+            what(row["n"]),
             row,
-            find(rows, impl="anyio", n=row["n"]),
-            "anyio",
-            WAIT_TARGET_RATIO,
+            find(rows, impl=baseline, n=row["n"]),
+            baseline_name,
+            target,
         )
         for row in rows
-        if row.get("impl") == "asupervisor"
+        if row.get("impl") == impl and row["n"] >= least_n
     ]
+
+
+def wait_targets(case: Json) -> list[list[str]]:
+    return ratio_targets(
+        case.get("rows", []),
+        "asupervisor",
+        "anyio",
+        "anyio",
+        WAIT_TARGET_RATIO,
+        lambda n: (
+            f"wait after the last exit within {WAIT_TARGET_RATIO:g}× a bare anyio"
+            f" `process.wait()`, N={n:,}"
+        ),
+    )
 
 
 def submit_targets(case: Json) -> list[list[str]]:
     rows = case.get("rows", [])
-    ours = [row for row in rows if row.get("impl") == "asupervisor"]
-    out = [
-        ratio_target(
-            f"submit faster than TorchX `local_cwd`, N={row['n']:,}",
-            row,
-            find(rows, impl="torchx", n=row["n"]),
-            "TorchX",
-            SUBMIT_TORCHX_TARGET_RATIO,
-        )
-        for row in ours
-    ]
     quiet = case.get("service_quiet_s", 0.3)
-    out += [
-        ratio_target(
+    out = ratio_targets(
+        rows,
+        "asupervisor",
+        "torchx",
+        "TorchX",
+        SUBMIT_TORCHX_TARGET_RATIO,
+        lambda n: f"submit faster than TorchX `local_cwd`, N={n:,}",
+    )
+    out += ratio_targets(
+        rows,
+        "asupervisor-service",
+        "torchx",
+        "TorchX",
+        SUBMIT_TORCHX_TARGET_RATIO,
+        lambda n: (
             f"submit in a running service (one Supervisor, {quiet:g} s between submits)"
-            f" faster than TorchX `local_cwd`, N={row['n']:,}",
-            row,
-            find(rows, impl="torchx", n=row["n"]),
-            "TorchX",
-            SUBMIT_TORCHX_TARGET_RATIO,
-        )
-        for row in rows
-        if row.get("impl") == "asupervisor-service"
-    ]
+            f" faster than TorchX `local_cwd`, N={n:,}"
+        ),
+    )
     what = f"submit within {SUBMIT_POPEN_TARGET_RATIO:g}× a Popen loop"
-    large = [row for row in ours if row["n"] >= SUBMIT_POPEN_FROM_N]
-    out += [
-        ratio_target(
-            f"{what}, N={row['n']:,}",
-            row,
-            find(rows, impl="popen", n=row["n"]),
-            "Popen",
-            SUBMIT_POPEN_TARGET_RATIO,
-        )
-        for row in large
-    ]
-    if ours and not large:
-        out.append(
+    large = ratio_targets(
+        rows,
+        "asupervisor",
+        "popen",
+        "Popen",
+        SUBMIT_POPEN_TARGET_RATIO,
+        lambda n: f"{what}, N={n:,}",
+        least_n=SUBMIT_POPEN_FROM_N,
+    )
+    if any(row.get("impl") == "asupervisor" for row in rows) and not large:
+        large = [
             [
                 f"{what} at N ≥ {SUBMIT_POPEN_FROM_N:,}",
                 f"no N ≥ {SUBMIT_POPEN_FROM_N:,} in this run",
                 "not measured",
             ]
-        )
-    return out
+        ]
+    return out + large
 
 
 def apps_targets(case: Json) -> list[list[str]]:
-    rows = case.get("rows", [])
     target = case.get("target_ratio", APPS_TARGET_RATIO)
-    return [
-        ratio_target(
-            f"CPU per replica of {row['n']:,} one-replica apps within {target:g}× that of"
-            f" one {row['n']:,}-replica app",
-            row,
-            find(rows, impl="one-app", n=row["n"]),
-            "one app",
-            target,
-        )
-        for row in rows
-        if row.get("impl") == "many-apps"
-    ]
+    return ratio_targets(
+        case.get("rows", []),
+        "many-apps",
+        "one-app",
+        "one app",
+        target,
+        lambda n: (
+            f"CPU per replica of {n:,} one-replica apps within {target:g}× that of"
+            f" one {n:,}-replica app"
+        ),
+    )
 
 
 def apps_section(case: Json) -> list[str]:

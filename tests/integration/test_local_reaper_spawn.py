@@ -24,15 +24,22 @@ pytestmark = pytest.mark.integration
 
 REAPER = Path(__file__).resolve().parents[2] / "supervisor/backends/local/reaper.py"
 
-# Spawns replicas through the real reaper code, one way forced each time, and prints
-# what each replica (or the failure) looked like.
-PROBE = r"""
+# The real reaper's code, loaded from its file as the reaper script is, with a socket
+# pair for the supervisor's side (the probes below answer its sends themselves).
+REAPER_HERE = r"""
 import importlib.util, json, os, socket, sys
 spec = importlib.util.spec_from_file_location("reaper", sys.argv[1])
 reaper = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(reaper)
 ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 r = reaper.Reaper(ours, None)
+"""
+
+# Spawns replicas through the real reaper code, one way forced each time, and prints
+# what each replica (or the failure) looked like.
+PROBE = (
+    REAPER_HERE
+    + r"""
 sent = []
 r.send = lambda **msg: sent.append(msg)
 out = {"cgroup": r.cgroup, "runs": []}
@@ -66,6 +73,7 @@ for way in ("clone", "move"):
 r.stop_everything()
 print(json.dumps(out))
 """
+)
 
 
 def _probe(tmp_path: Path) -> dict[str, object]:
@@ -116,13 +124,10 @@ def test_a_spawn_that_is_part_of_a_burst_moves_instead_of_forking_the_reaper(
 ) -> None:
     """With other replicas starting, another message queued, or a move moments ago,
     the vfork way is taken (one move pays for the burst)."""
-    probe = r"""
-import importlib.util, json, os, socket, sys, time
-spec = importlib.util.spec_from_file_location("reaper", sys.argv[1])
-reaper = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(reaper)
-ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-r = reaper.Reaper(ours, None)
+    probe = (
+        REAPER_HERE
+        + r"""
+import time
 r.send = lambda **msg: None
 ways = []
 def spawn(i, alone=True):
@@ -144,6 +149,7 @@ spawn(4, alone=False)           # the supervisor starts others with it: one move
 print(json.dumps({"cgroup": r.cgroup, "ways": ways}))
 r.stop_everything()
 """
+    )
     done = subprocess.run(
         [sys.executable, "-I", "-S", "-c", probe, str(REAPER)],
         capture_output=True,

@@ -22,9 +22,10 @@ process cannot keep alone:
   descendant it still has, until it has no child left.
 
 Protocol: JSON, one message per SOCK_SEQPACKET datagram on fd 0. From the
-supervisor: ``spawn`` (with the output pipes as SCM_RIGHTS), ``kill``,
-``release`` (an app ended), ``shutdown``. To it: ``hello``, ``spawned`` or
-``failed`` per spawn, ``exit`` per replica. Sends never block this process:
+supervisor: ``spawn`` (with the output pipes as SCM_RIGHTS, and whether it comes
+``alone``: see ``Reaper.spawn``), ``kill``, ``release`` (an app ended),
+``shutdown``. To it: ``hello``, ``spawned`` or ``failed`` per spawn, ``exit``
+per replica. Sends never block this process:
 replies queue until the socket is writable, so it always keeps reading, and it
 reads every queued message (up to a batch) per wake-up. The supervisor's sends
 never block either (see ``reaper_client.py``).

@@ -59,7 +59,6 @@ __all__ = [
     "lock_file",
     "read_json_or_none",
     "read_record",
-    "record_identities",
     "remove_app",
     "unknown_status",
     "write_json_atomic",
@@ -745,11 +744,6 @@ class IndexEntry:
 _SUMMARIZED = ("app.json", "state.json")
 
 
-def record_identities(app_dir: Path) -> list[list[int] | None]:
-    """What an index entry's summary vouches for: the identity of each summarized record."""
-    return [_identity(app_dir / name) for name in _SUMMARIZED]
-
-
 def _identity(path: str | Path) -> list[int] | None:
     """What changes when the file is replaced or written: inode, size, mtime, ctime."""
     try:
@@ -807,16 +801,13 @@ class Index:
         app_dir: Path,
         status: AppStatus,
         times: AppTimes | None = None,
-        records: list[list[int] | None] | None = None,
     ) -> None:
         """Keep the app's final status and times in its entry, once its final record is written.
 
-        A caller that settles later than it wrote the final record passes what it
-        kept then: ``times`` (spares reading the whole journal back) and ``records``
-        (``record_identities`` taken right after that write, so a record changed
-        since is seen as changed, not vouched for). Best effort: an entry that cannot
-        be rewritten only makes ``list`` read the app's records, as it does for apps
-        still running.
+        ``times``, when the caller kept them as it recorded the app, spares reading
+        the whole journal back (the final record is on the path of ``wait``). Best
+        effort: an entry that cannot be rewritten only makes ``list`` read the app's
+        records, as it does for apps still running.
         """
         path = self.entry_path(session, app_id)
         try:
@@ -833,7 +824,7 @@ class Index:
             "submitted": times.submitted,
             "started": times.started,
             "ended": times.ended,
-            "records": record_identities(app_dir) if records is None else records,
+            "records": [_identity(app_dir / name) for name in _SUMMARIZED],
         }
         with contextlib.suppress(OSError):
             write_json_atomic(path, data)

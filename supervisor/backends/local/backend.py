@@ -55,7 +55,6 @@ from supervisor.backends.store import (
     IndexEntry,
     Owner,
     damaged_status,
-    record_identities,
     unknown_status,
 )
 from supervisor.errors import BackendError, DamagedRecordError, SubmitError
@@ -146,8 +145,6 @@ class LocalRuntime(ReplicaRuntime):
         # Attempts being started now: a spawn is "alone" (the reaper may fork it straight
         # into the app's cgroup) only when no other replica starts with it.
         self._starting = 0
-        # The final status and its records' identities, once the final record is written.
-        self._final: tuple[AppStatus, list[list[int] | None]] | None = None
 
     def _create_store(self) -> None:
         """Blocking: the app's directories, first record, index entry and final reserve.
@@ -338,7 +335,7 @@ class LocalRuntime(ReplicaRuntime):
         await anyio.to_thread.run_sync(self._record, status, list(transitions), final)
 
     def _record(self, status: AppStatus, transitions: list[Transition], final: bool) -> None:
-        """Blocking: the state and the journal (the index entry waits for ``_settle``)."""
+        """Blocking: the state (and journal), then for the final one the index entry."""
         try:
             self.store.write_state(status, transitions, final, self._owner)
         except OSError as e:
@@ -348,27 +345,12 @@ class LocalRuntime(ReplicaRuntime):
                 raise
             self.store.write_state(status, transitions, final, self._owner)
         if final:
-            # Taken now: a record changed before ``_settle`` must not be vouched for.
-            self._final = (status, record_identities(self.store.app_dir))
-
-    def _settle(self) -> None:
-        """Blocking: the reserve given back and, after the final record, the index settled.
-
-        Here and not with the final record: that record is on the path of every
-        ``wait``, and until the index entry is settled ``list`` reads the app's
-        records instead, which give the same answer.
-        """
-        self.store.release_reserve()
-        if self._final is not None:
-            status, records = self._final
-            # ``list`` answers the app from its index entry from now on.
+            self.store.release_reserve()
+            # ``list`` answers the app from its index entry from now on. Here, before
+            # ``wait`` returns, not later: the app leaves memory then, and a ``gc``
+            # right after it must not race a settle that writes its entry back.
             self._backend.index.settle(
-                self.request.session,
-                self.request.app_id,
-                self.store.app_dir,
-                status,
-                self._times,
-                records,
+                self.request.session, self.request.app_id, self.store.app_dir, status, self._times
             )
 
     def log_target(self, role: str, replica_id: int) -> LogTarget:
@@ -388,7 +370,7 @@ class LocalRuntime(ReplicaRuntime):
                     await slot.done.wait()
         # Whatever the replicas left behind (outside their process groups) goes too.
         self._backend.reaper.release(self.request.app_id)
-        await anyio.to_thread.run_sync(self._settle)
+        await anyio.to_thread.run_sync(self.store.release_reserve)
         self._backend.forget(self)
         # Log failures no exit reported (a replica that never started): this app's
         # to show, not left for the Supervisor's close to raise at everyone.

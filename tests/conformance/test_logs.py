@@ -19,6 +19,10 @@ pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 SCRIPT = (
     "echo out1; echo err1 >&2; sleep 3; echo out2; echo err2 >&2; printf 'out3 without newline'"
 )
+PARTIAL = "out3 without newline"
+# The second burst in the combined view: stdout's last line as written, or ended by the
+# separator that a stderr line coming after it in combined.log needs.
+_LAST_BURST = [sorted(["err2\n", "out2\n", PARTIAL]), sorted(["err2\n", "out2\n", PARTIAL + "\n"])]
 
 
 async def test_logs_by_stream_regex_and_time_followed_until_the_replica_ends(
@@ -34,7 +38,13 @@ async def test_logs_by_stream_regex_and_time_followed_until_the_replica_ends(
     assert final is not None and final.state is AppState.SUCCEEDED, final
     followed = [line for line, _, _ in seen]
     assert sorted(followed[:2]) == ["err1\n", "out1\n"], followed
-    assert sorted(followed[2:]) == ["err2\n", "out2\n", "out3 without newline"], followed
+    # Two pipes reach the log writer in either order. combined.log keeps lines whole,
+    # so stdout's unterminated last line is ended there by the one separator a stderr
+    # line written after it needs (the stdout file itself keeps it unterminated).
+    tail = sorted(followed[2:])
+    assert tail in _LAST_BURST, followed
+    if PARTIAL + "\n" in followed:
+        assert followed[-1] != PARTIAL + "\n", followed  # ended only by a line after it
     # The first lines came while the replica still ran: the follower waited for the rest.
     assert seen[0][2] in (AppState.PENDING, AppState.RUNNING), seen
 
@@ -50,7 +60,7 @@ async def test_logs_by_stream_regex_and_time_followed_until_the_replica_ends(
 
     between = max(t for line, t, _ in seen if line in ("out1\n", "err1\n")) + 1.0
     late = await lines(sv, handle, "t", 0, since=between)
-    assert sorted(late) == ["err2\n", "out2\n", "out3 without newline"]
+    assert sorted(late) == tail
     early = await lines(sv, handle, "t", 0, until=between, streams="stdout")
     assert early == ["out1\n"]
     assert await lines(sv, handle, "t", 0, since=between, until=between) == []

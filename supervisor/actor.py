@@ -7,6 +7,10 @@ of their own, so that the mailbox keeps draining while a replica takes its
 grace period to stop; after each batch it publishes once to readers
 (``status``, ``wait``, ``watch``), and the record for other processes follows
 on the trailing edge of a burst, the final record last.
+
+Everything of one app runs in the app's own task group, which the actor
+hosts (``open``): the actor, its actions, and the tasks the backend's runtime
+starts to follow the app (``AppTasks``).
 """
 
 from __future__ import annotations
@@ -16,10 +20,16 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 import anyio
-from anyio.abc import TaskGroup
+from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from supervisor.backends.base import AppCancelRequested, AppNotice, AppRuntime, Request
+from supervisor.backends.base import (
+    AppCancelRequested,
+    AppNotice,
+    AppRuntime,
+    AppTasks,
+    Request,
+)
 from supervisor.errors import BackendError
 from supervisor.events import Lost, ReplicaEvent
 from supervisor.fsm.app import Action, AppFSM, RestartReplicas, RoleSpec, StopReplicas
@@ -56,7 +66,7 @@ class _Barrier:
 
 @dataclass(frozen=True)
 class _Broken:
-    """An action failed in a way that leaves the app's replicas unaccounted for."""
+    """An action or a task of the app failed in a way that leaves its replicas unaccounted for."""
 
     doing: str
     error: Exception
@@ -91,6 +101,9 @@ class AppActor:
         send, recv = anyio.create_memory_object_stream(math.inf)
         self._send, self._recv = send, recv
         self.runtime: AppRuntime | None = None
+        # Set by ``begin`` (with the runtime) or ``discard``: the app's task group goes on.
+        self._begun = anyio.Event()
+        self._owed: Sequence[Action] = ()
         self.done = anyio.Event()
         self._changed = anyio.Event()
         self._dirty = anyio.Event()
@@ -131,8 +144,20 @@ class AppActor:
             await self._persist(self.runtime, final=False)
 
     def discard(self) -> None:
-        """For an actor whose launch failed: it will never run, so its mailbox is closed here."""
+        """For an actor whose launch failed: it will never run, so its mailbox is closed here.
+
+        Its task group ends once what the failed launch started there has ended.
+        """
         self._finish()
+        self._begun.set()
+
+    def broken(self, doing: str, error: Exception) -> None:
+        """A task of the app failed unexpectedly: its supervision ends (``AppTasks``)."""
+        if not self.done.is_set():
+            self._send.send_nowait(_Broken(doing, error))
+        elif self._observer is not None:
+            # The app had already ended: nothing is left to stop, but it is not hidden.
+            self._observer.internal_error(self.handle, doing, error)
 
     # ------------------------------------------------------------------ readers
     @property
@@ -182,17 +207,43 @@ class AppActor:
         self._persisted = self._observed = len(history)
         return actions
 
-    async def run(
-        self, runtime: AppRuntime, task_group: TaskGroup, owed: Sequence[Action] = ()
+    async def open(self, task_group: TaskGroup) -> AppTasks:
+        """Open the app's own task group inside ``task_group`` (the Supervisor's).
+
+        The backend starts the app's work there from ``launch`` on, so the group
+        exists before the app does; ``begin`` then runs the actor in it (or
+        ``discard`` lets it end). It ends when the last of the app's tasks does.
+        """
+        tasks: AppTasks = await task_group.start(self._host, name=self.task_name)
+        return tasks
+
+    @property
+    def task_name(self) -> str:
+        """The name of the task that hosts the app's task group: it shows whose work runs."""
+        return f"asupervisor app {self.handle}"
+
+    def begin(self, runtime: AppRuntime, owed: Sequence[Action] = ()) -> None:
+        """Follow the launched (or adopted) app, in its own task group, to its end."""
+        self.runtime = runtime
+        self._owed = owed
+        self._begun.set()
+
+    async def _host(self, *, task_status: TaskStatus[AppTasks]) -> None:
+        async with anyio.create_task_group() as group:
+            task_status.started(AppTasks(group, self.broken))
+            await self._begun.wait()
+            if self.runtime is not None:
+                await self._run(self.runtime, group, self._owed)
+
+    async def _run(
+        self, runtime: AppRuntime, task_group: TaskGroup, owed: Sequence[Action]
     ) -> None:
         """Follow the app to its end; whatever goes wrong stays this app's problem.
 
-        Runs in the Supervisor's task group beside every other app, so an
-        unexpected error here must not escape: it ends this app as UNKNOWN
+        An unexpected error here must not escape: it ends this app as UNKNOWN
         with the reason (after stopping its replicas) instead of taking the
-        task group, and every other app, down with it.
+        Supervisor's task group, and every other app, down with it.
         """
-        self.runtime = runtime
         try:
             await self._loop(runtime, task_group, owed)
         except Exception as exc:
@@ -319,8 +370,7 @@ class AppActor:
             if not self.done.is_set():
                 self._send.send_nowait(AppNotice(message=f"{verb} replicas failed ({retry}): {e}"))
         except Exception as e:
-            if not self.done.is_set():
-                self._send.send_nowait(_Broken(f"{verb} replicas", e))
+            self.broken(f"{verb} replicas", e)
 
     def _finish(self) -> None:
         self.done.set()

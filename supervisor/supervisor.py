@@ -506,16 +506,17 @@ class Supervisor:
             raise DuplicateAppError(f"{handle} was already scheduled by this Supervisor")
         actor = AppActor(handle, info.request, self._observer, on_done=self._forget)
         try:
+            tasks = await actor.open(tg)
             # Shielded: a launch cut short by the caller's cancel would leave what it
             # had started (processes, a Slurm job, containers) with no handle and no
             # record. The cancel lands just below instead, where the app is stopped.
             with anyio.CancelScope(shield=True):
-                runtime = await impl.launch(info.request, actor.post)
+                runtime = await impl.launch(info.request, actor.post, tasks)
         except BaseException:
             actor.discard()
             raise
         self._actors[handle] = actor
-        tg.start_soon(actor.run, runtime, tg)
+        actor.begin(runtime)
         try:
             await actor.settle()
             # Another process asking right after this returns must find the app as it is.
@@ -559,14 +560,15 @@ class Supervisor:
             # Shielded like a launch: a cancel between taking the lease and following
             # the app would leave it owned by a process that does not follow it.
             with anyio.CancelScope(shield=True):
-                runtime = await adoption.start(actor.post)
+                tasks = await actor.open(tg)
+                runtime = await adoption.start(actor.post, tasks)
         except BaseException:
             actor.discard()
             with anyio.CancelScope(shield=True):
                 await adoption.give_up()
             raise
         self._actors[handle] = actor
-        tg.start_soon(actor.run, runtime, tg, owed)
+        actor.begin(runtime, owed)
         await actor.settle()
         await actor.record_now()
         return _with_metadata(actor)

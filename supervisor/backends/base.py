@@ -13,6 +13,10 @@ no run options, every retry policy, and no records, so that only the Supervisor
 that launched an app sees it. A backend whose apps others can see overrides the
 record keeping (``AppRuntime.record``) and the answers from records.
 
+``launch`` is given the app's own task group (``AppTasks``): the background work
+of one app runs there, that of the whole backend (a poller, an engine's event
+stream) in ``BackendContext.task_group``.
+
 Backends are looked up by name: built-ins first, then the
 ``asupervisor.backends`` entry-point group, so a third party adds one with a
 line in its own pyproject. Each Supervisor has its own registry instance.
@@ -26,7 +30,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVarTuple, Unpack
 
 import anyio
 from anyio.abc import TaskGroup
@@ -43,6 +47,7 @@ __all__ = [
     "AppCancelRequested",
     "AppNotice",
     "AppRuntime",
+    "AppTasks",
     "Backend",
     "BackendContext",
     "BackendRegistry",
@@ -86,12 +91,45 @@ EventSink = Callable[[ReplicaEvent | AppCancelRequested | AppNotice], None]
 """Where a backend posts events; never blocks (it is the app actor's mailbox)."""
 
 
+_Args = TypeVarTuple("_Args")
+
+
+class AppTasks:
+    """One app's own task group, where its runtime starts the app's background work.
+
+    Each app's work (its actor, the actions its machines decide, and whatever
+    its runtime follows: a process's pipes, a container's output, a Slurm job)
+    runs in a task group of that app, inside the Supervisor's. So nothing of an
+    app outlives it unseen: the group ends when the app's last task does. And
+    one app's broken task stays that app's problem: an unexpected error in a
+    task started here ends the app as UNKNOWN (its replicas stopped, the reason
+    in its status) instead of cancelling every other app with it.
+    """
+
+    def __init__(self, group: TaskGroup, broken: Callable[[str, Exception], None]) -> None:
+        self._group = group
+        self._broken = broken
+
+    def start_soon(self, func: Callable[[Unpack[_Args]], Awaitable[object]], *args: *_Args) -> None:
+        """Run ``func(*args)`` as a task of this app."""
+        self._group.start_soon(self._guarded, func, args)
+
+    async def _guarded(
+        self, func: Callable[[Unpack[_Args]], Awaitable[object]], args: tuple[*_Args]
+    ) -> None:
+        try:
+            await func(*args)
+        except Exception as exc:
+            self._broken(f"running {getattr(func, '__qualname__', repr(func))}", exc)
+
+
 @dataclass(frozen=True)
 class BackendContext:
     """What every backend of one Supervisor shares.
 
-    ``task_group`` is the Supervisor's: background work a backend starts lives
-    and dies with the Supervisor.
+    ``task_group`` is the Supervisor's: the background work of the whole backend
+    (a poller, an engine's event stream) lives and dies with the Supervisor. The
+    work of one app goes into that app's ``AppTasks`` instead.
     """
 
     session: str
@@ -154,7 +192,7 @@ class Adoption:
     request: Request
     recorded: AppStatus
     history: Sequence[Transition]
-    start: Callable[[EventSink], Awaitable[AppRuntime]]
+    start: Callable[[EventSink, AppTasks], Awaitable[AppRuntime]]
     give_up: Callable[[], Awaitable[None]]
 
 
@@ -250,8 +288,12 @@ class Backend(abc.ABC):
         """Pure: the exact request, deterministic for the same inputs."""
 
     @abc.abstractmethod
-    async def launch(self, request: Request, sink: EventSink) -> AppRuntime:
-        """Start the request; side effects happen here. Raises SubmitError and leaves nothing."""
+    async def launch(self, request: Request, sink: EventSink, tasks: AppTasks) -> AppRuntime:
+        """Start the request; side effects happen here. Raises SubmitError and leaves nothing.
+
+        ``sink`` takes the app's events; ``tasks`` is the app's own task group,
+        for the work that follows the app (see ``AppTasks``).
+        """
 
     # Apps this Supervisor does not hold in memory: launched by another process, or here
     # and ended. These defaults are those of a backend that keeps no records, whose

@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import select
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+
+import anyio
 
 from supervisor import AppDef, RetryPolicy, Role
 
@@ -79,3 +81,14 @@ def running_with(token: str) -> list[int]:
         if token.encode() in cmdline and stat.rpartition(")")[2].split()[0] != "Z":
             found.append(int(entry))
     return found
+
+
+async def until(check: Callable[[], bool], seconds: float) -> None:
+    """Return once ``check()`` holds; fail after ``seconds``.
+
+    For what offers no event to wait on: processes of the system, the tasks
+    the Supervisor runs.
+    """
+    with anyio.fail_after(seconds):
+        while not check():  # noqa: ASYNC110 - nothing to wait on but the check
+            await anyio.sleep(0.01)

@@ -16,19 +16,20 @@ import resource
 import shutil
 import subprocess
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any, cast
 
 import anyio
 import pytest
 
 from supervisor import AppState, Supervisor
-from supervisor.backends.base import EventSink, Request
+from supervisor.backends.base import AppTasks, EventSink, Request
 from supervisor.backends.local.backend import LocalBackend, LocalRuntime
 from supervisor.events import ReplicaKey
 from supervisor.logs.lines import MAX_LINE_BYTES
 
-from .helpers import app, py_role, running_with
+from .helpers import app, py_role, running_with, until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.faults]
 
@@ -208,8 +209,8 @@ class _RestartBug(LocalBackend):
     error on demand, and the point is what such a bug does to the other apps.
     """
 
-    async def launch(self, request: Request, sink: EventSink) -> LocalRuntime:
-        runtime = await super().launch(request, sink)
+    async def launch(self, request: Request, sink: EventSink, tasks: AppTasks) -> LocalRuntime:
+        runtime = await super().launch(request, sink, tasks)
 
         async def restart(attempts: Sequence[tuple[ReplicaKey, int]], reason: str) -> None:
             raise RuntimeError("injected restart bug")
@@ -242,6 +243,60 @@ async def test_an_unexpected_error_ends_its_app_only(tmp_path: Path) -> None:
     async with Supervisor(session="svc", state_dir=tmp_path / "state") as reader:
         described = await reader.describe(broken.replace("buggy://", "local://"))
     assert described is not None and described.state is AppState.UNKNOWN
+
+
+class _FollowBug(LocalBackend):
+    """The local backend with a bug injected into the tasks that follow its replicas.
+
+    A fake on purpose: no real fault makes following a process raise an
+    unexpected error on demand. The tasks are the backend's own, started in
+    the app's task group as always; only the process's ``follow`` they call
+    raises, a moment after the replica started.
+    """
+
+    async def launch(self, request: Request, sink: EventSink, tasks: AppTasks) -> LocalRuntime:
+        return await super().launch(request, sink, cast(AppTasks, _BreakFollows(tasks)))
+
+
+class _BreakFollows:
+    def __init__(self, tasks: AppTasks) -> None:
+        self._tasks = tasks
+
+    def start_soon(self, func: Callable[..., Awaitable[object]], *args: Any) -> None:
+        if getattr(func, "__name__", "") == "_follow":
+            proc = args[2]
+
+            async def broken() -> int | None:
+                await anyio.sleep(0.2)
+                raise RuntimeError("injected follow bug")
+
+            proc.follow = broken
+        self._tasks.start_soon(func, *args)
+
+
+async def test_a_broken_task_of_an_app_ends_that_app_only(tmp_path: Path) -> None:
+    """An unexpected error in a task the backend started for an app (in the app's own
+    task group) ends that app as UNKNOWN with the reason, its replicas stopped; the
+    Supervisor's other apps go on and new ones start."""
+    token = f"asv-follow-bug-{uuid.uuid4().hex}"
+    sleeper = py_role("sleeper", "import time; time.sleep(600)", args=[token], num_replicas=2)
+    async with Supervisor(
+        session="svc", state_dir=tmp_path / "state", backends={"buggy": _FollowBug}
+    ) as sv:
+        other = await sv.submit(app(py_role("ok", SLOW_OK)), "local")
+        broken = await sv.submit(app(sleeper, name="broken"), "buggy")
+        with anyio.fail_after(60):
+            broken_status = await sv.wait(broken)
+            other_status = await sv.wait(other)
+        assert broken_status.state is AppState.UNKNOWN, broken_status
+        assert "injected follow bug" in broken_status.msg, broken_status
+        assert "_follow" in broken_status.msg, broken_status  # which task broke
+        # Killed by the task that broke, not left running unsupervised.
+        await until(lambda: not running_with(token), 10)
+        assert other_status.state is AppState.SUCCEEDED, other_status
+        later = await sv.submit(app(py_role("ok", SLOW_OK)), "local")
+        with anyio.fail_after(60):
+            assert (await sv.wait(later)).state is AppState.SUCCEEDED
 
 
 def _peak_rss_reset() -> None:

@@ -24,7 +24,7 @@ from supervisor import (
     WaitTimeout,
 )
 
-from .helpers import app, pid_alive, py_role
+from .helpers import app, pid_alive, py_role, until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
@@ -357,3 +357,30 @@ async def test_a_launch_that_fails_leaves_nothing_open(state_dir: Path, tmp_path
         warnings.simplefilter("always")
         gc.collect()
     assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []
+
+
+def _app_tasks(handle: str) -> list[str]:
+    """The tasks that host ``handle``'s own task group (named after the app)."""
+    return [t.name for t in anyio.get_running_tasks() if t.name == f"asupervisor app {handle}"]
+
+
+async def test_each_app_runs_in_its_own_task_group_which_ends_with_it(state_dir: Path) -> None:
+    """Every task of an app lives in that app's group: once the app ended and its
+    runtime was released, nothing of it runs on in the Supervisor (no follow task,
+    no action), while the Supervisor and its other apps go on."""
+    async with Supervisor(session="svc") as sv:
+        quick = [
+            await sv.submit(app(py_role("w", "print('hi')", num_replicas=3)), "local")
+            for _ in range(3)
+        ]
+        slow = await sv.submit(app(py_role("s", "import time; time.sleep(600)")), "local")
+        assert _app_tasks(slow) == [f"asupervisor app {slow}"]
+        for handle in quick:
+            with anyio.fail_after(60):
+                assert (await sv.wait(handle)).state is AppState.SUCCEEDED
+        await until(lambda: not any(_app_tasks(h) for h in quick), 10)
+        assert _app_tasks(slow) == [f"asupervisor app {slow}"]
+        await sv.cancel(slow)
+        with anyio.fail_after(60):
+            assert (await sv.wait(slow)).state is AppState.CANCELLED
+        await until(lambda: not _app_tasks(slow), 10)

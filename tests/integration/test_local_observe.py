@@ -88,8 +88,8 @@ class _RestartBreaks(LocalBackend):
     produce on demand. Everything else (processes, files) is real.
     """
 
-    async def launch(self, request: Request, sink):  # type: ignore[no-untyped-def]
-        runtime = await super().launch(request, sink)
+    async def launch(self, request: Request, sink, tasks):  # type: ignore[no-untyped-def]
+        runtime = await super().launch(request, sink, tasks)
 
         async def broken(attempts: Sequence[tuple[ReplicaKey, int]], reason: str) -> None:
             raise RuntimeError("restart exploded")

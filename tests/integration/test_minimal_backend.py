@@ -16,11 +16,12 @@ from pathlib import Path
 
 import anyio
 import pytest
-from anyio.abc import Process, TaskGroup
+from anyio.abc import Process
 
 from supervisor import AppDef, AppHandle, AppState, ReplicaState, RetryPolicy, Role, Supervisor
 from supervisor.backends.base import (
     AppRuntime,
+    AppTasks,
     Backend,
     DryrunContext,
     EventSink,
@@ -36,8 +37,8 @@ PY = sys.executable
 
 
 class ProcessRuntime(AppRuntime):
-    def __init__(self, request: Request, sink: EventSink, logs: Path, tg: TaskGroup) -> None:
-        self.request, self.sink, self.logs, self.tg = request, sink, logs, tg
+    def __init__(self, request: Request, sink: EventSink, logs: Path, tasks: AppTasks) -> None:
+        self.request, self.sink, self.logs, self.tasks = request, sink, logs, tasks
         self.procs: dict[ReplicaKey, Process] = {}
 
     async def spawn(self, key: ReplicaKey, attempt: int) -> None:
@@ -51,7 +52,7 @@ class ProcessRuntime(AppRuntime):
         out.close()
         self.procs[key] = proc
         self.sink(Started(role=key[0], replica_id=key[1], attempt=attempt, hostname="here"))
-        self.tg.start_soon(self.reap, key, attempt, proc)
+        self.tasks.start_soon(self.reap, key, attempt, proc)
 
     async def reap(self, key: ReplicaKey, attempt: int, proc: Process) -> None:
         code = await proc.wait()
@@ -89,9 +90,9 @@ class ProcessBackend(Backend):
     def dryrun(self, app: AppDef, cfg: ResolvedCfg, ctx: DryrunContext) -> Request:
         return Request(backend="proc", session=ctx.session, app_id=ctx.app_id, app=app, cfg=cfg)
 
-    async def launch(self, request: Request, sink: EventSink) -> AppRuntime:
+    async def launch(self, request: Request, sink: EventSink, tasks: AppTasks) -> AppRuntime:
         logs = self.context.state_dir / "proc" / request.app_id
-        runtime = ProcessRuntime(request, sink, logs, self.context.task_group)
+        runtime = ProcessRuntime(request, sink, logs, tasks)
         for role in request.app.roles:
             for k in range(role.num_replicas):
                 sink(Submitted(role=role.name, replica_id=k))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 
@@ -29,8 +30,8 @@ SUPERVISOR_METHODS = {
 
 
 BACKEND_CONTRACT = {
-    "Adoption", "AppCancelRequested", "AppNotice", "AppRuntime", "Backend", "BackendContext",
-    "BackendRegistry", "DryrunContext", "EventSink", "LogTarget", "Request",
+    "Adoption", "AppCancelRequested", "AppNotice", "AppRuntime", "AppTasks", "Backend",
+    "BackendContext", "BackendRegistry", "DryrunContext", "EventSink", "LogTarget", "Request",
 }  # fmt: skip
 # What a new backend must implement: changing it breaks every third-party backend.
 # At most 6 methods (issue 15): the rest have defaults (no records, no run options).
@@ -46,6 +47,9 @@ def test_the_backend_contract_is_pinned() -> None:
     assert set(base.Backend.__abstractmethods__) == BACKEND_ABSTRACT
     assert set(base.AppRuntime.__abstractmethods__) == RUNTIME_ABSTRACT
     assert len(BACKEND_ABSTRACT) + len(RUNTIME_ABSTRACT) <= 6
+    # ``launch`` is given where to post the app's events and the app's own task group.
+    launch = inspect.signature(base.Backend.launch)
+    assert list(launch.parameters) == ["self", "request", "sink", "tasks"]
 
 
 def test_all_is_pinned_and_resolves() -> None:

@@ -32,6 +32,7 @@ import anyio
 from supervisor.backends.adoption import take_over
 from supervisor.backends.base import (
     Adoption,
+    AppTasks,
     Backend,
     BackendContext,
     DryrunContext,
@@ -113,7 +114,7 @@ class DockerBackend(Backend):
             environ=os.environ,  # copy_env's source, read here as TorchX does
         )
 
-    async def launch(self, request: Request, sink: EventSink) -> DockerRuntime:
+    async def launch(self, request: Request, sink: EventSink, tasks: AppTasks) -> DockerRuntime:
         if not isinstance(request, DockerRequest):
             raise TypeError(f"the docker backend cannot run a {type(request).__name__}")
         engine = self.engine_for(request.host)
@@ -133,7 +134,7 @@ class DockerBackend(Backend):
             )
         except OSError as e:
             raise SubmitError(f"cannot create {store.app_dir}: {e}", transient=False) from e
-        runtime = DockerRuntime(self, request, sink)
+        runtime = DockerRuntime(self, request, sink, tasks)
         runtime.engine = engine
         self._runtimes.add(runtime)
         try:
@@ -252,10 +253,10 @@ class DockerBackend(Backend):
             return None
         request, status = taken.request, taken.recorded
 
-        async def start(sink: EventSink) -> DockerRuntime:
+        async def start(sink: EventSink, tasks: AppTasks) -> DockerRuntime:
             engine = self.engine_for(request.host)
             await self._ensure_events(engine, request.session)
-            runtime = DockerRuntime(self, request, sink)
+            runtime = DockerRuntime(self, request, sink, tasks)
             runtime.engine = engine
             self._runtimes.add(runtime)
             try:

@@ -29,7 +29,13 @@ from typing import Any
 import anyio
 from asyncinotify import Inotify, Mask
 
-from supervisor.backends.base import AppCancelRequested, AppNotice, EventSink, LogTarget
+from supervisor.backends.base import (
+    AppCancelRequested,
+    AppNotice,
+    AppTasks,
+    EventSink,
+    LogTarget,
+)
 from supervisor.backends.docker.engine import Engine
 from supervisor.backends.docker.request import LABEL, ContainerSpec, DockerRequest
 from supervisor.backends.docker.services import BackendServices
@@ -243,8 +249,11 @@ class _Slot:
 
 
 class DockerRuntime(ReplicaRuntime):
-    def __init__(self, backend: BackendServices, request: DockerRequest, sink: EventSink) -> None:
+    def __init__(
+        self, backend: BackendServices, request: DockerRequest, sink: EventSink, tasks: AppTasks
+    ) -> None:
         self._backend = backend
+        self._tasks = tasks
         self.engine: Engine = backend.engine
         self.request = request
         self.emit = sink
@@ -352,7 +361,7 @@ class DockerRuntime(ReplicaRuntime):
         }
         for key in self._slots:
             self.emit(Submitted(role=key[0], replica_id=key[1]))
-        self._backend.task_group.start_soon(self._watch_cancel)
+        self._tasks.start_soon(self._watch_cancel)
         async with anyio.create_task_group() as tg:
             for key, slot in self._slots.items():
                 tg.start_soon(self._start_container, key, slot)
@@ -376,7 +385,7 @@ class DockerRuntime(ReplicaRuntime):
             key: self._backend.log_sink.open(Path(slot.spec.log_dir))
             for key, slot in self._slots.items()
         }
-        self._backend.task_group.start_soon(self._watch_cancel)
+        self._tasks.start_soon(self._watch_cancel)
         latest = latest_containers(containers)
         for key, slot in self._slots.items():
             replica = recorded.replica(*key)
@@ -392,7 +401,7 @@ class DockerRuntime(ReplicaRuntime):
             state = str(current.get("State") or "")
             if state == "created":
                 if not ended:
-                    self._backend.task_group.start_soon(self._start_container, key, slot)
+                    self._tasks.start_soon(self._start_container, key, slot)
                 continue
             copy = await self._resumed_copy(key, slot)
             if state == "running":
@@ -403,7 +412,7 @@ class DockerRuntime(ReplicaRuntime):
                     continue  # another process copies this container's output to its end
                 slot.copy = copy
                 skip = dict(copy.received)
-                self._backend.task_group.start_soon(
+                self._tasks.start_soon(
                     partial(self._copy_logs, key, slot.cid, copy, True, skip=skip)
                 )
                 continue
@@ -414,7 +423,7 @@ class DockerRuntime(ReplicaRuntime):
             if ended:
                 slot.handled.add(slot.cid)
                 finished = self._copies_ending[slot.cid] = anyio.Event()
-                self._backend.task_group.start_soon(self._end_copy, key, slot.cid, copy, finished)
+                self._tasks.start_soon(self._end_copy, key, slot.cid, copy, finished)
             else:
                 slot.running = True
                 self.on_event(slot.cid, "die", {})
@@ -449,7 +458,7 @@ class DockerRuntime(ReplicaRuntime):
             slot.cid = str(container["Id"])
             slot.running = container.get("State") == "running"
         # Its owner decided this attempt (a launch, a restart) and died before carrying it out.
-        self._backend.task_group.start_soon(self._restart_one, key, attempt)
+        self._tasks.start_soon(self._restart_one, key, attempt)
 
     async def _resumed_copy(self, key: ReplicaKey, slot: _Slot) -> _Copy | None:
         """The copy of ``slot``'s container as its files hold it; None when another process
@@ -521,7 +530,7 @@ class DockerRuntime(ReplicaRuntime):
             self._report_failed_start(key, slot, str(e))
             return
         self._send_started(key, slot)
-        self._backend.task_group.start_soon(self._copy_logs, key, cid, copy, True)
+        self._tasks.start_soon(self._copy_logs, key, cid, copy, True)
 
     def _mark_attempt(self, slot: _Slot) -> None:
         """Where this attempt's output starts in the files: lets another process resume copying."""
@@ -592,7 +601,7 @@ class DockerRuntime(ReplicaRuntime):
         if follow and not copy.scope.cancel_called:
             # The engine ended the stream on its own: the container ended or is gone. Podman
             # sometimes announces no exit of a container removed by force from outside.
-            self._backend.task_group.start_soon(self._reconcile_unless_heard, cid)
+            self._tasks.start_soon(self._reconcile_unless_heard, cid)
 
     async def _reconcile_unless_heard(self, cid: str) -> None:
         """The exit of ``cid`` (still the current container of its replica) is looked up
@@ -703,10 +712,8 @@ class DockerRuntime(ReplicaRuntime):
             slot.handled.add(cid)
             ending = self._copies_ending[cid] = anyio.Event()
             copy = slot.copy if slot.cid == cid else None
-            self._backend.task_group.start_soon(self._end_copy, key, cid, copy, ending)
-            self._backend.task_group.start_soon(
-                self._on_exit, key, slot, cid, slot.attempt, dict(attributes)
-            )
+            self._tasks.start_soon(self._end_copy, key, cid, copy, ending)
+            self._tasks.start_soon(self._on_exit, key, slot, cid, slot.attempt, dict(attributes))
 
     async def _on_exit(
         self, key: ReplicaKey, slot: _Slot, cid: str, attempt: int, attributes: dict[str, str]
@@ -808,7 +815,7 @@ class DockerRuntime(ReplicaRuntime):
         """Ask the engine how every running container is, now: exits it did not announce
         (it was away, and engines do not replay them) are reported like heard ones."""
         if not self._closed:
-            self._backend.task_group.start_soon(self._reconcile)
+            self._tasks.start_soon(self._reconcile)
 
     async def _reconcile(self) -> None:
         async with self._backend.tracked():

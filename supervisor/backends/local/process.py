@@ -10,6 +10,7 @@ and is handed, with its arrival time, to the backend's LogSink.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import signal
 import time
@@ -65,7 +66,11 @@ class ReplicaProcess:
         self.returncode: int | None = None
         self.unknown_reason = ""
         self.exited = report.done
-        self._pipes_closed = anyio.Event()
+        # What the pipes' reader callbacks tell ``follow``: set on an EOF, a pause, a
+        # failure, and (through the report) the exit.
+        self._changed = asyncio.Event()
+        self._paused = False
+        self._failure: Exception | None = None
 
     @classmethod
     async def start(
@@ -108,74 +113,97 @@ class ReplicaProcess:
         """Copy output until both pipes close and wait for the exit; return the code.
 
         None when the exit status is unknown (``unknown_reason`` says why).
-        Run as one task per attempt. Pipes left open by a process that escaped
-        the group are abandoned ``DRAIN_TIMEOUT`` seconds after the exit.
-        """
-        async with anyio.create_task_group() as tg:
-            for stream, fd in self._pipes.items():
-                tg.start_soon(self._pump, stream, fd)
-            await self._report.done.wait()
-            # The reaper killed what the leader left in its group before reaping it.
-            code = self.returncode = self._report.returncode
-            self.unknown_reason = self._report.reason
-            with anyio.move_on_after(DRAIN_TIMEOUT):
-                await self._pipes_closed.wait()
-            tg.cancel_scope.cancel()
-        for stream, fd in list(self._pipes.items()):
-            os.close(fd)
-            self._sink.end_stream(self._log, stream)
-        self._pipes.clear()
-        return code
-
-    async def _pump(self, stream: StreamName, fd: int) -> None:
-        """Copy one pipe to the sink from a reader callback that stays registered.
-
-        The callback reads each chunk as the loop finds the pipe readable: no task
-        switch, and no selector registration and removal per chunk, whose system
-        calls each give up the GIL (with a hundred talkative replicas that hand-over
-        was the host loop's worst stall). A replica outrunning the disk is paused
-        (the reader removed) until the sink has room: memory does not grow.
+        Run as one task per attempt, and the only one: each pipe is read by a
+        callback that stays registered with the loop and reads a chunk when
+        the pipe is readable (no task switch, no selector registration per
+        chunk). A task per pipe cost more than its switches: a thousand running
+        replicas held two thousand of them, with their cancel scopes, events
+        and closures, and every full collection of the host's garbage
+        collector walked them all, a stall of the host's loop that grew with
+        the replicas. A replica outrunning the disk is paused (its readers
+        removed) until the sink has room, so memory does not grow. Pipes left
+        open by a process that escaped the group are abandoned
+        ``DRAIN_TIMEOUT`` seconds after the exit.
         """
         loop = asyncio.get_running_loop()
-        paused = asyncio.Event()
-        ended = False
-        failed: list[Exception] = []  # raised in this task, not lost in the loop's handler
-
-        def readable() -> None:
-            nonlocal ended
-            try:
-                data = os.read(fd, 1 << 16)
-            except BlockingIOError:
-                return
-            except OSError:
-                data = b""
-            try:
-                if data:
-                    self._sink.write(self._log, stream, data, time.time())
-                    if self._sink.has_room():
-                        return
-                else:
-                    ended = True
-            except Exception as e:
-                failed.append(e)
-            loop.remove_reader(fd)
-            paused.set()
-
+        self._report.on_settle = self._changed.set
+        drained_by = math.inf
         try:
-            while not ended:
-                await self._sink.room()
-                paused.clear()
-                loop.add_reader(fd, readable)
-                await paused.wait()
-                if failed:
-                    raise failed[0]
+            self._listen(loop)
+            while self._pipes or not self.exited.is_set():
+                self._changed.clear()
+                if self._failure is not None:
+                    raise self._failure
+                if self.exited.is_set() and drained_by == math.inf:
+                    # The reaper killed what the leader left in its group before reaping it.
+                    drained_by = anyio.current_time() + DRAIN_TIMEOUT
+                if drained_by == math.inf:
+                    await self._next_change(loop)
+                    continue
+                with anyio.move_on_at(drained_by) as waited:
+                    await self._next_change(loop)
+                if waited.cancelled_caught:
+                    break
+        except BaseException:
+            self._unlisten(loop)
+            for fd in self._pipes.values():
+                os.close(fd)
+            self._pipes.clear()
+            raise
         finally:
+            self._report.on_settle = None
+        self._unlisten(loop)
+        for stream in list(self._pipes):
+            self._close_pipe(stream)
+        code = self.returncode = self._report.returncode
+        self.unknown_reason = self._report.reason
+        return code
+
+    async def _next_change(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Wait for room when paused (then read on), else for what the callbacks tell."""
+        if self._paused:
+            await self._sink.room()
+            self._paused = False
+            self._listen(loop)
+        else:
+            await self._changed.wait()
+
+    def _listen(self, loop: asyncio.AbstractEventLoop) -> None:
+        for stream, fd in self._pipes.items():
+            loop.add_reader(fd, self._readable, stream, fd)
+
+    def _unlisten(self, loop: asyncio.AbstractEventLoop) -> None:
+        for fd in self._pipes.values():
             loop.remove_reader(fd)
-        del self._pipes[stream]
-        os.close(fd)
+
+    def _readable(self, stream: StreamName, fd: int) -> None:
+        """The loop's reader callback: one chunk of one pipe to the sink."""
+        try:
+            data = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        loop = asyncio.get_running_loop()
+        if not data:
+            loop.remove_reader(fd)
+            self._close_pipe(stream)
+            self._changed.set()
+            return
+        try:
+            self._sink.write(self._log, stream, data, time.time())
+            if self._sink.has_room():
+                return
+            self._paused = True
+        except Exception as e:
+            # Raised by ``follow``, in its task, not lost in the loop's exception handler.
+            self._failure = e
+        self._unlisten(loop)
+        self._changed.set()
+
+    def _close_pipe(self, stream: StreamName) -> None:
+        os.close(self._pipes.pop(stream))
         self._sink.end_stream(self._log, stream)
-        if not self._pipes:
-            self._pipes_closed.set()
 
     async def terminate(self, grace: float) -> None:
         """SIGTERM to the group, SIGKILL after ``grace`` seconds; returns once it exited."""

@@ -32,7 +32,7 @@ import socket
 import subprocess
 import sys
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,10 @@ __all__ = ["ExitReport", "Reaper"]
 
 _SCRIPT = Path(__file__).with_name("reaper.py")
 _MAX_MESSAGE = 1 << 16
-_READ_BATCH = 256  # messages read per wake-up before letting other tasks run
+_READ_BATCH = 32
+"""Messages read per wake-up before other tasks run: each reply to a spawn wakes its
+spawner, and every task woken in one turn of the loop runs before the host gets its
+next turn (256 at once held the host's loop for tens of milliseconds)."""
 
 
 @dataclass
@@ -59,6 +62,8 @@ class ExitReport:
     reason: str = ""
     pid: int = 0
     pidfd: int | None = None  # kept until the exit, to stop the replica should the reaper die
+    on_settle: Callable[[], None] | None = None
+    """Called once the exit is known: for a follower that waits on more than the exit."""
 
     def settle(self, status: int | None, reason: str = "") -> None:
         self.status, self.reason = status, reason
@@ -66,6 +71,8 @@ class ExitReport:
             os.close(self.pidfd)
             self.pidfd = None
         self.done.set()
+        if self.on_settle is not None:
+            self.on_settle()
 
     @property
     def returncode(self) -> int | None:

@@ -66,7 +66,7 @@ from supervisor.errors import (
     WaitTimeout,
 )
 from supervisor.idempotency import IdempotencyKeys, fingerprint, submit_once
-from supervisor.logs import Stream, WatchHub, iter_log_lines, parse_streams
+from supervisor.logs import EndSignal, Stream, WatchHub, iter_log_lines, parse_streams
 from supervisor.observe import EventStream, Observer, metrics
 from supervisor.observe.bus import DEFAULT_MAX_BUFFER
 from supervisor.retention import Retention
@@ -162,7 +162,7 @@ def _is_set(event: anyio.Event) -> Callable[[], Awaitable[bool]]:
 
 
 async def _set_when_ended(
-    ended: Callable[[], Awaitable[None]], finished: anyio.Event, stop: anyio.Event
+    ended: Callable[[], Awaitable[None]], finished: anyio.Event | EndSignal, stop: anyio.Event
 ) -> None:
     """Set ``finished`` once ``ended`` returns; give up when ``stop`` is set (follow over)."""
     async with anyio.create_task_group() as tg:
@@ -302,7 +302,7 @@ class Supervisor:
         self._shutting_down = False
         # What begin_shutdown ends: the scopes of open waits, the end events of follows.
         self._open_waits: set[anyio.CancelScope] = set()
-        self._follows: set[anyio.Event] = set()
+        self._follows: set[anyio.Event | EndSignal] = set()
 
     # --------------------------------------------------------------- lifecycle
     async def __aenter__(self) -> Supervisor:
@@ -1085,7 +1085,8 @@ class Supervisor:
         already in the files, once ``begin_shutdown`` is called.
         """
         stream = parse_streams(streams)
-        target, finished = await self._log_target(handle, role_name, k)
+        target, app_end = await self._log_target(handle, role_name, k)
+        finished: anyio.Event | EndSignal | None = app_end
         stop_watching = anyio.Event()
         is_finished = target.is_finished
         copied = target.copied
@@ -1098,24 +1099,25 @@ class Supervisor:
         elif copied is not None and finished is not None:
             # The app ended (``finished``) before its last output reached the files:
             # the follow ends once both are true.
-            app_done, finished = finished, anyio.Event()
-            is_finished = _is_set(finished)
+            app_done, copies_done = finished, anyio.Event()
+            finished = copies_done
+            is_finished = _is_set(copies_done)
 
             async def ended() -> None:
                 await app_done.wait()
                 await copied()
 
-            self._task_group().start_soon(_set_when_ended, ended, finished, stop_watching)
+            self._task_group().start_soon(_set_when_ended, ended, copies_done, stop_watching)
         if finished is None and target.ended is not None and should_tail:
             # The backend has an event for "no more output" (another process's app
             # whose owner died): it ends the follow at once.
             finished = anyio.Event()
             self._task_group().start_soon(_set_when_ended, target.ended, finished, stop_watching)
-        follow_end: anyio.Event | None = None
+        follow_end: EndSignal | None = None
         if should_tail:
             # What ends this follow: the app's end as above, or begin_shutdown (which
             # sets every such event; the app's own event is shared, so not that one).
-            follow_end = anyio.Event()
+            follow_end = EndSignal()  # its followers wait without a task per wait
             if self._shutting_down:
                 follow_end.set()
             elif finished is not None:

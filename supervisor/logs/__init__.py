@@ -11,9 +11,10 @@ from supervisor.logs.lines import LineSplitter, decode_line
 from supervisor.logs.reader import Stream, iter_log_lines, parse_streams
 from supervisor.logs.sink import LogSink, ReplicaLog, StreamName
 from supervisor.logs.timestamps import TimestampIndex
-from supervisor.logs.watch import WatchHub
+from supervisor.logs.watch import EndSignal, WatchHub
 
 __all__ = [
+    "EndSignal",
     "LineSplitter",
     "LogSink",
     "ReplicaLog",

@@ -36,7 +36,7 @@ from supervisor.logs.timestamps import (
     STDOUT_ID,
     TimestampIndex,
 )
-from supervisor.logs.watch import WATCH_MASK, WatchHub
+from supervisor.logs.watch import WATCH_MASK, EndSignal, WatchHub
 
 __all__ = ["Stream", "iter_log_lines", "parse_streams"]
 
@@ -49,6 +49,9 @@ _HUB_RECHECK_S = 30.0
 # How long after ``until`` output stamped before it may still be on its way
 # through the sink's queue to the file.
 _UNTIL_GRACE_S = 2.0
+
+Finished = anyio.Event | EndSignal
+"""What tells a follower its replica's output is over (see ``EndSignal``)."""
 
 
 class Stream(enum.StrEnum):
@@ -85,7 +88,7 @@ def iter_log_lines(
     should_tail: bool = False,
     is_finished: Callable[[], Awaitable[bool]] | None = None,
     extra_watch_dirs: Sequence[Path] = (),
-    finished_event: anyio.Event | None = None,
+    finished_event: Finished | None = None,
     watch_hub: WatchHub | None = None,
 ) -> AsyncGenerator[str, None]:
     """Lines of one replica's log, each with its ``\\n`` (a final unterminated one without).
@@ -149,7 +152,7 @@ class _Query:
     should_tail: bool
     is_finished: Callable[[], Awaitable[bool]] | None
     extra_watch_dirs: tuple[Path, ...]
-    finished_event: anyio.Event | None
+    finished_event: Finished | None
     watch_hub: WatchHub | None
 
     @property
@@ -455,7 +458,7 @@ class _Watcher:
         # Resolving parents and adding watches are path syscalls: off the loop.
         return await anyio.to_thread.run_sync(self._sync_watches, self._inotify)
 
-    async def wait(self, finished_event: anyio.Event | None) -> None:
+    async def wait(self, finished_event: Finished | None) -> None:
         """Until a relevant change, ``finished_event``, or the safety re-check."""
         with anyio.move_on_after(_RECHECK_S) as timer:
             async with anyio.create_task_group() as group:
@@ -564,6 +567,9 @@ class _HubWatcher(_Watcher):
         self._watching = bool(by_wd)
         return changed
 
+    def _wake(self) -> None:
+        self._changed.set()
+
     def _on_event(self, event: Event | None) -> None:
         if event is None:
             self._dirty = True
@@ -571,13 +577,22 @@ class _HubWatcher(_Watcher):
         elif self._relevant(event):
             self._changed.set()
 
-    async def wait(self, finished_event: anyio.Event | None) -> None:
+    async def wait(self, finished_event: Finished | None) -> None:
         healthy = self._watching and self._complete
         with anyio.move_on_after(_HUB_RECHECK_S if healthy else _RECHECK_S) as timer:
-            async with anyio.create_task_group() as group:
-                group.start_soon(_wait_event, self._changed, group.cancel_scope)
-                if finished_event is not None:
+            if isinstance(finished_event, anyio.Event):
+                async with anyio.create_task_group() as group:
+                    group.start_soon(_wait_event, self._changed, group.cancel_scope)
                     group.start_soon(_wait_event, finished_event, group.cancel_scope)
+            else:
+                # One event to wait for: the end, if any, sets it too (no task per wait).
+                if finished_event is not None:
+                    finished_event.listen(self._wake)
+                try:
+                    await self._changed.wait()
+                finally:
+                    if finished_event is not None:
+                        finished_event.unlisten(self._wake)
         if self._changed.is_set():
             self._changed = anyio.Event()
         if timer.cancelled_caught and not healthy:
@@ -599,6 +614,6 @@ def _nearest_dir(path: Path) -> Path | None:
     return current
 
 
-async def _wait_event(event: anyio.Event, scope: anyio.CancelScope) -> None:
+async def _wait_event(event: Finished, scope: anyio.CancelScope) -> None:
     await event.wait()
     scope.cancel()

@@ -15,10 +15,11 @@ import itertools
 from collections.abc import Callable
 from pathlib import Path
 
+import anyio
 from anyio.abc import TaskGroup
 from asyncinotify import Event, Inotify, Mask
 
-__all__ = ["WATCH_MASK", "WatchHub"]
+__all__ = ["WATCH_MASK", "EndSignal", "WatchHub"]
 
 WATCH_MASK = (
     Mask.MODIFY
@@ -35,6 +36,47 @@ Listener = Callable[[Event | None], None]
 
 
 _TOKENS = itertools.count()  # subscriber identities; only ever increases
+
+
+class EndSignal:
+    """The end of a follow, which a follower waits for without a task of its own.
+
+    A follower waits for two things at once, its file changing and its end,
+    and waits again after every chunk a replica writes. Waiting for two anyio
+    events takes a task group and a task for each (about 170 us a wait, where
+    one event takes 26): with a hundred followers of talkative replicas that
+    was half a core of the host's loop. An ``EndSignal`` calls back the
+    followers that listen instead, so each waits for one event, its own.
+    Otherwise used as an ``anyio.Event``.
+    """
+
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+        self._listeners: set[Callable[[], None]] = set()
+
+    def set(self) -> None:
+        if self._event.is_set():
+            return
+        self._event.set()
+        listeners, self._listeners = self._listeners, set()
+        for listener in listeners:
+            listener()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+    def listen(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` (on the loop) when the end comes; at once if it came already."""
+        if self._event.is_set():
+            listener()
+        else:
+            self._listeners.add(listener)
+
+    def unlisten(self, listener: Callable[[], None]) -> None:
+        self._listeners.discard(listener)
 
 
 class WatchHub:

@@ -16,7 +16,7 @@ import pytest
 
 from supervisor.logs import LogSink, ReplicaLog, Stream, iter_log_lines, parse_streams
 from supervisor.logs.lines import MAX_LINE_BYTES
-from supervisor.logs.watch import WatchHub
+from supervisor.logs.watch import EndSignal, WatchHub
 
 
 @pytest.fixture
@@ -443,3 +443,46 @@ async def test_an_end_between_the_question_and_the_wait_is_not_missed(
             ]
             group.cancel_scope.cancel()
     assert got == ["last\n"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("end_kind", [anyio.Event, EndSignal])
+async def test_a_follow_on_a_shared_watch_ends_as_its_end_is_set(
+    sink: LogSink, tmp_path: Path, end_kind: type[anyio.Event | EndSignal]
+) -> None:
+    """A follower waiting on a shared watch (its backstop re-check is 30 s) wakes for new
+    output and ends as soon as its end is set, with what was written before it. An
+    ``EndSignal`` wakes its single wait by a callback, an ``anyio.Event`` through a task."""
+    log = await _written(sink, tmp_path, ("stdout", b"first\n", 1.0))
+    end = end_kind()
+    got: list[str] = []
+    followed = anyio.Event()
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as group:
+            hub = WatchHub(group)
+
+            async def follow() -> None:
+                async for line in iter_log_lines(
+                    tmp_path, stream="stdout", should_tail=True, finished_event=end, watch_hub=hub
+                ):
+                    got.append(line)
+                followed.set()
+
+            async def lines(count: int) -> None:
+                while len(got) < count:  # noqa: ASYNC110 - the follower's lines: no event
+                    await anyio.sleep(0.01)
+
+            group.start_soon(follow)
+            await lines(1)
+            sink.write(log, "stdout", b"second\n", 2.0)
+            await sink.flush()
+            await lines(2)
+            sink.write(log, "stdout", b"last\n", 3.0)
+            await sink.flush()
+            await lines(3)
+            await anyio.sleep(0.1)  # waiting again, for a change or its end
+            end.set()
+            with anyio.fail_after(5):  # far below the shared watch's 30 s re-check
+                await followed.wait()
+            group.cancel_scope.cancel()
+    assert got == ["first\n", "second\n", "last\n"]

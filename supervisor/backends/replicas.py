@@ -35,7 +35,11 @@ class ReplicaSlot(Protocol):
 
     attempt: int
     stopped: bool
-    lock: anyio.Lock
+
+    @property
+    def lock(self) -> anyio.Lock:
+        """Held while an attempt is started or ended: a stop meanwhile waits for it."""
+        ...
 
 
 async def each(calls: Sequence[Callable[[], Awaitable[None]]]) -> None:

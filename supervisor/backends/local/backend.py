@@ -15,7 +15,7 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -124,7 +124,15 @@ class _Slot:
     proc: ReplicaProcess | None = None
     done: anyio.Event | None = None
     stopped: bool = False
-    lock: anyio.Lock = field(default_factory=anyio.Lock)
+    _lock: anyio.Lock | None = None
+
+    @property
+    def lock(self) -> anyio.Lock:
+        """Made at first use, by the replica's first spawn: the slots of a big app are
+        made in one step of the submit, and a thousand locks there held the loop 10 ms."""
+        if self._lock is None:
+            self._lock = anyio.Lock()
+        return self._lock
 
 
 class LocalRuntime(ReplicaRuntime):

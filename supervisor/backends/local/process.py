@@ -128,6 +128,7 @@ class ReplicaProcess:
         loop = asyncio.get_running_loop()
         self._report.on_settle = self._changed.set
         drained_by = math.inf
+        ended = False
         try:
             self._listen(loop)
             while self._pipes or not self.exited.is_set():
@@ -138,23 +139,23 @@ class ReplicaProcess:
                     # The reaper killed what the leader left in its group before reaping it.
                     drained_by = anyio.current_time() + DRAIN_TIMEOUT
                 if drained_by == math.inf:
+                    # No cancel scope while the replica runs: one per replica, for its
+                    # whole life, would be walked by every full collection.
                     await self._next_change(loop)
                     continue
                 with anyio.move_on_at(drained_by) as waited:
                     await self._next_change(loop)
                 if waited.cancelled_caught:
                     break
-        except BaseException:
-            self._unlisten(loop)
-            for fd in self._pipes.values():
-                os.close(fd)
-            self._pipes.clear()
-            raise
+            ended = True
         finally:
             self._report.on_settle = None
-        self._unlisten(loop)
-        for stream in list(self._pipes):
-            self._close_pipe(stream)
+            self._unlisten(loop)
+            for stream in list(self._pipes):
+                if ended:
+                    self._close_pipe(stream)
+                else:  # cut short (cancelled, failed): the descriptors go, no stream ends
+                    os.close(self._pipes.pop(stream))
         code = self.returncode = self._report.returncode
         self.unknown_reason = self._report.reason
         return code
@@ -170,13 +171,13 @@ class ReplicaProcess:
 
     def _listen(self, loop: asyncio.AbstractEventLoop) -> None:
         for stream, fd in self._pipes.items():
-            loop.add_reader(fd, self._readable, stream, fd)
+            loop.add_reader(fd, self._readable, loop, stream, fd)
 
     def _unlisten(self, loop: asyncio.AbstractEventLoop) -> None:
         for fd in self._pipes.values():
             loop.remove_reader(fd)
 
-    def _readable(self, stream: StreamName, fd: int) -> None:
+    def _readable(self, loop: asyncio.AbstractEventLoop, stream: StreamName, fd: int) -> None:
         """The loop's reader callback: one chunk of one pipe to the sink."""
         try:
             data = os.read(fd, 1 << 16)
@@ -184,7 +185,6 @@ class ReplicaProcess:
             return
         except OSError:
             data = b""
-        loop = asyncio.get_running_loop()
         if not data:
             loop.remove_reader(fd)
             self._close_pipe(stream)

@@ -74,6 +74,8 @@ async def test_the_final_record_is_the_last_and_a_short_app_takes_at_most_3_writ
             state = _state(app_dirs[app_id])
             assert state["final"] is True, state
             assert state["status"]["state"] == "SUCCEEDED"
+            # The space set aside for the final record is given back with it.
+            assert not (app_dirs[app_id] / ".final-record.reserve").exists()
     for app_id, app_dir in app_dirs.items():
         state = _state(app_dir)
         assert state["final"] is True and state["status"]["state"] == "SUCCEEDED", app_id

@@ -157,6 +157,7 @@ class LocalRuntime(ReplicaRuntime):
         # Attempts being started now: a spawn is "alone" (the reaper may fork it straight
         # into the app's cgroup) only when no other replica starts with it.
         self._starting = 0
+        self._reserve_released = False  # set by the final record, in its worker thread
 
     def _create_store(self) -> None:
         """Blocking: the app's directories, first record, index entry and final reserve.
@@ -357,13 +358,15 @@ class LocalRuntime(ReplicaRuntime):
                 raise
             self.store.write_state(status, transitions, final, self._owner)
         if final:
-            self.store.release_reserve()
             # ``list`` answers the app from its index entry from now on. Here, before
             # ``wait`` returns, not later: the app leaves memory then, and a ``gc``
             # right after it must not race a settle that writes its entry back.
             self._backend.index.settle(
                 self.request.session, self.request.app_id, self.store.app_dir, status, self._times
             )
+            # In this hop, not one of its own in ``aclose``: a hop costs more than the unlink.
+            self.store.release_reserve()
+            self._reserve_released = True
 
     def log_target(self, role: str, replica_id: int) -> LogTarget:
         return self._backend.make_log_target(self.store, role, replica_id)
@@ -382,7 +385,8 @@ class LocalRuntime(ReplicaRuntime):
                     await slot.done.wait()
         # Whatever the replicas left behind (outside their process groups) goes too.
         self._backend.reaper.release(self.request.app_id)
-        await anyio.to_thread.run_sync(self.store.release_reserve)
+        if not self._reserve_released:  # no final record was written
+            await anyio.to_thread.run_sync(self.store.release_reserve)
         self._backend.forget(self)
         # Log failures no exit reported (a replica that never started): this app's
         # to show, not left for the Supervisor's close to raise at everyone.

@@ -50,6 +50,12 @@ _HUB_RECHECK_S = 30.0
 # through the sink's queue to the file.
 _UNTIL_GRACE_S = 2.0
 
+PACE_S = 0.05
+"""A follower reads at most this often. Each read is a hop to a worker thread (aiofiles),
+and a replica that prints a line every 10 ms woke its follower, and cost the host a hop,
+100 times a second: with 100 such followers the host's loop did little else. Lines that
+come faster are read together; a line after a quiet while is read at once."""
+
 Finished = anyio.Event | EndSignal
 """What tells a follower its replica's output is over (see ``EndSignal``)."""
 
@@ -242,6 +248,7 @@ async def _follow(query: _Query) -> AsyncGenerator[str, None]:
                         return
                 if len(data) < _CHUNK:
                     break
+            read_at = anyio.current_time()
             if final:
                 rest = splitter.flush()
                 if rest:
@@ -261,12 +268,22 @@ async def _follow(query: _Query) -> AsyncGenerator[str, None]:
             if query.finished_event is not None and query.finished_event.is_set():
                 continue  # it ended since `final` was asked: the next pass drains and returns
             await watcher.wait(query.finished_event)
+            await _pace(read_at, query.finished_event)
     finally:
         if watcher is not None:
             watcher.close()
         if file is not None:
             with anyio.CancelScope(shield=True):
                 await file.close()
+
+
+async def _pace(read_at: float, finished: Finished | None) -> None:
+    """Wait until ``PACE_S`` after the last read, unless the output is over."""
+    if finished is not None and finished.is_set():
+        return
+    delay = read_at + PACE_S - anyio.current_time()
+    if delay > 0:
+        await anyio.sleep(delay)
 
 
 async def _open(path: Path) -> AsyncFileIO | None:

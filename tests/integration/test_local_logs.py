@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
 from supervisor import AppState, Supervisor
+from supervisor.logs import reader
 
 from .helpers import app, py_role
 
@@ -75,6 +77,46 @@ async def test_tailing_follows_live_output_to_the_end(state_dir: Path) -> None:
         assert seen[0][1] is AppState.RUNNING
         final = sv.status(handle)
         assert final is not None and final.is_terminal
+
+
+async def test_a_follower_reads_a_fast_talker_in_batches_and_a_lone_line_at_once(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """100 lines 10 ms apart take a few dozen reads, not one each (every read is a
+    worker-thread hop); a line after a quiet while still comes at once."""
+    reads: list[float] = []
+    read = reader._read
+
+    async def counted(file: Any, path: Path) -> bytes:
+        reads.append(time.monotonic())
+        return await read(file, path)
+
+    monkeypatch.setattr(reader, "_read", counted)
+    code = (
+        "import time\n"
+        "for i in range(100):\n"
+        "    print(f'line {i}', flush=True); time.sleep(0.01)\n"
+        "time.sleep(1.5)\n"
+        "print('last', time.time(), flush=True)\n"
+        "time.sleep(0.5)\n"
+    )
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app(py_role("t", code)), "local")
+        lines: list[str] = []
+        burst_reads = 0
+        lag = float("inf")
+        with anyio.fail_after(30):
+            async for line in sv.log_iter(handle, "t", 0, should_tail=True):
+                lines.append(line)
+                if line == "line 99\n":
+                    burst_reads = len(reads)
+                elif line.startswith("last "):
+                    lag = time.time() - float(line.split()[1])
+    assert lines[:100] == [f"line {i}\n" for i in range(100)] and len(lines) == 101
+    # About one read per ``reader.PACE_S`` (0.05 s) over the second of the burst, 20;
+    # without the pace, about 100.
+    assert burst_reads <= 45, burst_reads
+    assert lag < 1.0, lag
 
 
 async def test_not_tailing_returns_at_the_current_end(state_dir: Path) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 import aiofiles
 import anyio
 from aiofiles.threadpool.binary import AsyncFileIO
-from asyncinotify import Event, Inotify
+from asyncinotify import Event, Inotify, Mask
 
 from supervisor.errors import BackendError, Problem, SpecError
 from supervisor.logs.lines import MAX_LINE_BYTES, LineSplitter, split_decoded
@@ -36,7 +36,7 @@ from supervisor.logs.timestamps import (
     STDOUT_ID,
     TimestampIndex,
 )
-from supervisor.logs.watch import WATCH_MASK, EndSignal, WatchHub
+from supervisor.logs.watch import FILE_WATCH_MASK, WATCH_MASK, EndSignal, WatchHub
 
 __all__ = ["Stream", "iter_log_lines", "parse_streams"]
 
@@ -427,19 +427,30 @@ def _refresh(index: TimestampIndex, path: Path) -> None:
 
 @dataclass(frozen=True, slots=True)
 class _Interest:
-    """What one watched directory's events mean to a follower.
+    """What one watch's events mean to a follower.
 
     ``names`` None: every entry matters (a state directory). Names in
-    ``structural`` are the next step towards a directory that does not exist
-    yet: when they change, the watches must move.
+    ``structural`` are the next step towards a directory or file that does
+    not exist yet: when they change, the watches must move. ``file``: the
+    watch is on the followed file itself, whose events carry no name: each
+    is a change, or (the file went away) a reason to look again.
     """
 
     names: frozenset[str] | None
     structural: frozenset[str]
+    file: bool = False
 
     def merged(self, other: _Interest) -> _Interest:
         names = None if self.names is None or other.names is None else self.names | other.names
-        return _Interest(names, self.structural | other.structural)
+        return _Interest(names, self.structural | other.structural, self.file or other.file)
+
+    @property
+    def mask(self) -> Mask:
+        return FILE_WATCH_MASK if self.file else WATCH_MASK
+
+
+_FILE_INTEREST = _Interest(None, frozenset(), file=True)
+_FILE_CHANGED = Mask.MODIFY | Mask.CLOSE_WRITE
 
 
 class _Watcher:
@@ -453,11 +464,7 @@ class _Watcher:
     """
 
     def __init__(self, directory: Path, filename: str, extra_dirs: Sequence[Path]) -> None:
-        everything = _Interest(None, frozenset())
-        self._targets: dict[Path, _Interest] = dict.fromkeys(extra_dirs, everything)
-        # In the replica directory only the file being read matters.
-        own = _Interest(frozenset({filename}), frozenset())
-        self._targets[directory] = self._targets.get(directory, own).merged(own)
+        self._set_targets(directory, filename, extra_dirs)
         self._interest: dict[int, _Interest] = {}
         self._dirty = True
         self._inotify: Inotify | None
@@ -501,9 +508,21 @@ class _Watcher:
             self._relevant(event)
         scope.cancel()
 
+    def _set_targets(self, directory: Path, filename: str, extra_dirs: Sequence[Path]) -> None:
+        everything = _Interest(None, frozenset())
+        self._targets: dict[Path, _Interest] = dict.fromkeys(extra_dirs, everything)
+        # In the replica directory only the file being read matters.
+        self._own = _Interest(frozenset({filename}), frozenset())
+        self._targets[directory] = self._targets.get(directory, self._own).merged(self._own)
+        self._file = directory / filename
+
     def _relevant(self, event: Event) -> bool:
         watch = event.watch
         interest = None if watch is None else self._interest.get(watch.wd)
+        if interest is not None and interest.file:
+            if not event.mask & _FILE_CHANGED:  # deleted, moved, or its watch dropped
+                self._dirty = True
+            return True
         if interest is None or event.name is None:
             # Queue overflow, a stale watch, or a watched directory went away.
             self._dirty = True
@@ -514,25 +533,40 @@ class _Watcher:
             return True
         return interest.names is None or name in interest.names
 
-    def _wanted(self) -> dict[Path, _Interest]:
-        """Directories to watch now: each target, or its nearest existing ancestor. Blocks."""
+    def _wanted(self) -> tuple[dict[Path, _Interest], bool]:
+        """What to watch now, and whether every target directory exists. Blocks.
+
+        The followed file itself once it exists: a watch of its directory gets
+        an event (and a name to decode) for every file of the replica, three
+        per line written. Until then its directory, where its creation moves
+        the watch; a directory still to come is waited for in its nearest
+        existing ancestor.
+        """
         wanted: dict[Path, _Interest] = {}
+        complete = True
         for target, interest in self._targets.items():
-            found = _nearest_dir(target)
+            found: Path | None = _nearest_dir(target)
             if found is None:
+                complete = False
                 continue
             if found != target:
+                complete = False
                 step = frozenset({target.relative_to(found).parts[0]})
                 interest = _Interest(step, step)
+            elif interest == self._own and found == self._file.parent:
+                if self._file.is_file():
+                    found, interest = self._file, _FILE_INTEREST
+                else:
+                    interest = _Interest(self._own.names, self._own.names or frozenset())
             wanted[found] = wanted[found].merged(interest) if found in wanted else interest
-        return wanted
+        return wanted, complete
 
     def _sync_watches(self, inotify: Inotify) -> bool:
-        wanted = self._wanted()
+        wanted, _ = self._wanted()
         by_wd: dict[int, _Interest] = {}
         for path, interest in wanted.items():
             try:
-                watch = inotify.add_watch(path, WATCH_MASK)
+                watch = inotify.add_watch(path, interest.mask)
             except OSError:
                 continue  # gone again or not watchable: the re-check covers it
             by_wd[watch.wd] = interest
@@ -551,10 +585,7 @@ class _HubWatcher(_Watcher):
     def __init__(
         self, hub: WatchHub, directory: Path, filename: str, extra_dirs: Sequence[Path]
     ) -> None:
-        everything = _Interest(None, frozenset())
-        self._targets = dict.fromkeys(extra_dirs, everything)
-        own = _Interest(frozenset({filename}), frozenset())
-        self._targets[directory] = self._targets.get(directory, own).merged(own)
+        self._set_targets(directory, filename, extra_dirs)
         self._interest = {}
         self._dirty = True
         self._inotify = None
@@ -568,12 +599,12 @@ class _HubWatcher(_Watcher):
         if not self._dirty:
             return False
         self._dirty = False
-        wanted = await anyio.to_thread.run_sync(self._wanted)
+        wanted, complete = await anyio.to_thread.run_sync(self._wanted)
         # Watching an ancestor means waiting for a directory to appear: keep re-checking.
-        self._complete = set(wanted) == set(self._targets)
+        self._complete = complete
         by_wd: dict[int, _Interest] = {}
         for path, interest in wanted.items():
-            wd = self._hub.subscribe(path, self._token, self._on_event)
+            wd = self._hub.subscribe(path, self._token, self._on_event, interest.mask)
             if wd is not None:
                 by_wd[wd] = interest
         for wd in self._interest:

@@ -3,9 +3,10 @@
 Linux allows a user 128 inotify instances by default, so one instance per
 follower runs out as soon as someone follows a few hundred replicas (the CLI's
 ``--log`` follows every replica at once). ``WatchHub`` owns a single instance:
-followers subscribe to directories, the hub counts references per directory
-(inotify gives one watch descriptor per path, whoever asks) and fans each
-event out to the subscribers of its directory.
+followers subscribe to paths (the file they read, or a directory it is still
+to appear in), the hub counts references per path (inotify gives one watch
+descriptor per path, whoever asks) and fans each event out to the
+subscribers of its path.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import anyio
 from anyio.abc import TaskGroup
 from asyncinotify import Event, Inotify, Mask
 
-__all__ = ["WATCH_MASK", "EndSignal", "WatchHub"]
+__all__ = ["FILE_WATCH_MASK", "WATCH_MASK", "EndSignal", "WatchHub"]
 
 WATCH_MASK = (
     Mask.MODIFY
@@ -30,6 +31,9 @@ WATCH_MASK = (
     | Mask.MOVE_SELF
     | Mask.ONLYDIR
 )
+
+FILE_WATCH_MASK = Mask.MODIFY | Mask.CLOSE_WRITE | Mask.DELETE_SELF | Mask.MOVE_SELF
+"""For a watch of one file a follower reads: its writes, and its going away."""
 
 Listener = Callable[[Event | None], None]
 """Called on the loop with an event of a subscribed directory, or None when events were lost."""
@@ -102,13 +106,19 @@ class WatchHub:
             self._task_group.start_soon(self._dispatch, self._inotify)
         return self._inotify
 
-    def subscribe(self, path: Path, token: int, listener: Listener) -> int | None:
-        """Watch ``path`` for ``token``'s listener; returns the watch descriptor, None if not."""
+    def subscribe(
+        self, path: Path, token: int, listener: Listener, mask: Mask = WATCH_MASK
+    ) -> int | None:
+        """Watch ``path`` for ``token``'s listener; returns the watch descriptor, None if not.
+
+        ``mask``: ``WATCH_MASK`` for a directory, ``FILE_WATCH_MASK`` for a file (a
+        path is one or the other, so every subscriber of it asks the same).
+        """
         inotify = self._instance()
         if inotify is None:
             return None
         try:
-            wd = inotify.add_watch(path, WATCH_MASK).wd
+            wd = inotify.add_watch(path, mask).wd
         except OSError:
             return None
         listeners = self._listeners.setdefault(wd, {})

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -486,3 +487,61 @@ async def test_a_follow_on_a_shared_watch_ends_as_its_end_is_set(
                 await followed.wait()
             group.cancel_scope.cancel()
     assert got == ["first\n", "second\n", "last\n"]
+
+
+@pytest.mark.anyio
+async def test_a_follower_on_a_shared_watch_hears_only_its_own_file(
+    sink: LogSink, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It watches the file it reads, once it exists, not the replica's directory: output
+    to the other stream (and the combined log and index that come with it) wakes
+    nobody, where a directory watch got three events for every chunk written.
+    Before the file exists, its creation in the directory moves the watch to it."""
+    heard: list[str] = []
+    subscribe = WatchHub.subscribe
+
+    def counting(self: WatchHub, path: Path, token: int, listener: Any, *rest: Any) -> int | None:
+        def heard_by(event: Any) -> None:
+            heard.append(path.name)
+            listener(event)
+
+        return subscribe(self, path, token, heard_by, *rest)
+
+    monkeypatch.setattr(WatchHub, "subscribe", counting)
+    log = sink.open(tmp_path)
+    end = EndSignal()
+    got: list[str] = []
+    followed = anyio.Event()
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as group:
+            hub = WatchHub(group)
+
+            async def follow() -> None:
+                async for line in iter_log_lines(
+                    tmp_path, stream="stdout", should_tail=True, finished_event=end, watch_hub=hub
+                ):
+                    got.append(line)
+                followed.set()
+
+            async def lines(count: int) -> None:
+                while len(got) < count:  # noqa: ASYNC110 - the follower's lines: no event
+                    await anyio.sleep(0.01)
+
+            group.start_soon(follow)
+            await anyio.sleep(0.2)  # watching the directory: stdout.log is not there yet
+            sink.write(log, "stdout", b"first\n", 1.0)
+            await sink.flush()
+            await lines(1)
+            heard.clear()
+            for k in range(20):
+                sink.write(log, "stderr", b"noise %d\n" % k, 2.0 + k)
+                await sink.flush()
+            sink.write(log, "stdout", b"second\n", 30.0)
+            await sink.flush()
+            await lines(2)
+            end.set()
+            await followed.wait()
+            group.cancel_scope.cancel()  # the hub's reader
+    assert got == ["first\n", "second\n"]
+    assert heard and set(heard) == {"stdout.log"}, heard
+    assert len(heard) <= 4, heard  # the one write of "second" (modify, close), no noise

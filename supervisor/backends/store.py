@@ -50,6 +50,7 @@ __all__ = [
     "RELEASED",
     "AppRecord",
     "AppStore",
+    "CancelRequests",
     "Index",
     "IndexEntry",
     "IndexSummary",
@@ -932,6 +933,40 @@ def remove_app(index: Index, session: str, app_id: str, app_dir: Path | None) ->
         return
     if app_dir.is_dir() and not app_dir.is_symlink():
         shutil.rmtree(app_dir, ignore_errors=True)
+
+
+class CancelRequests:
+    """Where another process asks the owner of an app to cancel it: one directory per backend.
+
+    One file per request, named after the app, so that an owner watches one
+    directory for all its apps. A watch of each app's own directory cost two
+    inotify calls per app on the owner's event loop (removing a watch waits for
+    an RCU grace period) and woke the owner for every record it wrote there.
+    The request is also kept in the app's directory (``CANCEL_REQUEST``), as
+    every backend records it.
+    """
+
+    def __init__(self, state_dir: Path, backend: str) -> None:
+        self.directory = state_dir / "cancel-requests" / backend
+
+    @staticmethod
+    def name(session: str, app_id: str) -> str:
+        """The request's file name: unique per app, and a plain file name."""
+        return _escape(f"{session}/{app_id}")
+
+    def prepare(self) -> None:
+        """Blocking: make the directory, for the owner to watch before any app of it exists."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    def request(self, session: str, app_id: str) -> None:
+        """Blocking: ask the owner (it sees the file appear)."""
+        self.prepare()
+        body = {"requested_by": Owner.current().to_json()}
+        write_json_atomic(self.directory / self.name(session, app_id), body)
+
+    def withdraw(self, session: str, app_id: str) -> None:
+        """Blocking: the app ended; its request has nobody left to ask."""
+        (self.directory / self.name(session, app_id)).unlink(missing_ok=True)
 
 
 def _escape(app_id: str) -> str:

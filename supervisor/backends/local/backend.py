@@ -49,9 +49,9 @@ from supervisor.backends.local.request import (
 from supervisor.backends.pids import owner_exit
 from supervisor.backends.replicas import ReplicaRuntime
 from supervisor.backends.store import (
-    CANCEL_REQUEST,
     AppRecord,
     AppStore,
+    CancelRequests,
     Index,
     IndexEntry,
     Owner,
@@ -158,6 +158,7 @@ class LocalRuntime(ReplicaRuntime):
         # into the app's cgroup) only when no other replica starts with it.
         self._starting = 0
         self._reserve_released = False  # set by the final record, in its worker thread
+        self.cancel_asked = False  # by another process: its request goes with the app
 
     def _create_store(self) -> None:
         """Blocking: the app's directories, first record, index entry and final reserve.
@@ -179,6 +180,8 @@ class LocalRuntime(ReplicaRuntime):
         self.store.reserve(_reserve_size(len(self._slots)))
 
     async def start(self) -> None:
+        # Before the app can be found (its index entry): a cancel asked from then on is seen.
+        await self._backend.watch_cancel(self)
         try:
             await anyio.to_thread.run_sync(self._create_store)
         except OSError as e:
@@ -188,7 +191,6 @@ class LocalRuntime(ReplicaRuntime):
             key: self._backend.log_sink.open(Path(slot.launch.log_dir), made=True)
             for key, slot in self._slots.items()
         }
-        self._backend.watch_cancel(self)
         for key in self._slots:
             self.emit(Submitted(role=key[0], replica_id=key[1]))
         # All at once: the reaper forks while this process prepares the next requests;
@@ -371,6 +373,13 @@ class LocalRuntime(ReplicaRuntime):
     def log_target(self, role: str, replica_id: int) -> LogTarget:
         return self._backend.make_log_target(self.store, role, replica_id)
 
+    def _release_files(self) -> None:
+        """Blocking: the reserve no final record gave back, and a cancel request answered."""
+        if not self._reserve_released:
+            self.store.release_reserve()
+        if self.cancel_asked:
+            self._backend.cancel_requests.withdraw(self.request.session, self.request.app_id)
+
     def kill_all(self) -> None:
         for slot in self._slots.values():
             slot.stopped = True
@@ -385,8 +394,8 @@ class LocalRuntime(ReplicaRuntime):
                     await slot.done.wait()
         # Whatever the replicas left behind (outside their process groups) goes too.
         self._backend.reaper.release(self.request.app_id)
-        if not self._reserve_released:  # no final record was written
-            await anyio.to_thread.run_sync(self.store.release_reserve)
+        if not self._reserve_released or self.cancel_asked:  # (rare: else no hop at all)
+            await anyio.to_thread.run_sync(self._release_files)
         self._backend.forget(self)
         # Log failures no exit reported (a replica that never started): this app's
         # to show, not left for the Supervisor's close to raise at everyone.
@@ -423,10 +432,12 @@ class LocalBackend(Backend):
         self.index = Index(context.state_dir, "local")
         self.owner = Owner.current()
         self._runtimes: set[LocalRuntime] = set()
+        self.cancel_requests = CancelRequests(context.state_dir, "local")
         self._inotify: Inotify | None = None
+        self._inotify_lock = anyio.Lock()
         self._inotify_scope = anyio.CancelScope()
         self._inotify_stopped = anyio.Event()
-        self._watches: dict[int, LocalRuntime] = {}
+        self._cancellable: dict[str, LocalRuntime] = {}  # by the name of their cancel request
 
     @classmethod
     def run_opts(cls) -> RunOpts:
@@ -468,33 +479,46 @@ class LocalBackend(Backend):
         return runtime
 
     # ---------------------------------------------------------- cancel requests
-    def watch_cancel(self, runtime: LocalRuntime) -> None:
+    async def watch_cancel(self, runtime: LocalRuntime) -> None:
+        """Hear the cancel requests of other processes for ``runtime``'s app.
+
+        One watch of ``cancel_requests.directory`` serves every app, made with
+        the first one: before that app's index entry, so no request can precede it.
+        """
         if self._inotify is None:
-            self._inotify = Inotify()
-            self.task_group.start_soon(self._read_inotify, self._inotify)
-        watch = self._inotify.add_watch(runtime.store.app_dir, Mask.CREATE | Mask.MOVED_TO)
-        self._watches[watch.wd] = runtime
+            async with self._inotify_lock:
+                if self._inotify is None:
+                    await anyio.to_thread.run_sync(self.cancel_requests.prepare)
+                    inotify = Inotify()
+                    mask = Mask.CREATE | Mask.MOVED_TO
+                    try:
+                        inotify.add_watch(self.cancel_requests.directory, mask)
+                    except BaseException:
+                        inotify.close()
+                        raise
+                    self._inotify = inotify
+                    self.task_group.start_soon(self._read_inotify, inotify)
+        request = runtime.request
+        self._cancellable[CancelRequests.name(request.session, request.app_id)] = runtime
 
     def forget(self, runtime: LocalRuntime) -> None:
         """The runtime is closed: nothing of it runs or can still start."""
         self._runtimes.discard(runtime)
 
     def unwatch_cancel(self, runtime: LocalRuntime) -> None:
-        if self._inotify is None:
-            return
-        for watch in list(self._inotify.watches):
-            if self._watches.get(watch.wd) is runtime:
-                del self._watches[watch.wd]
-                self._inotify.rm_watch(watch)
+        name = CancelRequests.name(runtime.request.session, runtime.request.app_id)
+        if self._cancellable.get(name) is runtime:
+            del self._cancellable[name]
 
     async def _read_inotify(self, inotify: Inotify) -> None:
         try:
             with self._inotify_scope:
                 async for event in inotify:
-                    if event.name is None or event.watch is None:
+                    if event.name is None:
                         continue
-                    runtime = self._watches.get(event.watch.wd)
-                    if runtime is not None and str(event.name) == CANCEL_REQUEST:
+                    runtime = self._cancellable.get(str(event.name))
+                    if runtime is not None:
+                        runtime.cancel_asked = True
                         runtime.emit(AppCancelRequested(reason="cancelled by another process"))
         finally:
             self._inotify_stopped.set()
@@ -593,8 +617,13 @@ class LocalBackend(Backend):
         if status.is_terminal:
             return True  # nothing left to stop
         # Also when UNKNOWN: with a damaged record the owner may still be there to read it.
-        await anyio.to_thread.run_sync(store.request_cancel)
+        await anyio.to_thread.run_sync(self._request_cancel, store, handle)
         return True
+
+    def _request_cancel(self, store: AppStore, handle: AppHandle) -> None:
+        """Blocking: the request in the app's records, then to its owner, who watches for it."""
+        store.request_cancel()
+        self.cancel_requests.request(handle.session, handle.app_id)
 
     async def wait_foreign(self, handle: AppHandle) -> AppStatus | None:
         """Woken by the owner replacing state.json (inotify) or by the owner's death (pidfd)."""

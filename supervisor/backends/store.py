@@ -8,6 +8,8 @@ Layout, for an app with handle ``{backend}://{session}/{app_id}``::
     {app_dir}/transitions.jsonl  every transition, appended
     {app_dir}/cancel.request     created by another process to ask for a cancel
     {app_dir}/{role}/{k}/        the replica's logs
+    {state_dir}/cancel-requests/{backend}/{session}%2F{app_id}   the same request, for an
+                                 owner that watches one directory for all its apps (local)
 
 Once the app's final record is written, its index entry also carries what
 ``list`` shows of it (state, msg, times) and the identity (inode, size, times)

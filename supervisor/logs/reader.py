@@ -51,10 +51,12 @@ _HUB_RECHECK_S = 30.0
 _UNTIL_GRACE_S = 2.0
 
 PACE_S = 0.05
-"""A follower reads at most this often. Each read is a hop to a worker thread (aiofiles),
-and a replica that prints a line every 10 ms woke its follower, and cost the host a hop,
-100 times a second: with 100 such followers the host's loop did little else. Lines that
-come faster are read together; a line after a quiet while is read at once."""
+"""A follower reads about this often at most (in a burst, ``_PACE_BURST`` reads at once).
+Each read is a hop to a worker thread (aiofiles), and a replica that prints a line every
+10 ms woke its follower, and cost the host a hop, 100 times a second: with 100 such
+followers the host's loop did little else. Lines that come faster are read together;
+lines that come slower are each read at once."""
+_PACE_BURST = 2.0
 
 Finished = anyio.Event | EndSignal
 """What tells a follower its replica's output is over (see ``EndSignal``)."""
@@ -230,6 +232,7 @@ async def _follow(query: _Query) -> AsyncGenerator[str, None]:
     line_start = 0  # file offset of the first byte the splitter still holds
     watcher: _Watcher | None = None
     file: AsyncFileIO | None = None
+    pace = _Pace()
     try:
         while True:
             # Asked before reading: True here means nothing can be appended
@@ -248,7 +251,6 @@ async def _follow(query: _Query) -> AsyncGenerator[str, None]:
                         return
                 if len(data) < _CHUNK:
                     break
-            read_at = anyio.current_time()
             if final:
                 rest = splitter.flush()
                 if rest:
@@ -268,7 +270,7 @@ async def _follow(query: _Query) -> AsyncGenerator[str, None]:
             if query.finished_event is not None and query.finished_event.is_set():
                 continue  # it ended since `final` was asked: the next pass drains and returns
             await watcher.wait(query.finished_event)
-            await _pace(read_at, query.finished_event)
+            await pace.take(query.finished_event)
     finally:
         if watcher is not None:
             watcher.close()
@@ -277,13 +279,32 @@ async def _follow(query: _Query) -> AsyncGenerator[str, None]:
                 await file.close()
 
 
-async def _pace(read_at: float, finished: Finished | None) -> None:
-    """Wait until ``PACE_S`` after the last read, unless the output is over."""
-    if finished is not None and finished.is_set():
-        return
-    delay = read_at + PACE_S - anyio.current_time()
-    if delay > 0:
-        await anyio.sleep(delay)
+class _Pace:
+    """A token bucket: one read per ``PACE_S`` on average, ``_PACE_BURST`` at once.
+
+    A bucket, not a minimum gap after the last read: a read delayed by a gap
+    moved the next gap with it, and lines 50 ms apart then came 25 ms late
+    each, for ever.
+    """
+
+    def __init__(self) -> None:
+        self._tokens = _PACE_BURST
+        self._at = anyio.current_time()
+
+    def delay(self) -> float:
+        """Seconds until the next read may go (0: now), the tokens refilled until now."""
+        now = anyio.current_time()
+        self._tokens = min(_PACE_BURST, self._tokens + (now - self._at) / PACE_S)
+        self._at = now
+        return max(0.0, (1.0 - self._tokens) * PACE_S)
+
+    async def take(self, finished: Finished | None) -> None:
+        """Wait for a token, unless the output is over (then the last read goes at once)."""
+        wait = self.delay()
+        if wait > 0 and (finished is None or not finished.is_set()):
+            await anyio.sleep(wait)
+            self.delay()  # refilled while asleep
+        self._tokens = max(0.0, self._tokens - 1.0)
 
 
 async def _open(path: Path) -> AsyncFileIO | None:

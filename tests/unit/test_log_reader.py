@@ -15,7 +15,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from supervisor.logs import LogSink, ReplicaLog, Stream, iter_log_lines, parse_streams
+from supervisor.logs import LogSink, ReplicaLog, Stream, iter_log_lines, parse_streams, reader
 from supervisor.logs.lines import MAX_LINE_BYTES
 from supervisor.logs.watch import EndSignal, WatchHub
 
@@ -489,6 +489,22 @@ async def test_a_follow_on_a_shared_watch_ends_as_its_end_is_set(
     assert got == ["first\n", "second\n", "last\n"]
 
 
+def _watched_inodes() -> set[int]:
+    """The inodes this process's inotify instances watch (from /proc/self/fdinfo)."""
+    inodes: set[int] = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if "inotify" not in os.readlink(f"/proc/self/fd/{fd}"):
+                continue
+            with open(f"/proc/self/fdinfo/{fd}") as info:
+                for line in info:
+                    if line.startswith("inotify wd:"):
+                        inodes.add(int(line.split("ino:")[1].split()[0], 16))
+        except OSError:
+            continue
+    return inodes
+
+
 @pytest.mark.anyio
 async def test_a_follower_on_a_shared_watch_hears_only_its_own_file(
     sink: LogSink, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -532,6 +548,10 @@ async def test_a_follower_on_a_shared_watch_hears_only_its_own_file(
             sink.write(log, "stdout", b"first\n", 1.0)
             await sink.flush()
             await lines(1)
+            # The follower moves its watch to the file right after: wait until it did.
+            stdout_inode = (tmp_path / "stdout.log").stat().st_ino
+            while _watched_inodes() != {stdout_inode}:  # noqa: ASYNC110 - kernel state
+                await anyio.sleep(0.01)
             heard.clear()
             for k in range(20):
                 sink.write(log, "stderr", b"noise %d\n" % k, 2.0 + k)
@@ -545,3 +565,31 @@ async def test_a_follower_on_a_shared_watch_hears_only_its_own_file(
     assert got == ["first\n", "second\n"]
     assert heard and set(heard) == {"stdout.log"}, heard
     assert len(heard) <= 4, heard  # the one write of "second" (modify, close), no noise
+
+
+@pytest.mark.anyio
+async def test_the_read_pace_lets_bursts_through_and_never_falls_behind_slower_lines() -> None:
+    """A follower's reads: a burst of two at once, then one per ``PACE_S``; reads
+    ``PACE_S`` and more apart are never delayed, also right after a delayed one (a
+    minimum gap after each read, as first written, kept lines 50 ms apart 25 ms late)."""
+    pace = reader._Pace()
+
+    async def took() -> float:
+        started = anyio.current_time()
+        await pace.take(None)
+        return anyio.current_time() - started
+
+    assert await took() < 0.01 and await took() < 0.01  # the burst
+    assert await took() >= reader.PACE_S * 0.8  # then the pace
+    waited = []
+    for _ in range(5):
+        await anyio.sleep(reader.PACE_S * 1.2)
+        waited.append(await took())
+    assert max(waited) < 0.01, waited
+    ended = anyio.Event()
+    ended.set()
+    started = anyio.current_time()
+    for _ in range(4):  # the output is over: the last reads go at once, tokens or not
+        await pace.take(ended)
+    assert anyio.current_time() - started < 0.01
+    assert pace.delay() > 0

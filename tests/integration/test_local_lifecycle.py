@@ -356,7 +356,9 @@ async def test_one_watch_hears_the_cancel_requests_of_every_app(state_dir: Path)
         await other.cancel(handles[2])
         with anyio.fail_after(20):
             assert (await owner.wait(handles[2])).state is AppState.CANCELLED
-        (requests,) = state_dir.glob("**/cancel-requests/local")
+        (requests,) = await anyio.to_thread.run_sync(
+            lambda: list(state_dir.glob("**/cancel-requests/local"))
+        )
         await until(lambda: not any(requests.iterdir()), 10)
         for handle in handles[:2] + handles[3:]:
             status = owner.status(handle)

@@ -14,6 +14,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import pytest
+from anyio.abc import TaskGroup
 
 from supervisor.logs import LogSink, ReplicaLog, Stream, iter_log_lines, parse_streams, reader
 from supervisor.logs.lines import MAX_LINE_BYTES
@@ -446,6 +447,27 @@ async def test_an_end_between_the_question_and_the_wait_is_not_missed(
     assert got == ["last\n"]
 
 
+class _HubFollower:
+    """A follower of ``directory``'s stdout on a shared watch, run in ``group``."""
+
+    def __init__(self, group: TaskGroup, directory: Path, end: anyio.Event | EndSignal) -> None:
+        self.got: list[str] = []
+        self.ended = anyio.Event()
+        group.start_soon(self._follow, WatchHub(group), directory, end)
+
+    async def _follow(self, hub: WatchHub, directory: Path, end: anyio.Event | EndSignal) -> None:
+        async for line in iter_log_lines(
+            directory, stream="stdout", should_tail=True, finished_event=end, watch_hub=hub
+        ):
+            self.got.append(line)
+        self.ended.set()
+
+    async def lines(self, count: int) -> None:
+        """Until the follower got ``count`` lines."""
+        while len(self.got) < count:  # noqa: ASYNC110 - the follower's lines: no event
+            await anyio.sleep(0.01)
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("end_kind", [anyio.Event, EndSignal])
 async def test_a_follow_on_a_shared_watch_ends_as_its_end_is_set(
@@ -456,37 +478,22 @@ async def test_a_follow_on_a_shared_watch_ends_as_its_end_is_set(
     ``EndSignal`` wakes its single wait by a callback, an ``anyio.Event`` through a task."""
     log = await _written(sink, tmp_path, ("stdout", b"first\n", 1.0))
     end = end_kind()
-    got: list[str] = []
-    followed = anyio.Event()
     with anyio.fail_after(10):
         async with anyio.create_task_group() as group:
-            hub = WatchHub(group)
-
-            async def follow() -> None:
-                async for line in iter_log_lines(
-                    tmp_path, stream="stdout", should_tail=True, finished_event=end, watch_hub=hub
-                ):
-                    got.append(line)
-                followed.set()
-
-            async def lines(count: int) -> None:
-                while len(got) < count:  # noqa: ASYNC110 - the follower's lines: no event
-                    await anyio.sleep(0.01)
-
-            group.start_soon(follow)
-            await lines(1)
+            follower = _HubFollower(group, tmp_path, end)
+            await follower.lines(1)
             sink.write(log, "stdout", b"second\n", 2.0)
             await sink.flush()
-            await lines(2)
+            await follower.lines(2)
             sink.write(log, "stdout", b"last\n", 3.0)
             await sink.flush()
-            await lines(3)
+            await follower.lines(3)
             await anyio.sleep(0.1)  # waiting again, for a change or its end
             end.set()
             with anyio.fail_after(5):  # far below the shared watch's 30 s re-check
-                await followed.wait()
+                await follower.ended.wait()
             group.cancel_scope.cancel()
-    assert got == ["first\n", "second\n", "last\n"]
+    assert follower.got == ["first\n", "second\n", "last\n"]
 
 
 def _watched_inodes() -> set[int]:
@@ -526,28 +533,13 @@ async def test_a_follower_on_a_shared_watch_hears_only_its_own_file(
     monkeypatch.setattr(WatchHub, "subscribe", counting)
     log = sink.open(tmp_path)
     end = EndSignal()
-    got: list[str] = []
-    followed = anyio.Event()
     with anyio.fail_after(10):
         async with anyio.create_task_group() as group:
-            hub = WatchHub(group)
-
-            async def follow() -> None:
-                async for line in iter_log_lines(
-                    tmp_path, stream="stdout", should_tail=True, finished_event=end, watch_hub=hub
-                ):
-                    got.append(line)
-                followed.set()
-
-            async def lines(count: int) -> None:
-                while len(got) < count:  # noqa: ASYNC110 - the follower's lines: no event
-                    await anyio.sleep(0.01)
-
-            group.start_soon(follow)
+            follower = _HubFollower(group, tmp_path, end)
             await anyio.sleep(0.2)  # watching the directory: stdout.log is not there yet
             sink.write(log, "stdout", b"first\n", 1.0)
             await sink.flush()
-            await lines(1)
+            await follower.lines(1)
             # The follower moves its watch to the file right after: wait until it did.
             stdout_inode = (tmp_path / "stdout.log").stat().st_ino
             while _watched_inodes() != {stdout_inode}:  # noqa: ASYNC110 - kernel state
@@ -558,11 +550,11 @@ async def test_a_follower_on_a_shared_watch_hears_only_its_own_file(
                 await sink.flush()
             sink.write(log, "stdout", b"second\n", 30.0)
             await sink.flush()
-            await lines(2)
+            await follower.lines(2)
             end.set()
-            await followed.wait()
+            await follower.ended.wait()
             group.cancel_scope.cancel()  # the hub's reader
-    assert got == ["first\n", "second\n"]
+    assert follower.got == ["first\n", "second\n"]
     assert heard and set(heard) == {"stdout.log"}, heard
     assert len(heard) <= 4, heard  # the one write of "second" (modify, close), no noise
 

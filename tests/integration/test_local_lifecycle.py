@@ -394,6 +394,18 @@ async def test_a_launch_that_fails_leaves_nothing_open(state_dir: Path, tmp_path
     assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []
 
 
+async def test_a_state_dir_that_cannot_hold_records_fails_the_submit_saying_where(
+    tmp_path: Path,
+) -> None:
+    """The first records a local submit writes in the state directory are where other
+    processes ask for a cancel: a state directory that is a file fails it as a SubmitError."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    async with Supervisor(session="svc", state_dir=blocker) as sv:
+        with pytest.raises(SubmitError, match=f"cannot create .*{blocker}"):
+            await sv.submit(app(py_role("r", "pass")), "local", {"log_dir": str(tmp_path / "logs")})
+
+
 def _app_tasks(handle: str) -> list[str]:
     """The tasks that host ``handle``'s own task group (named after the app)."""
     return [t.name for t in anyio.get_running_tasks() if t.name == f"asupervisor app {handle}"]

@@ -180,9 +180,9 @@ class LocalRuntime(ReplicaRuntime):
         self.store.reserve(_reserve_size(len(self._slots)))
 
     async def start(self) -> None:
-        # Before the app can be found (its index entry): a cancel asked from then on is seen.
-        await self._backend.watch_cancel(self)
         try:
+            # Before the app can be found (its index entry): a cancel asked from then on is seen.
+            await self._backend.watch_cancel(self)
             await anyio.to_thread.run_sync(self._create_store)
         except OSError as e:
             raise SubmitError(f"cannot create {self.store.app_dir}: {e}", transient=False) from e

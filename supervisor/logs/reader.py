@@ -533,9 +533,12 @@ class _Watcher:
         everything = _Interest(None, frozenset())
         self._targets: dict[Path, _Interest] = dict.fromkeys(extra_dirs, everything)
         # In the replica directory only the file being read matters.
-        self._own = _Interest(frozenset({filename}), frozenset())
+        own_name = frozenset({filename})
+        self._own = _Interest(own_name, frozenset())
         self._targets[directory] = self._targets.get(directory, self._own).merged(self._own)
         self._file = directory / filename
+        # Before the file exists: its creation is what moves the watch (to the file).
+        self._awaiting_file = _Interest(own_name, own_name)
 
     def _relevant(self, event: Event) -> bool:
         watch = event.watch
@@ -574,11 +577,11 @@ class _Watcher:
                 complete = False
                 step = frozenset({target.relative_to(found).parts[0]})
                 interest = _Interest(step, step)
-            elif interest == self._own and found == self._file.parent:
+            elif interest == self._own:  # the replica's directory, for the file alone
                 if self._file.is_file():
                     found, interest = self._file, _FILE_INTEREST
                 else:
-                    interest = _Interest(self._own.names, self._own.names or frozenset())
+                    interest = self._awaiting_file
             wanted[found] = wanted[found].merged(interest) if found in wanted else interest
         return wanted, complete
 

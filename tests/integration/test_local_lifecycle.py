@@ -24,6 +24,7 @@ from supervisor import (
     WaitTimeout,
 )
 
+from ..inotify_watches import watched_inodes
 from .helpers import app, pid_alive, py_role, until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
@@ -331,28 +332,14 @@ async def test_another_supervisor_waits_for_and_cancels_an_app_it_did_not_start(
         assert (await owner.wait(handle, timeout=5)).state is AppState.CANCELLED
 
 
-def _inotify_watches() -> int:
-    """Watches held by this process's inotify instances (from /proc/self/fdinfo)."""
-    count = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            if "inotify" not in os.readlink(f"/proc/self/fd/{fd}"):
-                continue
-            with open(f"/proc/self/fdinfo/{fd}") as info:
-                count += sum(line.startswith("inotify wd:") for line in info)
-        except OSError:
-            continue
-    return count
-
-
 async def test_one_watch_hears_the_cancel_requests_of_every_app(state_dir: Path) -> None:
     """Five running apps cost their owner one inotify watch, not one each; the app
     another process cancels, and only it, ends CANCELLED, and its request goes with it."""
     role = py_role("sleeper", "import time; time.sleep(60)")
     async with Supervisor(session="owner") as owner, Supervisor(session="other") as other:
-        before = _inotify_watches()
+        before = len(watched_inodes())
         handles = [await owner.submit(app(role), "local") for _ in range(5)]
-        assert _inotify_watches() - before == 1
+        assert len(watched_inodes()) - before == 1
         await other.cancel(handles[2])
         with anyio.fail_after(20):
             assert (await owner.wait(handles[2])).state is AppState.CANCELLED

@@ -20,6 +20,8 @@ from supervisor.logs import LogSink, ReplicaLog, Stream, iter_log_lines, parse_s
 from supervisor.logs.lines import MAX_LINE_BYTES
 from supervisor.logs.watch import EndSignal, WatchHub
 
+from ..inotify_watches import watched_inodes
+
 
 @pytest.fixture
 def anyio_backend() -> str:
@@ -496,22 +498,6 @@ async def test_a_follow_on_a_shared_watch_ends_as_its_end_is_set(
     assert follower.got == ["first\n", "second\n", "last\n"]
 
 
-def _watched_inodes() -> set[int]:
-    """The inodes this process's inotify instances watch (from /proc/self/fdinfo)."""
-    inodes: set[int] = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            if "inotify" not in os.readlink(f"/proc/self/fd/{fd}"):
-                continue
-            with open(f"/proc/self/fdinfo/{fd}") as info:
-                for line in info:
-                    if line.startswith("inotify wd:"):
-                        inodes.add(int(line.split("ino:")[1].split()[0], 16))
-        except OSError:
-            continue
-    return inodes
-
-
 @pytest.mark.anyio
 async def test_a_follower_on_a_shared_watch_hears_only_its_own_file(
     sink: LogSink, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -542,7 +528,7 @@ async def test_a_follower_on_a_shared_watch_hears_only_its_own_file(
             await follower.lines(1)
             # The follower moves its watch to the file right after: wait until it did.
             stdout_inode = (tmp_path / "stdout.log").stat().st_ino
-            while _watched_inodes() != {stdout_inode}:  # noqa: ASYNC110 - kernel state
+            while watched_inodes() != [stdout_inode]:  # noqa: ASYNC110 - kernel state
                 await anyio.sleep(0.01)
             heard.clear()
             for k in range(20):

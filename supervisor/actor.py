@@ -111,7 +111,9 @@ class AppActor:
         self._written = -1  # the version the last record written holds
         self._final_written = False
         self._persisted = 0
-        self._persist_lock = anyio.Lock()
+        # Fast: an uncontended acquire takes no turn of the loop (the final record's is
+        # on the path of ``wait``).
+        self._persist_lock = anyio.Lock(fast_acquire=True)
         self._persist_failure = ""
         # What the backend reported and what recording failed are two notices: clearing
         # one (a record written again) must not erase the other (output lost on a full disk).

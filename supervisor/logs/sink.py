@@ -31,7 +31,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
@@ -58,16 +58,22 @@ QUEUED_BYTES_LOW: Final = 2 << 20
 """Readers waiting for room are released once the backlog fell to this."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(eq=False, slots=True)
 class ReplicaLog:
     """Where one replica's output goes.
 
-    Only a name: all file state lives on the writer thread, keyed by
-    directory, so two handles for one directory share offsets and line
-    buffers instead of corrupting each other.
+    All file state lives on the writer thread, keyed by directory, so two
+    handles for one directory share offsets and line buffers instead of
+    corrupting each other. The handle only keeps, on the loop's side, what
+    ``flush`` needs to know whether it has anything to wait for.
     """
 
     directory: Path
+    content_through: int = field(default=0, repr=False)
+    """The queue position of the last item through this handle that changes its files'
+    content: once the writer handled that many items, ``flush`` has nothing to wait for."""
+    open_lines: set[StreamName] = field(default_factory=set, repr=False)
+    """Streams whose last chunk left a line open: their end completes it in combined.log."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +162,8 @@ class _Writer:
     """
 
     def __init__(self, max_open_replicas: int) -> None:
-        self.queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        # An item, or the items one turn of the loop queued (see ``LogSink._submit``).
+        self.queue: queue.SimpleQueue[_Item | list[_Item]] = queue.SimpleQueue()
         self._replicas: dict[Path, ReplicaFiles] = {}
         self._open: OrderedDict[Path, None] = OrderedDict()
         self._max_open = max_open_replicas
@@ -173,15 +180,19 @@ class _Writer:
         # Per directory: where its current attempt starts, and times of rewound output.
         self._marks: dict[Path, _Marked] = {}
         self._retimers: dict[Path, _Retimer] = {}
+        # Items handled so far; written by this thread only, after each item is done.
+        self.handled = 0
 
     def run(self) -> None:
         while True:
-            item = self.queue.get()
-            if isinstance(item, _Stop):
+            got = self.queue.get()
+            if isinstance(got, _Stop):
                 break
-            self._handle(item)
-            if isinstance(item, _Write):
-                self.written(len(item.data))
+            for item in got if isinstance(got, list) else (got,):
+                self._handle(item)
+                self.handled += 1
+                if isinstance(item, _Write):
+                    self.written(len(item.data))
         self._shutdown()
         self.release_waiters()
 
@@ -445,6 +456,9 @@ class LogSink:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._submitted = 0  # items queued so far
+        # Items of this turn of the loop, handed to the thread together at its end: one
+        # wake-up of the writer per turn, not per item (a gang's exits end 2 streams each).
+        self._batch: list[_Item] = []
         self._barrier: tuple[int, asyncio.Future[None]] | None = None  # the latest, and when
 
     def open(self, directory: Path, *, made: bool = False) -> ReplicaLog:
@@ -455,9 +469,11 @@ class LogSink:
         a thousand no-op ``makedirs`` in the writer thread cost the loop's
         thread tens of milliseconds in turns of the GIL, during the submit.
         """
+        log = ReplicaLog(directory)
         if not made:
             self._submit(_Open(directory))
-        return ReplicaLog(directory)
+            log.content_through = self._submitted
+        return log
 
     def write(self, log: ReplicaLog, stream: StreamName, data: bytes, at: float) -> None:
         """Queue ``data`` that arrived on ``stream`` at wall time ``at``."""
@@ -470,6 +486,11 @@ class LogSink:
             except BaseException:
                 self._writer.written(len(data))
                 raise
+            log.content_through = self._submitted
+            if data.endswith(b"\n"):
+                log.open_lines.discard(stream)
+            else:
+                log.open_lines.add(stream)
 
     def mark_attempt(self, log: ReplicaLog, at: Mapping[str, int] | None = None) -> None:
         """An attempt's output starts here: ``rewind`` drops what was written after it.
@@ -482,6 +503,7 @@ class LogSink:
             sizes = {sid: int(at[name]) for sid, name in _MARK_KEYS.items()}
             marked = _Marked(sizes, int(at["index"]))
         self._submit(_Mark(log.directory, marked))
+        log.content_through = self._submitted
 
     def rewind(self, log: ReplicaLog) -> None:
         """Drop ``log``'s output written since its ``mark_attempt``, to write it again.
@@ -494,6 +516,7 @@ class LogSink:
         A failure is kept and raised by ``flush`` like a failed write.
         """
         self._submit(_Rewind(log.directory))
+        log.content_through = self._submitted
 
     async def room(self) -> None:
         """Return once the writer's backlog is small enough to queue more; usually at once.
@@ -521,15 +544,24 @@ class LogSink:
         """
         if stream not in STREAM_IDS:
             raise ValueError(f"stream must be 'stdout' or 'stderr', not {stream!r}")
-        self._submit(_End(log.directory, stream), strict=False)
+        if self._submit(_End(log.directory, stream), strict=False) and stream in log.open_lines:
+            log.open_lines.discard(stream)
+            log.content_through = self._submitted  # else it only closes files
 
     async def flush(self, log: ReplicaLog | None = None) -> None:
-        """Return once everything queued before the call is written (no fsync).
+        """Return once what was queued before the call is written (no fsync).
 
-        Then raise the kept write failure of ``log``'s directory, or, without
-        ``log``, of any directory.
+        With ``log``, what changes its files' content (closing them may come
+        later); without, everything. Then raise the kept write failure of
+        ``log``'s directory, or, without ``log``, of any directory.
         """
         directory = None if log is None else log.directory
+        if self._writer.handled >= (self._submitted if log is None else log.content_through):
+            # Written already (a replica's last line usually is by the time its exit is
+            # reported; its pipes' ends, queued at that moment, only close files unless a
+            # line was left open): no round trip to the writer thread on the way to ``wait``.
+            self._raise_pending(directory)
+            return
         loop = asyncio.get_running_loop()
         pending = self._barrier
         if pending is not None and pending[0] == self._submitted and not pending[1].done():
@@ -582,15 +614,33 @@ class LogSink:
                 thread.start()
                 self._thread = thread
                 weakref.finalize(self, self._writer.queue.put, _STOP)
-            self._writer.queue.put(item)
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # not on a loop: straight to the thread, behind the batch
+                self._push_locked()
+                self._writer.queue.put(item)
+            else:
+                self._batch.append(item)
+                if len(self._batch) == 1:
+                    loop.call_soon(self._push)
             self._submitted += 1
             return True
+
+    def _push(self) -> None:
+        with self._lock:
+            self._push_locked()
+
+    def _push_locked(self) -> None:
+        if self._batch:
+            batch, self._batch = self._batch, []
+            self._writer.queue.put(batch)
 
     def _begin_close(self) -> threading.Thread | None:
         with self._lock:
             if not self._closed:
                 self._closed = True
                 if self._thread is not None:
+                    self._push_locked()
                     self._writer.queue.put(_STOP)
             return self._thread
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -401,3 +402,51 @@ async def test_a_mark_taken_by_another_process_is_rewound_to(tmp_path: Path) -> 
     assert _read(directory, "combined.log") == b"before\nright\n"
     index = TimestampIndex.load(directory / INDEX_NAME)
     assert index.time_at(STDOUT_ID, len(b"before\n")) == 2.0  # when "wrong\n" first came
+
+
+@pytest.mark.anyio
+async def test_a_replica_flush_waits_for_its_open_line_to_be_ended(
+    sink: LogSink, tmp_path: Path
+) -> None:
+    """Its stream's end completes a line left open: a flush of that replica waits for it."""
+    log = sink.open(tmp_path)
+    sink.write(log, "stdout", b"done\nno newline", 1.0)
+    sink.end_stream(log, "stdout")
+    await sink.flush(log)
+    assert _read(tmp_path, "combined.log") == b"done\nno newline"
+
+
+@pytest.mark.anyio
+async def test_a_replica_flush_needs_no_round_trip_once_its_output_is_written(
+    sink: LogSink, tmp_path: Path
+) -> None:
+    """Every line ended and written: the ends of its streams (closing files) are not waited for.
+
+    Taken on the way to ``wait``: a round trip to the writer thread per exit. The
+    thread is held here so the test sees which flush waits for it.
+    """
+    log = sink.open(tmp_path)
+    sink.write(log, "stdout", b"all\n", 1.0)
+    sink.write(log, "stderr", b"lines ended\n", 1.0)
+    await sink.flush(log)
+    assert _read(tmp_path, "combined.log") == b"all\nlines ended\n"
+    held = threading.Event()
+    original = sink._writer._handle  # the writer thread, held at its next item
+
+    def handle(item: object) -> None:
+        held.wait(10)
+        original(item)  # type: ignore[arg-type]
+
+    sink._writer._handle = handle  # type: ignore[method-assign]
+    try:
+        sink.end_stream(log, "stdout")
+        sink.end_stream(log, "stderr")
+        with anyio.fail_after(1):
+            await sink.flush(log)  # returns while the thread is held
+        with anyio.move_on_after(0.3) as waited:
+            await sink.flush()  # everything: waits for the held thread
+        assert waited.cancelled_caught
+    finally:
+        held.set()
+    await sink.flush()
+    assert _read(tmp_path, "combined.log") == b"all\nlines ended\n"

@@ -1,0 +1,94 @@
+"""SerialWorker: the records' thread runs calls in order, off the loop, and to their end."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import anyio
+import pytest
+
+from supervisor.backends.serial import SerialWorker
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_calls_run_in_order_in_one_thread_other_than_the_loops() -> None:
+    worker = SerialWorker("test-records")
+    ran: list[tuple[int, int]] = []
+
+    def call(k: int) -> int:
+        time.sleep(0.01 if k == 0 else 0)  # the first is the slowest: order still holds
+        ran.append((k, threading.get_ident()))
+        return k * 10
+
+    try:
+        async with anyio.create_task_group() as tg:
+            results: dict[int, int] = {}
+
+            async def one(k: int) -> None:
+                results[k] = await worker.run(call, k)
+
+            for k in range(5):
+                tg.start_soon(one, k)
+                await anyio.lowlevel.checkpoint()  # queued in this order
+        assert [k for k, _ in ran] == [0, 1, 2, 3, 4]
+        assert len({ident for _, ident in ran}) == 1
+        assert ran[0][1] != threading.get_ident()
+        assert results == {k: k * 10 for k in range(5)}
+    finally:
+        await worker.aclose()
+
+
+@pytest.mark.anyio
+async def test_an_error_reaches_the_caller_and_the_worker_goes_on() -> None:
+    worker = SerialWorker("test-records")
+
+    def broken() -> None:
+        raise FileNotFoundError(2, "gone", "/nowhere")
+
+    try:
+        with pytest.raises(FileNotFoundError, match="gone"):
+            await worker.run(broken)
+        assert await worker.run(lambda: "still here") == "still here"
+    finally:
+        await worker.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_cancelled_caller_waits_for_its_call_to_end() -> None:
+    """A record is never left half written by a writer that moved on."""
+    worker = SerialWorker("test-records")
+    finished = threading.Event()
+
+    def slow() -> None:
+        time.sleep(0.3)
+        finished.set()
+
+    try:
+        with anyio.move_on_after(0.05) as scope:
+            await worker.run(slow)
+            await anyio.sleep(10)  # the cancellation lands here, once the call is over
+        assert scope.cancelled_caught
+        assert finished.is_set()
+    finally:
+        await worker.aclose()
+
+
+@pytest.mark.anyio
+async def test_close_runs_what_was_queued_then_stops_the_thread() -> None:
+    worker = SerialWorker("test-records-close")
+    done: list[int] = []
+    async with anyio.create_task_group() as tg:
+        for k in range(3):
+            tg.start_soon(worker.run, done.append, k)
+        await anyio.lowlevel.checkpoint()
+        await worker.aclose()
+    assert done == [0, 1, 2]
+    assert not any(t.name == "test-records-close" for t in threading.enumerate())
+    with pytest.raises(RuntimeError, match="closed"):
+        await worker.run(done.append, 3)

@@ -28,7 +28,6 @@ import abc
 import importlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, ClassVar, TypeVarTuple, Unpack
 
@@ -373,14 +372,33 @@ class BackendRegistry:
 
     def __init__(self, extra: Mapping[str, BackendFactory | str] | None = None) -> None:
         self._specs: dict[str, BackendFactory | str] = dict(BUILTIN_BACKENDS)
+        self._specs.update(extra or {})
+        self._scanned = False
+
+    def _scan(self) -> None:
+        """Add the installed distributions' backends (entry points), once, first needed.
+
+        Not at construction: ``importlib.metadata`` (and ``email``, ``zipfile``, ``csv``
+        with it) is some 3,000 objects the host's garbage collector would walk on every
+        full collection, and the scan reads every installed distribution's metadata,
+        for a Supervisor that uses only built-in backends. Built-in and ``extra``
+        backends keep precedence over entry points of the same name, as before.
+        """
+        if self._scanned:
+            return
+        self._scanned = True
+        from importlib.metadata import entry_points
+
         for ep in entry_points(group=ENTRY_POINT_GROUP):
             self._specs.setdefault(ep.name, ep.value)
-        self._specs.update(extra or {})
 
     def names(self) -> list[str]:
+        self._scan()
         return sorted(self._specs)
 
     def factory(self, name: str) -> BackendFactory:
+        if name not in self._specs:
+            self._scan()
         spec = self._specs.get(name)
         if spec is None:
             raise UnknownBackendError(

@@ -36,6 +36,7 @@ from supervisor.backends.base import (
     Request,
 )
 from supervisor.backends.listing import list_indexed
+from supervisor.backends.local.flag import Flag
 from supervisor.backends.local.process import ReplicaProcess, signal_name
 from supervisor.backends.local.reaper_client import Reaper
 from supervisor.backends.local.request import (
@@ -124,7 +125,7 @@ class _Slot:
     launch: ReplicaLaunch
     attempt: int = 0
     proc: ReplicaProcess | None = None
-    done: anyio.Event | None = None
+    done: Flag | None = None  # the attempt's follower ended (a Flag: see flag.py)
     stopped: bool = False
     _lock: anyio.Lock | None = None
 
@@ -135,6 +136,17 @@ class _Slot:
         if self._lock is None:
             self._lock = anyio.Lock()
         return self._lock
+
+    def drop_idle_lock(self) -> None:
+        """Forget the lock if nobody holds or waits for it; the next use makes a new one.
+
+        A free lock with no waiter is no different from a new one, and a running
+        replica's lock (with its waiters' deque) would otherwise be walked by every
+        full collection of the host's garbage collector for the replica's whole life.
+        """
+        lock = self._lock
+        if lock is not None and not lock.locked() and not lock.statistics().tasks_waiting:
+            self._lock = None
 
 
 class LocalRuntime(ReplicaRuntime):
@@ -208,6 +220,7 @@ class LocalRuntime(ReplicaRuntime):
     async def _spawn_locked(self, key: ReplicaKey, slot: _Slot) -> None:
         async with slot.lock:
             await self._spawn(key, slot)
+        slot.drop_idle_lock()
 
     async def _spawn(self, key: ReplicaKey, slot: _Slot) -> None:
         """Start one attempt; called with ``slot.lock`` held, so a stop meanwhile waits for it.
@@ -262,7 +275,7 @@ class LocalRuntime(ReplicaRuntime):
             )
             return
         slot.proc = proc
-        slot.done = anyio.Event()
+        slot.done = Flag()
         self.emit(
             Started(
                 role=key[0],
@@ -279,7 +292,7 @@ class LocalRuntime(ReplicaRuntime):
             proc.kill_now()
 
     async def _follow(
-        self, key: ReplicaKey, slot: _Slot, proc: ReplicaProcess, done: anyio.Event, attempt: int
+        self, key: ReplicaKey, slot: _Slot, proc: ReplicaProcess, done: Flag, attempt: int
     ) -> None:
         try:
             code = await proc.follow()

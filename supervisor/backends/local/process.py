@@ -14,7 +14,7 @@ import math
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Literal
 
 import anyio
@@ -66,11 +66,16 @@ class ReplicaProcess:
         self.returncode: int | None = None
         self.unknown_reason = ""
         self.exited = report.done
-        # What the pipes' reader callbacks tell ``follow``: set on an EOF, a pause, a
-        # failure, and (through the report) the exit.
-        self._changed = asyncio.Event()
+        # What the pipes' reader callbacks tell ``follow`` (``_wake``): on an EOF, a pause,
+        # a failure, and (through the report) the exit. A flag and the future ``follow``
+        # awaits, not an ``asyncio.Event``: every object a running replica holds is walked
+        # by each full collection of the host's garbage collector, and the event's waiters'
+        # deque and its ``wait`` coroutine were three more per replica.
+        self._woken = False
+        self._waiter: asyncio.Future[None] | None = None
         self._paused = False
         self._failure: Exception | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
     async def start(
@@ -125,14 +130,14 @@ class ReplicaProcess:
         open by a process that escaped the group are abandoned
         ``DRAIN_TIMEOUT`` seconds after the exit.
         """
-        loop = asyncio.get_running_loop()
-        self._report.on_settle = self._changed.set
+        loop = self._loop = asyncio.get_running_loop()
+        self._report.on_settle = self._wake
         drained_by = math.inf
         ended = False
         try:
             self._listen(loop)
             while self._pipes or not self.exited.is_set():
-                self._changed.clear()
+                self._woken = False
                 if self._failure is not None:
                     raise self._failure
                 if self.exited.is_set() and drained_by == math.inf:
@@ -150,6 +155,7 @@ class ReplicaProcess:
             ended = True
         finally:
             self._report.on_settle = None
+            self._waiter = None
             self._unlisten(loop)
             for stream in list(self._pipes):
                 if ended:
@@ -160,25 +166,45 @@ class ReplicaProcess:
         self.unknown_reason = self._report.reason
         return code
 
-    async def _next_change(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Wait for room when paused (then read on), else for what the callbacks tell."""
+    def _next_change(self, loop: asyncio.AbstractEventLoop) -> Awaitable[None]:
+        """What ``follow`` waits for: room when paused (then it reads on), else ``_wake``.
+
+        Not a coroutine itself: the future is awaited by ``follow`` directly, so a
+        running replica's task holds no frame of this one.
+        """
         if self._paused:
-            await self._sink.room()
-            self._paused = False
-            self._listen(loop)
-        else:
-            await self._changed.wait()
+            return self._resume(loop)
+        waiter = self._waiter = loop.create_future()
+        if self._woken:  # told since ``follow`` last looked
+            waiter.set_result(None)
+        return waiter
+
+    async def _resume(self, loop: asyncio.AbstractEventLoop) -> None:
+        await self._sink.room()
+        self._paused = False
+        self._listen(loop)
+
+    def _wake(self) -> None:
+        self._woken = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def _listen(self, loop: asyncio.AbstractEventLoop) -> None:
+        # One bound method for both pipes; the callbacks' arguments (a name and a number,
+        # not the loop) leave their tuples to the garbage collector's untracking.
+        readable = self._readable
         for stream, fd in self._pipes.items():
-            loop.add_reader(fd, self._readable, loop, stream, fd)
+            loop.add_reader(fd, readable, stream, fd)
 
     def _unlisten(self, loop: asyncio.AbstractEventLoop) -> None:
         for fd in self._pipes.values():
             loop.remove_reader(fd)
 
-    def _readable(self, loop: asyncio.AbstractEventLoop, stream: StreamName, fd: int) -> None:
+    def _readable(self, stream: StreamName, fd: int) -> None:
         """The loop's reader callback: one chunk of one pipe to the sink."""
+        loop = self._loop
+        assert loop is not None  # registered by ``follow``, which set it
         try:
             data = os.read(fd, 1 << 16)
         except BlockingIOError:
@@ -188,7 +214,7 @@ class ReplicaProcess:
         if not data:
             loop.remove_reader(fd)
             self._close_pipe(stream)
-            self._changed.set()
+            self._wake()
             return
         try:
             self._sink.write(self._log, stream, data, time.time())
@@ -199,7 +225,7 @@ class ReplicaProcess:
             # Raised by ``follow``, in its task, not lost in the loop's exception handler.
             self._failure = e
         self._unlisten(loop)
-        self._changed.set()
+        self._wake()
 
     def _close_pipe(self, stream: StreamName) -> None:
         os.close(self._pipes.pop(stream))

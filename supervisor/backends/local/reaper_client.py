@@ -41,6 +41,7 @@ import anyio
 import anyio.lowlevel
 from anyio.abc import TaskGroup
 
+from supervisor.backends.local.flag import Flag
 from supervisor.errors import BackendError
 
 __all__ = ["ExitReport", "Reaper"]
@@ -55,9 +56,13 @@ next turn (256 at once held the host's loop for tens of milliseconds)."""
 
 @dataclass
 class ExitReport:
-    """How one replica ended: ``status`` is the raw wait status, None when it is unknown."""
+    """How one replica ended: ``status`` is the raw wait status, None when it is unknown.
 
-    done: anyio.Event = field(default_factory=anyio.Event)
+    One per running replica, for its whole life: ``done`` is a ``Flag`` (one object
+    the garbage collector walks, not an event's three until someone waits).
+    """
+
+    done: Flag = field(default_factory=Flag)
     status: int | None = None
     reason: str = ""
     pid: int = 0

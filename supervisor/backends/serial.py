@@ -31,13 +31,25 @@ _Call = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[..., An
 
 def _serve(calls: queue.SimpleQueue[_Call | None]) -> None:
     while (call := calls.get()) is not None:
-        loop, future, function, args = call
-        try:
-            result = function(*args)
-        except BaseException as exc:  # handed to the caller, whatever it is
-            _report(loop, _fail, future, exc)
-        else:
-            _report(loop, _succeed, future, result)
+        _run(*call)
+        # Nothing of a call outlives it here: the last one (an app's ``_release_files``,
+        # bound to its runtime) would keep the ended app's every object alive until the
+        # next record, for the garbage collector to walk.
+        del call
+
+
+def _run(
+    loop: asyncio.AbstractEventLoop,
+    future: asyncio.Future[Any],
+    function: Callable[..., Any],
+    args: tuple[Any, ...],
+) -> None:
+    try:
+        result = function(*args)
+    except BaseException as exc:  # handed to the caller, whatever it is
+        _report(loop, _fail, future, exc)
+    else:
+        _report(loop, _succeed, future, result)
 
 
 def _report(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+import weakref
 
 import anyio
 import pytest
@@ -92,3 +94,22 @@ async def test_close_runs_what_was_queued_then_stops_the_thread() -> None:
     assert not any(t.name == "test-records-close" for t in threading.enumerate())
     with pytest.raises(RuntimeError, match="closed"):
         await worker.run(done.append, 3)
+
+
+@pytest.mark.anyio
+async def test_nothing_of_a_call_is_kept_once_it_returned() -> None:
+    """An ended app's last call (its runtime bound in) must not stay alive in the thread."""
+    worker = SerialWorker("test-records")
+
+    class Payload:
+        pass
+
+    payload = Payload()
+    alive = weakref.ref(payload)
+    try:
+        await worker.run(lambda p: None, payload)
+        del payload
+        gc.collect()
+        assert alive() is None
+    finally:
+        await worker.aclose()

@@ -311,7 +311,9 @@ class LocalRuntime(ReplicaRuntime):
                 # Never a success: the app hears why the status is missing.
                 unknown = f"{key[0]}/{key[1]}: {proc.unknown_reason}"
             if code != 0:
-                error = await anyio.to_thread.run_sync(
+                # In the records' thread: a gang stopped at once reads a thousand of these,
+                # which through ``anyio.to_thread`` grew its pool to dozens of threads.
+                error = await self._backend.records.run(
                     self.store.read_error_file, Path(slot.launch.error_file)
                 )
             if slot.proc is proc:
@@ -352,7 +354,8 @@ class LocalRuntime(ReplicaRuntime):
 
     async def start_attempt(self, key: ReplicaKey) -> None:
         slot = self._slots[key]
-        await anyio.to_thread.run_sync(lambda: Path(slot.launch.error_file).unlink(missing_ok=True))
+        error_file = Path(slot.launch.error_file)
+        await self._backend.records.run(lambda: error_file.unlink(missing_ok=True))
         # _spawn checks ``stopped`` again: a stop that came during the await wins.
         self._starting += 1
         await self._spawn(key, slot)

@@ -551,8 +551,8 @@ class LogSink:
     async def flush(self, log: ReplicaLog | None = None) -> None:
         """Return once what was queued before the call is written (no fsync).
 
-        With ``log``, what changes its files' content (closing them may come
-        later); without, everything. Then raise the kept write failure of
+        With ``log``, what was queued through that handle and changes its files'
+        content (closing them may come later); without, everything. Then raise the kept write failure of
         ``log``'s directory, or, without ``log``, of any directory.
         """
         directory = None if log is None else log.directory

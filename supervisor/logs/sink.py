@@ -552,8 +552,9 @@ class LogSink:
         """Return once what was queued before the call is written (no fsync).
 
         With ``log``, what was queued through that handle and changes its files'
-        content (closing them may come later); without, everything. Then raise the kept write failure of
-        ``log``'s directory, or, without ``log``, of any directory.
+        content (closing them may come later); without, everything. Then raise
+        the kept write failure of ``log``'s directory, or, without ``log``, of
+        any directory.
         """
         directory = None if log is None else log.directory
         if self._writer.handled >= (self._submitted if log is None else log.content_through):

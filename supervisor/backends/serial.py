@@ -90,8 +90,11 @@ class SerialWorker:
             if self._closed:
                 raise RuntimeError(f"{self._name} is closed")
             if self._thread is None:
+                # A daemon: a Supervisor left unclosed must not hold the interpreter's exit
+                # (it joins every other thread first). Cut short there, a record is the old
+                # one still: its new file only takes the old one's place once written.
                 self._thread = threading.Thread(
-                    target=_serve, args=(self._calls,), name=self._name, daemon=False
+                    target=_serve, args=(self._calls,), name=self._name, daemon=True
                 )
                 self._thread.start()
                 weakref.finalize(self, self._calls.put, None)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 import threading
 import time
 import weakref
@@ -113,3 +115,19 @@ async def test_nothing_of_a_call_is_kept_once_it_returned() -> None:
         assert alive() is None
     finally:
         await worker.aclose()
+
+
+def test_a_worker_left_open_does_not_hold_the_interpreters_exit() -> None:
+    """A Supervisor never closed must not hang its process at exit on the records' thread."""
+    code = (
+        "import asyncio\n"
+        "from supervisor.backends.serial import SerialWorker\n"
+        "kept = []\n"
+        "async def main():\n"
+        "    kept.append(SerialWorker('left-open'))\n"
+        "    await kept[0].run(print, 'ran')\n"
+        "asyncio.run(main())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "ran\n"

@@ -84,11 +84,8 @@ def swap_into_place(tmp: Path, path: Path, *, only_over: bool = False) -> bool:
         code = ctypes.get_errno()
         if code in _UNSUPPORTED:
             _exchange = None
-        elif code != errno.ENOENT:
+        elif code != errno.ENOENT:  # ENOENT: nothing at ``path`` yet (or no ``tmp``)
             raise OSError(code, os.strerror(code), str(path))
-        elif only_over and os.path.lexists(tmp):  # nothing at ``path``
-            os.unlink(tmp)
-            return False
     if only_over and not os.path.lexists(path):
         os.unlink(tmp)
         return False

@@ -471,8 +471,7 @@ class LogSink:
         """
         log = ReplicaLog(directory)
         if not made:
-            self._submit(_Open(directory))
-            log.content_through = self._submitted
+            self._submit_content(log, _Open(directory))
         return log
 
     def write(self, log: ReplicaLog, stream: StreamName, data: bytes, at: float) -> None:
@@ -482,11 +481,10 @@ class LogSink:
         if data:
             self._writer.queued(len(data))
             try:
-                self._submit(_Write(log.directory, stream, bytes(data), at))
+                self._submit_content(log, _Write(log.directory, stream, bytes(data), at))
             except BaseException:
                 self._writer.written(len(data))
                 raise
-            log.content_through = self._submitted
             if data.endswith(b"\n"):
                 log.open_lines.discard(stream)
             else:
@@ -502,8 +500,7 @@ class LogSink:
         if at is not None:
             sizes = {sid: int(at[name]) for sid, name in _MARK_KEYS.items()}
             marked = _Marked(sizes, int(at["index"]))
-        self._submit(_Mark(log.directory, marked))
-        log.content_through = self._submitted
+        self._submit_content(log, _Mark(log.directory, marked))
 
     def rewind(self, log: ReplicaLog) -> None:
         """Drop ``log``'s output written since its ``mark_attempt``, to write it again.
@@ -515,8 +512,7 @@ class LogSink:
         end (``log_iter`` after ``wait``) see only the rewritten output.
         A failure is kept and raised by ``flush`` like a failed write.
         """
-        self._submit(_Rewind(log.directory))
-        log.content_through = self._submitted
+        self._submit_content(log, _Rewind(log.directory))
 
     async def room(self) -> None:
         """Return once the writer's backlog is small enough to queue more; usually at once.
@@ -626,6 +622,11 @@ class LogSink:
                     loop.call_soon(self._push)
             self._submitted += 1
             return True
+
+    def _submit_content(self, log: ReplicaLog, item: _Item) -> None:
+        """``_submit`` an item that changes ``log``'s files: its ``flush`` waits for it."""
+        self._submit(item)
+        log.content_through = self._submitted
 
     def _push(self) -> None:
         with self._lock:

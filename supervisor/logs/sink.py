@@ -22,6 +22,7 @@ replicas.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import bisect
 import contextlib
 import errno
@@ -56,6 +57,12 @@ QUEUED_BYTES_HIGH: Final = 8 << 20
 """Bytes waiting for the writer thread above which ``room()`` makes readers wait."""
 QUEUED_BYTES_LOW: Final = 2 << 20
 """Readers waiting for room are released once the backlog fell to this."""
+
+EXIT_DRAIN_S: Final = 10.0
+"""At interpreter exit, how long each sink left open may take to write what it still holds."""
+
+_OPEN_SINKS: weakref.WeakSet[LogSink] = weakref.WeakSet()
+"""Sinks whose writer thread runs: drained at exit by ``_drain_open_sinks``."""
 
 
 @dataclass(eq=False, slots=True)
@@ -443,9 +450,12 @@ class LogSink:
     never reported to a replica whose own files are fine. The message says
     how much output was lost meanwhile, and when the disk was full, says so.
 
-    The thread is not a daemon so queued output is not lost at exit; call
-    ``aclose`` (or ``close`` outside async code). A sink that is garbage
-    collected without closing still stops its thread.
+    Call ``aclose`` (or ``close`` outside async code). A sink left open
+    still ends well: garbage collected, it stops its thread; alive at
+    interpreter exit, what it holds is written then (``EXIT_DRAIN_S`` at
+    most). The thread is a daemon so that a sink never closed cannot hold the
+    exit for ever, as a non-daemon one did: ``threading`` joins those before
+    any ``atexit`` hook could tell them to stop.
     """
 
     def __init__(self, *, max_open_replicas: int = 256) -> None:
@@ -606,11 +616,12 @@ class LogSink:
                 if not start:
                     return False
                 thread = threading.Thread(
-                    target=self._writer.run, name="asupervisor-log-writer", daemon=False
+                    target=self._writer.run, name="asupervisor-log-writer", daemon=True
                 )
                 thread.start()
                 self._thread = thread
                 weakref.finalize(self, self._writer.queue.put, _STOP)
+                _OPEN_SINKS.add(self)
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:  # not on a loop: straight to the thread, behind the batch
@@ -639,6 +650,7 @@ class LogSink:
 
     def _begin_close(self) -> threading.Thread | None:
         with self._lock:
+            _OPEN_SINKS.discard(self)
             if not self._closed:
                 self._closed = True
                 if self._thread is not None:
@@ -650,3 +662,20 @@ class LogSink:
         error = self._writer.take_error(directory)
         if error is not None:
             raise error
+
+
+@atexit.register
+def _drain_open_sinks() -> None:
+    """Write out every sink still open at exit, then raise the first kept write failure.
+
+    Runs after ``threading`` joined the non-daemon threads and before daemon
+    ones are frozen, so the writers are still there to finish their queues.
+    A failure raised here is printed by the interpreter, not lost.
+    """
+    sinks = list(_OPEN_SINKS)
+    for sink in sinks:
+        thread = sink._begin_close()
+        if thread is not None:
+            thread.join(EXIT_DRAIN_S)
+    for sink in sinks:
+        sink._raise_pending()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -450,3 +452,33 @@ async def test_a_replica_flush_needs_no_round_trip_once_its_output_is_written(
         held.set()
     await sink.flush()
     assert _read(tmp_path, "combined.log") == b"all\nlines ended\n"
+
+
+def test_a_sink_left_open_is_written_out_and_does_not_hold_the_exit(tmp_path: Path) -> None:
+    """A sink never closed, still referenced at exit: its output lands, the process ends.
+
+    Its writer thread was a non-daemon one, which ``threading`` joins at exit
+    before anything could tell it to stop: the interpreter hung there.
+    """
+    code = (
+        "import asyncio, sys, time\n"
+        "from pathlib import Path\n"
+        "from supervisor.logs import LogSink\n"
+        "kept = []\n"
+        "async def main():\n"
+        "    sink = LogSink()\n"
+        "    kept.append(sink)\n"
+        "    log = sink.open(Path(sys.argv[1]))\n"
+        "    sink.write(log, 'stdout', b'last words\\n', time.time())\n"
+        "    sink.write(log, 'stderr', b'no newline', time.time())\n"
+        "asyncio.run(main())\n"
+    )
+    directory = tmp_path / "r0"
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(directory)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    assert _read(directory, "stdout.log") == b"last words\n"
+    assert _read(directory, "stderr.log") == b"no newline"
+    assert sorted(_read(directory, "combined.log").splitlines()) == [b"last words", b"no newline"]

@@ -12,8 +12,15 @@ phase. The same child measures three phases, in this order, in one event loop:
   (``sleep 60``), from the call until it returns with every replica spawned;
   the app is then cancelled and waited for (not measured);
 * ``follow``: F ``log_iter(..., should_tail=True)`` followers, one per replica
-  of an app whose replicas each print a line every 10 ms for a few seconds,
-  every follower consuming its lines, for the window given.
+  of an app whose replicas each print a line every 10 ms (``--line-period-s``)
+  for a few seconds, every follower consuming its lines, for the window given.
+
+For each phase the ticker also records how much of its worst stall the loop's
+thread spent *runnable but not running* (``run_delay`` in the thread's
+``/proc`` schedstat): time the kernel gave the CPU to other processes, which
+no change inside the host's process can take back. A stall made of that is the
+machine being saturated; a stall the thread spent on the CPU is the host's own
+work.
 
 The target: the worst stall of ``submit`` and of ``follow`` at most 20 ms
 above the worst stall of ``idle`` in the same run. Nothing is asserted; the
@@ -22,6 +29,7 @@ report gives the figures and the verdict.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -40,42 +48,75 @@ PHASES = ("idle", "submit", "follow")
 # (0.9 s with no follower at all), whatever the library does.
 TALKER = (
     "import sys, time\n"
-    "for i in range(int(sys.argv[1]) * 100):\n"
+    "period = float(sys.argv[2])\n"
+    "for i in range(int(float(sys.argv[1]) / period)):\n"
     "    print('line', i, flush=True)\n"
-    "    time.sleep(0.01)\n"
+    "    time.sleep(period)\n"
 )
+LINE_PERIOD_S = 0.01
+"""How often each talker prints, unless ``--line-period-s`` says otherwise."""
+
+
+def _run_delay_ns(fd: int) -> int:
+    """Nanoseconds this thread has waited on a run queue so far (its schedstat's 2nd field)."""
+    return int(os.pread(fd, 128, 0).split()[1])
 
 
 class Ticker:
-    """Sleeps ``PERIOD_S`` in a loop; ``worst`` is the largest lateness seen while armed."""
+    """Sleeps ``PERIOD_S`` in a loop; ``worst`` is the largest lateness seen while armed.
+
+    ``worst_queued``: of that worst stall, the seconds the loop's thread was
+    runnable but waiting for a CPU (None where schedstat is missing).
+    """
 
     def __init__(self) -> None:
         self.worst = 0.0
+        self.worst_queued: float | None = None
         self.ticks = 0
 
     def reset(self) -> None:
-        self.worst, self.ticks = 0.0, 0
+        self.worst, self.worst_queued, self.ticks = 0.0, None, 0
 
     async def run(self) -> None:
-        while True:
-            asked = time.perf_counter()
-            await anyio.sleep(PERIOD_S)
-            late = time.perf_counter() - asked - PERIOD_S
-            self.ticks += 1
-            self.worst = max(self.worst, late)
+        try:
+            fd: int | None = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        except OSError:
+            fd = None
+        try:
+            while True:
+                queued = 0 if fd is None else _run_delay_ns(fd)
+                asked = time.perf_counter()
+                await anyio.sleep(PERIOD_S)
+                late = time.perf_counter() - asked - PERIOD_S
+                self.ticks += 1
+                if late > self.worst:
+                    self.worst = late
+                    if fd is not None:
+                        self.worst_queued = (_run_delay_ns(fd) - queued) / 1e9
+        finally:
+            if fd is not None:
+                os.close(fd)
 
 
 async def _measure(
-    n: int, followers: int, reps: int, idle_s: float, follow_s: float, tmp: Path
+    n: int,
+    followers: int,
+    reps: int,
+    idle_s: float,
+    follow_s: float,
+    line_period_s: float,
+    tmp: Path,
 ) -> Json:
     from supervisor import AppDef, Role, Supervisor
 
     out: dict[str, list[float]] = {phase: [] for phase in PHASES}
+    queued: dict[str, list[float | None]] = {phase: [] for phase in PHASES}
     ticks: dict[str, list[int]] = {phase: [] for phase in PHASES}
     ticker = Ticker()
 
     def record(phase: str) -> None:
         out[phase].append(ticker.worst)
+        queued[phase].append(ticker.worst_queued)
         ticks[phase].append(ticker.ticks)
 
     async with (
@@ -104,7 +145,7 @@ async def _measure(
             talker = Role(
                 name="t",
                 entrypoint=sys.executable,
-                args=["-c", TALKER, str(int(follow_s) + 1)],
+                args=["-c", TALKER, str(follow_s + 1), str(line_period_s)],
                 num_replicas=followers,
             )
             handle = await sv.submit(AppDef(name="follow", roles=[talker]), "local")
@@ -125,7 +166,7 @@ async def _measure(
             await sv.cancel(handle)
             await sv.wait(handle)
         tg.cancel_scope.cancel()
-    return {"worst": out, "ticks": ticks}
+    return {"worst": out, "worst_queued": queued, "ticks": ticks}
 
 
 def child() -> None:
@@ -133,19 +174,35 @@ def child() -> None:
     parser.add_argument("--followers", type=int, default=100)
     parser.add_argument("--idle-s", type=float, default=2.0)
     parser.add_argument("--follow-s", type=float, default=3.0)
+    parser.add_argument("--line-period-s", type=float, default=LINE_PERIOD_S)
     args = parser.parse_args()
     raise_nofile()
     with scratch() as tmp:
         result = anyio.run(
-            _measure, args.n, args.followers, args.reps, args.idle_s, args.follow_s, tmp
+            _measure,
+            args.n,
+            args.followers,
+            args.reps,
+            args.idle_s,
+            args.follow_s,
+            args.line_period_s,
+            tmp,
         )
     write_json(args.out, result)
 
 
+def _queued_in_worst(worst: list[float], queued: list[float | None]) -> float | None:
+    """The run-queue wait inside the worst stall of all repetitions."""
+    if not worst:
+        return None
+    return queued[max(range(len(worst)), key=worst.__getitem__)]
+
+
 def run_case(plan: dict[str, Any]) -> Json:
     rows: list[Json] = []
-    for impl, n, reps in plan["runs"]:
+    for impl, n, reps, *rest in plan["runs"]:
         followers = plan.get("followers", 100)
+        line_period_s = float(rest[0]) if rest else LINE_PERIOD_S
         result = run_child(
             "case_loop_lag",
             [
@@ -153,10 +210,17 @@ def run_case(plan: dict[str, Any]) -> Json:
                 "--followers", str(followers),
                 "--idle-s", str(plan.get("idle_s", 2.0)),
                 "--follow-s", str(plan.get("follow_s", 3.0)),
+                "--line-period-s", str(line_period_s),
             ],
             timeout=plan.get("timeout_s", 900),
         )  # fmt: skip
-        row: Json = {"impl": impl, "n": n, "followers": followers, "reps": reps}
+        row: Json = {
+            "impl": impl,
+            "n": n,
+            "followers": followers,
+            "line_period_s": line_period_s,
+            "reps": reps,
+        }
         row["wall_s"] = result.get("wall_s")
         if "error" in result:
             row["error"] = result["error"]
@@ -165,6 +229,9 @@ def run_case(plan: dict[str, Any]) -> Json:
         for phase in PHASES:
             row[phase] = summarize(result["worst"][phase])
             row[f"{phase}_ticks"] = result["ticks"][phase]
+            row[f"{phase}_worst_queued_s"] = _queued_in_worst(
+                result["worst"][phase], result["worst_queued"][phase]
+            )
         idle = row["idle"]["max"]
         for phase in ("submit", "follow"):
             # The worst repetition against the noisiest idle window: a fair, pessimistic excess.

@@ -452,9 +452,14 @@ def loop_lag_targets(case: Json) -> list[list[str]]:
     for row in case.get("rows", []):
         if "error" in row:
             continue
+        period_ms = 1000 * row.get("line_period_s", 0.01)
         for phase, what in (
             ("submit", f"while {row['n']:,} replicas start"),
-            ("follow", f"while {row['followers']:,} `log_iter` followers read"),
+            (
+                "follow",
+                f"while {row['followers']:,} `log_iter` followers read"
+                f" (a line per replica every {period_ms:g} ms)",
+            ),
         ):
             excess = row.get(f"{phase}_excess_s")
             rows.append(
@@ -554,34 +559,44 @@ def loop_lag_section(case: Json) -> list[str]:
     body = []
     for row in case.get("rows", []):
         if "error" in row:
-            body.append([f"{row['n']:,}", str(row["followers"]), "failed", "", "", "", ""])
+            body.append([f"{row['n']:,}", str(row["followers"]), "", "failed"] + [""] * 5)
             continue
         body.append(
             [
                 f"{row['n']:,}",
                 f"{row['followers']:,}",
+                f"{1000 * row.get('line_period_s', 0.01):g} ms",
                 cell(row["idle"], fmt_s),
                 cell(row["submit"], fmt_s),
                 cell(row["follow"], fmt_s),
                 fmt_s(row.get("submit_excess_s")),
                 fmt_s(row.get("follow_excess_s")),
+                ", ".join(
+                    f"{phase} {fmt_s(row.get(f'{phase}_worst_queued_s'))}"
+                    for phase in ("submit", "follow")
+                ),
             ]
         )
     header = [
         "N replicas",
         "followers",
+        "line every",
         "idle",
         "submit",
         "follow",
         "submit − idle (worst)",
         "follow − idle (worst)",
+        "of the worst: waiting for a CPU",
     ]
     return [
         "Worst lateness of a 5 ms ticker in the host's event loop, per phase:"
         " *idle* (the Supervisor open, nothing to do), *submit* (one app of N"
         " `sleep 60` replicas, from the call to its return) and *follow* (F"
-        " `log_iter(should_tail=True)` followers of replicas printing every 10 ms);"
-        " the last two columns take the worst repetition against the worst idle window.",
+        " `log_iter(should_tail=True)` followers of replicas printing a line every"
+        " *line every*); the excess columns take the worst repetition against the worst"
+        " idle window. The last column: how much of the worst stall the loop's thread"
+        " was runnable but waiting for a CPU (its schedstat `run_delay`), time the"
+        " kernel gave to other processes, the replicas included.",
         "",
         *table(header, body),
     ]
@@ -1046,14 +1061,17 @@ def slurm_section(case: Json) -> list[str]:
 
 def plan_section(results: Json) -> list[str]:
     lines = [
-        "Repetitions, as `(implementation, N, repetitions)` per case (`bench/run.py`"
-        " holds the plans):",
+        "Repetitions, as `(implementation, N, repetitions)` per case, then a case's own"
+        " settings of that run, if any (`bench/run.py` holds the plans):",
         "",
     ]
     for case, spec in results.get("plan", {}).items():
         runs = spec.get("runs")
         if runs:
-            text = ", ".join(f"{impl} N={n:,}×{reps}" for impl, n, reps in runs)
+            text = ", ".join(
+                f"{impl} N={n:,}×{reps}" + "".join(f" {x}" for x in rest)
+                for impl, n, reps, *rest in runs
+            )
         else:
             text = ", ".join(f"{k}={v}" for k, v in spec.items())
         extra = {k: v for k, v in spec.items() if k != "runs"} if runs else {}

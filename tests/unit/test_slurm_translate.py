@@ -345,3 +345,45 @@ def test_the_replica_that_wrote_an_error_file_is_the_root_cause() -> None:
     assert status.state is AppState.FAILED
     assert status.structured_error_msg == '{"message": "boom"}'
     assert status.msg.startswith("trainer/1")
+
+
+def test_the_replica_still_completing_is_blamed_not_the_ones_killed_because_of_it() -> None:
+    """Seen on the real cluster: the failing replica COMPLETING, the gang already killed."""
+    killed = JobRecord(11, 10, 1, "FAILED", signal=15, nodes="n2")
+    views = [
+        _view("RUNNING"),
+        _job(JobRecord(10, 10, 0, "COMPLETING", nodes="n1"), killed),
+        _job(JobRecord(10, 10, 0, "FAILED", exit_code=3, nodes="n1"), killed),
+    ]
+    fsm, _ = _run(views, max_retries=0)
+    snap = fsm.snapshot()
+    assert snap.state is AppState.FAILED
+    failed = snap.replica("trainer", 0)
+    assert failed is not None and failed.state is ReplicaState.FAILED and failed.exit_code == 3
+    assert snap.replica("trainer", 1).state is ReplicaState.CANCELLED  # type: ignore[union-attr]
+    assert snap.msg.startswith("trainer/0")
+
+
+def test_a_replica_that_stays_completing_holds_the_others_ends_only_a_few_views() -> None:
+    from supervisor.backends.slurm.translate import HOLD_VIEWS
+
+    stuck = JobRecord(10, 10, 0, "COMPLETING", nodes="n1")
+    killed = JobRecord(11, 10, 1, "FAILED", signal=15, nodes="n2")
+    held, _ = _run([_view("RUNNING")] + [_job(stuck, killed)] * HOLD_VIEWS, max_retries=0)
+    assert held.snapshot().replica("trainer", 1).state is ReplicaState.RUNNING  # type: ignore[union-attr]
+    fsm, _ = _run([_view("RUNNING")] + [_job(stuck, killed)] * (HOLD_VIEWS + 1), max_retries=0)
+    killed_status = fsm.snapshot().replica("trainer", 1)
+    assert killed_status is not None and killed_status.state is ReplicaState.FAILED
+
+
+def test_our_own_stop_is_not_held_back() -> None:
+    translator = ViewTranslator(10, KEYS)
+    translator.events(_view("RUNNING"))
+    translator.stopping = True
+    mail = translator.events(
+        _job(
+            JobRecord(10, 10, 0, "COMPLETING", nodes="n1"),
+            JobRecord(11, 10, 1, "FAILED", signal=15, nodes="n2"),
+        )
+    )
+    assert any(type(m).__name__ == "Exited" and m.replica_id == 1 for m in mail)  # type: ignore[union-attr]

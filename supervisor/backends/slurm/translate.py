@@ -19,6 +19,10 @@ _log = logging.getLogger(__name__)
 
 Mail = ReplicaEvent | AppCancelRequested | AppNotice
 
+HOLD_VIEWS = 3
+"""How many views in a row the end of a replica killed by a signal may wait for a
+component of its job that is still completing (see ``ViewTranslator.events``)."""
+
 
 def signal_name(number: int | None) -> str | None:
     if not number:
@@ -59,6 +63,7 @@ class ViewTranslator:
         # The latest view shows the whole job over: nothing (the batch script included)
         # will put it back in the queue, so a retry must requeue it from outside.
         self.ended = False
+        self._held_views = 0  # views in a row that held back ends by a signal
 
     def resume(self, attempts: Mapping[ReplicaKey, int]) -> None:
         """Carry on from the attempts another process's records reached (``attach``):
@@ -89,8 +94,9 @@ class ViewTranslator:
         casualties = {c.het_offset for c in ordered if _casualty(c, requeued_to)}
         self.incomplete_requeue = requeued_to if casualties else 0
         self.ended = not casualties and all(_over(c) for c in ordered)
+        held = self._held(ordered, casualties)
         for comp in ordered:
-            out.extend(self._events(comp, comp.het_offset in casualties))
+            out.extend(self._events(comp, comp.het_offset in casualties, comp.het_offset in held))
         if _log.isEnabledFor(logging.DEBUG):
             # Slurm reports states, not changes: this trace is what explains a count.
             _log.debug(
@@ -102,22 +108,49 @@ class ViewTranslator:
             )
         return out
 
-    def _events(self, comp: JobRecord, casualty: bool = False) -> list[Mail]:
-        """Every replica of a component lives its state (a group's tasks share one allocation)."""
+    def _held(self, ordered: Sequence[JobRecord], casualties: set[int]) -> set[int]:
+        """Components killed by a signal whose end waits for a component still completing.
+
+        With kill-on-bad-exit, Slurm kills the other replicas *because* one
+        failed; a view can show them FAILED by SIGTERM while the one that failed
+        is still COMPLETING, its exit code not known yet. Reported now, the
+        killed ones would be the first failures the FSM hears of, and the one
+        that failed would be recorded as stopped with the gang. So their ends
+        wait (``HOLD_VIEWS`` views at most) for that component's own end. Not
+        while we stop the app ourselves: those signals are ours.
+        """
+        completing = any(c.state.startswith("COMPLETING") and c.signal is None for c in ordered)
+        held: set[int] = set()
+        if completing and not self.stopping and self._held_views < HOLD_VIEWS:
+            held = {
+                c.het_offset
+                for c in ordered
+                if c.signal is not None
+                and meaning_of(c.state) is Meaning.FAILED
+                and c.het_offset not in casualties
+            }
+        self._held_views = self._held_views + 1 if held else 0
+        return held
+
+    def _events(self, comp: JobRecord, casualty: bool = False, held: bool = False) -> list[Mail]:
+        """Every replica of a component lives its state (a group's tasks share one allocation).
+
+        ``held``: its end is not reported yet, only that it ran (see ``_held``).
+        """
         if comp.het_offset >= len(self.groups):
             return [AppNotice(message=f"job {comp.job_id} has an unexpected component")]
         out: list[Mail] = []
         group = self.groups[comp.het_offset]
         # Each task's own node, not the group's whole list.
         for key, host in zip(group, hosts_of_tasks(comp.nodes, len(group)), strict=True):
-            out.extend(self._replica_events(comp, key, casualty, host))
+            out.extend(self._replica_events(comp, key, casualty, host, held))
         return out
 
     def _replica_events(
-        self, comp: JobRecord, key: ReplicaKey, casualty: bool, host: str
+        self, comp: JobRecord, key: ReplicaKey, casualty: bool, host: str, held: bool = False
     ) -> list[Mail]:
         role, k = key
-        meaning = meaning_of(comp.state)
+        meaning = Meaning.RUNNING if held else meaning_of(comp.state)
         if comp.requeue and comp.state in ("NODE_FAIL", "PREEMPTED"):
             meaning = Meaning.REQUEUED  # Slurm puts such a job back in the queue itself
         if casualty:

@@ -21,7 +21,7 @@ Mail = ReplicaEvent | AppCancelRequested | AppNotice
 
 HOLD_VIEWS = 3
 """How many views in a row the end of a replica killed by a signal may wait for a
-component of its job that is still completing (see ``ViewTranslator.events``)."""
+component of its job that is still completing (see ``ViewTranslator._held``)."""
 
 
 def signal_name(number: int | None) -> str | None:
@@ -96,7 +96,16 @@ class ViewTranslator:
         self.ended = not casualties and all(_over(c) for c in ordered)
         held = self._held(ordered, casualties)
         for comp in ordered:
-            out.extend(self._events(comp, comp.het_offset in casualties, comp.het_offset in held))
+            # A casualty ended by its job's requeue, on an older attempt: part of that one
+            # requeue, never a failure of its own (see _casualty). A held one still runs.
+            instead = (
+                Meaning.REQUEUED
+                if comp.het_offset in casualties
+                else Meaning.RUNNING
+                if comp.het_offset in held
+                else None
+            )
+            out.extend(self._events(comp, instead))
         if _log.isEnabledFor(logging.DEBUG):
             # Slurm reports states, not changes: this trace is what explains a count.
             _log.debug(
@@ -132,10 +141,10 @@ class ViewTranslator:
         self._held_views = self._held_views + 1 if held else 0
         return held
 
-    def _events(self, comp: JobRecord, casualty: bool = False, held: bool = False) -> list[Mail]:
+    def _events(self, comp: JobRecord, instead: Meaning | None = None) -> list[Mail]:
         """Every replica of a component lives its state (a group's tasks share one allocation).
 
-        ``held``: its end is not reported yet, only that it ran (see ``_held``).
+        ``instead``: the meaning to report instead of the state Slurm shows.
         """
         if comp.het_offset >= len(self.groups):
             return [AppNotice(message=f"job {comp.job_id} has an unexpected component")]
@@ -143,20 +152,18 @@ class ViewTranslator:
         group = self.groups[comp.het_offset]
         # Each task's own node, not the group's whole list.
         for key, host in zip(group, hosts_of_tasks(comp.nodes, len(group)), strict=True):
-            out.extend(self._replica_events(comp, key, casualty, host, held))
+            out.extend(self._replica_events(comp, key, instead, host))
         return out
 
     def _replica_events(
-        self, comp: JobRecord, key: ReplicaKey, casualty: bool, host: str, held: bool = False
+        self, comp: JobRecord, key: ReplicaKey, instead: Meaning | None, host: str
     ) -> list[Mail]:
         role, k = key
-        meaning = Meaning.RUNNING if held else meaning_of(comp.state)
+        meaning = meaning_of(comp.state)
         if comp.requeue and comp.state in ("NODE_FAIL", "PREEMPTED"):
             meaning = Meaning.REQUEUED  # Slurm puts such a job back in the queue itself
-        if casualty:
-            # Ended by the requeue of its job, on an older attempt: part of that one
-            # requeue, never a failure of its own (see _casualty).
-            meaning = Meaning.REQUEUED
+        if instead is not None:
+            meaning = instead
         if meaning is None:
             return [
                 AppNotice(message=f"Slurm reports state {comp.state!r}, unknown to asupervisor")

@@ -45,20 +45,28 @@ r.send = lambda **msg: sent.append(msg)
 out = {"cgroup": r.cgroup, "runs": []}
 SHOW = ("echo $$ $(cut -d: -f3 /proc/self/cgroup | tail -n1) $(cut -d' ' -f6 /proc/$$/stat)"
         " $PWD $PROBE_VAR")
+plain = sys.argv[2]
+here = os.path.dirname(plain)
 cases = [
-    ("ok", ["sh", "-c", SHOW], "/tmp"),
-    ("missing", ["no-such-program-here"], "/tmp"),
-    ("bad-cwd", ["sh", "-c", "true"], "/no/such/dir"),
-    ("not-executable", [sys.argv[2]], "/tmp"),
+    ("ok", ["sh", "-c", SHOW], "/tmp", os.defpath),
+    ("missing", ["no-such-program-here"], "/tmp", os.defpath),
+    ("bad-cwd", ["sh", "-c", "true"], "/no/such/dir", os.defpath),
+    ("not-executable", [plain], "/tmp", os.defpath),
+    # A bad cwd is said before a command that is nowhere (the child's chdir comes first).
+    ("missing-and-bad-cwd", ["no-such-program-here"], "/no/such/dir", os.defpath),
+    # Not executable where PATH finds it first: the next place's runs.
+    ("found-later", ["plain-file", "-c", "echo $PROBE_VAR"], "/tmp", f"{here}:{sys.argv[3]}"),
+    # Nowhere, the last place not a directory: its error, "not a directory", is said.
+    ("nowhere-last-not-a-dir", ["no-such-program-here"], "/tmp", f"/nonexistent:{plain}"),
 ]
 for way in ("clone", "move"):
-    for i, (name, argv, cwd) in enumerate(cases):
+    for i, (name, argv, cwd, path) in enumerate(cases):
         r.clone_into = way == "clone"
         r.last_move = float("-inf")  # a quiet while since the last move
         read_end, write_end = os.pipe()
         sent.clear()
         msg = {"id": i, "argv": argv, "cwd": cwd, "group": f"{way}-{i}", "alone": True,
-               "env": {"PATH": os.defpath, "PROBE_VAR": f"{way}-{name}"}}
+               "env": {"PATH": path, "PROBE_VAR": f"{way}-{name}"}}
         r.spawn(msg, [write_end, os.dup(write_end)])
         reply = sent[-1]
         line = ""
@@ -80,8 +88,11 @@ def _probe(tmp_path: Path) -> dict[str, object]:
     plain = tmp_path / "plain-file"
     plain.write_text("not a program\n")
     plain.chmod(0o644)
+    later = tmp_path / "later"  # a program of the same name, further along a PATH
+    later.mkdir()
+    (later / "plain-file").symlink_to("/bin/sh")
     done = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", PROBE, str(REAPER), str(plain)],
+        [sys.executable, "-I", "-S", "-c", PROBE, str(REAPER), str(plain), str(later)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -104,6 +115,11 @@ def test_both_ways_start_the_replica_inside_its_cgroup_and_fail_alike(tmp_path: 
         assert int(pid) == ok["reply"]["pid"] and int(sid) == int(pid)
         assert ok["group"].endswith(cgroup), (ok["group"], cgroup)
         assert (cwd, var) == ("/tmp", f"{way}-ok")
+    # Past a place where it cannot run, the next place's program runs, either way.
+    for way in ("clone", "move"):
+        later = runs[way, "found-later"]
+        assert later["reply"]["op"] == "spawned", later
+        assert later["line"] == f"{way}-found-later"
     # Which way ran: only the move uses Popen (and keeps its object until the reap).
     assert runs["clone", "ok"]["popens"] == 0
     assert runs["move", "ok"]["popens"] == 1
@@ -112,6 +128,8 @@ def test_both_ways_start_the_replica_inside_its_cgroup_and_fail_alike(tmp_path: 
         ("missing", 2, "No such file or directory"),
         ("bad-cwd", 2, "No such file or directory: /no/such/dir"),
         ("not-executable", 13, "Permission denied"),
+        ("missing-and-bad-cwd", 2, "No such file or directory: /no/such/dir"),
+        ("nowhere-last-not-a-dir", 20, "Not a directory"),
     ]:
         replies = [runs[way, case]["reply"] for way in ("clone", "move")]
         assert replies[0] == replies[1], replies

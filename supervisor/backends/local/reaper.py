@@ -114,6 +114,10 @@ def _clone_into(cgroup_fd: int) -> int:
     return pid
 
 
+_NOT_THERE = frozenset({errno.ENOENT, errno.ENOTDIR})
+"""The errors of a place along PATH where the program is not: Popen goes on to the next."""
+
+
 def _executables(file: str, env: dict[str, str]) -> list[str]:
     """Where ``file`` may be, searched as Popen does (in the child's own PATH), less
     the places where it is not.
@@ -132,13 +136,14 @@ def _executables(file: str, env: dict[str, str]) -> list[str]:
 
 
 def _may_be_there(path: str) -> bool:
-    """False only where ``execve`` would fail with "not there" too."""
+    """False only where ``execve`` would fail with "not there" too.
+
+    Any other error (EACCES, ELOOP) keeps the place: the child meets it and says so.
+    """
     try:
         os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return False
-    except OSError:
-        return True  # another error (EACCES, ELOOP): the child meets it and says so
+    except OSError as e:
+        return e.errno not in _NOT_THERE
     return True
 
 
@@ -187,7 +192,7 @@ def _exec_child(
                 os.execve(executable, argv, env)
             except OSError as e:
                 # As Popen: the first error that is not "not there", else the last one.
-                if first is None and e.errno not in (errno.ENOENT, errno.ENOTDIR):
+                if first is None and e.errno not in _NOT_THERE:
                     first = e
                 last = e
         raise first or last

@@ -94,18 +94,12 @@ class ViewTranslator:
         casualties = {c.het_offset for c in ordered if _casualty(c, requeued_to)}
         self.incomplete_requeue = requeued_to if casualties else 0
         self.ended = not casualties and all(_over(c) for c in ordered)
-        held = self._held(ordered, casualties)
+        # A casualty ended by its job's requeue, on an older attempt: part of that one
+        # requeue, never a failure of its own (see _casualty). A held one still runs.
+        instead = dict.fromkeys(self._held(ordered, casualties), Meaning.RUNNING)
+        instead.update(dict.fromkeys(casualties, Meaning.REQUEUED))
         for comp in ordered:
-            # A casualty ended by its job's requeue, on an older attempt: part of that one
-            # requeue, never a failure of its own (see _casualty). A held one still runs.
-            instead = (
-                Meaning.REQUEUED
-                if comp.het_offset in casualties
-                else Meaning.RUNNING
-                if comp.het_offset in held
-                else None
-            )
-            out.extend(self._events(comp, instead))
+            out.extend(self._events(comp, instead.get(comp.het_offset)))
         if _log.isEnabledFor(logging.DEBUG):
             # Slurm reports states, not changes: this trace is what explains a count.
             _log.debug(

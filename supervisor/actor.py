@@ -33,6 +33,7 @@ from supervisor.backends.base import (
 from supervisor.errors import BackendError
 from supervisor.events import Lost, ReplicaEvent
 from supervisor.fsm.app import Action, AppFSM, RestartReplicas, RoleSpec, StopReplicas
+from supervisor.logs import EndSignal
 from supervisor.observe import Observer
 from supervisor.specs import parse_handle
 from supervisor.states import TERMINAL
@@ -104,7 +105,8 @@ class AppActor:
         # Set by ``begin`` (with the runtime) or ``discard``: the app's task group goes on.
         self._begun = anyio.Event()
         self._owed: Sequence[Action] = ()
-        self.done = anyio.Event()
+        # Followers of the app's logs listen to its end (no task each, see EndSignal).
+        self.done = EndSignal()
         self._changed = anyio.Event()
         self._dirty = anyio.Event()
         self._version = 0  # bumped by every published change

@@ -154,7 +154,7 @@ class DryRunInfo:
         return str(self.request)
 
 
-def _is_set(event: anyio.Event) -> Callable[[], Awaitable[bool]]:
+def _is_set(event: anyio.Event | EndSignal) -> Callable[[], Awaitable[bool]]:
     async def is_set() -> bool:
         return event.is_set()
 
@@ -1114,12 +1114,18 @@ class Supervisor:
             finished = anyio.Event()
             self._task_group().start_soon(_set_when_ended, target.ended, finished, stop_watching)
         follow_end: EndSignal | None = None
+        app_signal: EndSignal | None = None
         if should_tail:
             # What ends this follow: the app's end as above, or begin_shutdown (which
             # sets every such event; the app's own event is shared, so not that one).
             follow_end = EndSignal()  # its followers wait without a task per wait
             if self._shutting_down:
                 follow_end.set()
+            elif isinstance(finished, EndSignal):
+                # The app's own end: a listener, not a task (and its task group)
+                # per follower; a thousand followers started together felt it.
+                app_signal = finished
+                app_signal.listen(follow_end.set)
             elif finished is not None:
                 self._task_group().start_soon(
                     _set_when_ended, finished.wait, follow_end, stop_watching
@@ -1142,12 +1148,14 @@ class Supervisor:
                 yield line
         finally:
             stop_watching.set()
+            if app_signal is not None and follow_end is not None:
+                app_signal.unlisten(follow_end.set)
             if follow_end is not None:
                 self._follows.discard(follow_end)
 
     async def _log_target(
         self, handle: str, role: str, k: int
-    ) -> tuple[LogTarget, anyio.Event | None]:
+    ) -> tuple[LogTarget, EndSignal | None]:
         parsed: AppHandle = parse_handle(handle)
         actor = self._actors.get(handle)
         if actor is not None and actor.runtime is not None:

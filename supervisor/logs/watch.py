@@ -18,7 +18,7 @@ from pathlib import Path
 
 import anyio
 from anyio.abc import TaskGroup
-from asyncinotify import Event, Inotify, Mask
+from asyncinotify import Event, Inotify, Mask, Watch
 
 __all__ = ["FILE_WATCH_MASK", "WATCH_MASK", "EndSignal", "WatchHub"]
 
@@ -95,6 +95,9 @@ class WatchHub:
         self._failed = False
         self._refs: dict[int, int] = {}
         self._listeners: dict[int, dict[int, Listener]] = {}
+        # Asyncinotify lists its watches by copying them all: with a thousand
+        # followers ending together, each unsubscribe copied a thousand.
+        self._watches: dict[int, Watch] = {}
 
     def _instance(self) -> Inotify | None:
         if self._inotify is None and not self._failed:
@@ -118,9 +121,11 @@ class WatchHub:
         if inotify is None:
             return None
         try:
-            wd = inotify.add_watch(path, mask).wd
+            watch = inotify.add_watch(path, mask)
         except OSError:
             return None
+        wd = watch.wd
+        self._watches[wd] = watch
         listeners = self._listeners.setdefault(wd, {})
         if token not in listeners:
             self._refs[wd] = self._refs.get(wd, 0) + 1
@@ -135,12 +140,11 @@ class WatchHub:
         if self._refs[wd] == 0:
             del self._refs[wd]
             del self._listeners[wd]
+            watch = self._watches.pop(wd, None)
             inotify = self._inotify
-            if inotify is not None:
-                for watch in inotify.watches:
-                    if watch.wd == wd:
-                        with contextlib.suppress(OSError):
-                            inotify.rm_watch(watch)
+            if inotify is not None and watch is not None:
+                with contextlib.suppress(OSError):
+                    inotify.rm_watch(watch)
 
     async def _dispatch(self, inotify: Inotify) -> None:
         try:
@@ -157,6 +161,7 @@ class WatchHub:
                     # The directory went away: the kernel dropped the watch.
                     self._refs.pop(watch.wd, None)
                     self._listeners.pop(watch.wd, None)
+                    self._watches.pop(watch.wd, None)
         finally:
             self._inotify = None
             inotify.close()

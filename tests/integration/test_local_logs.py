@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +162,32 @@ async def test_following_many_replicas_shares_one_inotify_instance(state_dir: Pa
                     tg.start_soon(follow, k)
         assert len(counts) == 150
         assert max(counts) <= 3  # the backend's, the hub's, and none per follower
+
+
+async def test_follows_that_stop_early_leave_nothing_on_the_running_app(
+    state_dir: Path,
+) -> None:
+    """A service opens and drops log streams of a long app all day: each follow listens
+    to the app's end (no task of its own), and stops listening when it stops, so
+    nothing of it stays until the app ends. Follows that run to the end still end
+    with the app."""
+    code = "import time\nprint('up', flush=True)\ntime.sleep(1.5)\nprint('down', flush=True)\n"
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app(py_role("t", code)), "local")
+        end = sv._actors[handle].done
+
+        async def first_line() -> str:
+            async with aclosing(sv.log_iter(handle, "t", 0, should_tail=True)) as lines:
+                async for line in lines:
+                    return line
+            raise AssertionError("the follow ended without a line")
+
+        with anyio.fail_after(30):
+            for _ in range(20):
+                assert await first_line() == "up\n"
+            assert not end._listeners
+            assert await _collect(sv, handle, "t", should_tail=True) == ["up\n", "down\n"]
+            assert end.is_set()
 
 
 async def test_a_replica_outrunning_the_writer_is_paused_and_loses_nothing(

@@ -428,8 +428,8 @@ async def test_an_end_between_the_question_and_the_wait_is_not_missed(
         nonlocal asked
         asked += 1
         done = ended.is_set()
-        if asked == 2:  # once the watch is in place (the first pass sets it up)
-            ended.set()  # the end lands just after this answer
+        if asked == 1:  # the follower watches, reads, then waits after this answer
+            ended.set()  # the end lands just after it
         return done
 
     with anyio.fail_after(5):
@@ -571,3 +571,80 @@ async def test_the_read_pace_lets_bursts_through_and_never_falls_behind_slower_l
         await pace.take(ended)
     assert anyio.current_time() - started < 0.01
     assert pace.delay() > 0
+
+
+@pytest.mark.anyio
+async def test_a_follow_on_a_shared_watch_watches_before_its_first_read(
+    sink: LogSink, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Output that lands right after the follower's first read, before it waits, wakes it
+    at once (its shared watch's backstop re-check is 30 s): the watch was in place before
+    that read. With the file there, the start makes no hop to look for it (``_wanted``),
+    where a thousand followers started together each paid for one, and a re-read.
+
+    The landing is forced by wrapping the real read (a timing no real writer gives on
+    demand); the write itself goes through the real sink."""
+    log = await _written(sink, tmp_path, ("stdout", b"first\n", 1.0))
+    real_read, reads = reader._read, 0
+
+    async def read_then_write(file: Any, path: Path) -> bytes:
+        nonlocal reads
+        data = await real_read(file, path)
+        reads += 1
+        if reads == 1:
+            sink.write(log, "stdout", b"right after\n", 2.0)
+            await sink.flush()
+        return data
+
+    looked = 0
+    real_wanted = reader._Watcher._wanted
+
+    def counted_wanted(self: Any) -> Any:
+        nonlocal looked
+        looked += 1
+        return real_wanted(self)
+
+    monkeypatch.setattr(reader, "_read", read_then_write)
+    monkeypatch.setattr(reader._Watcher, "_wanted", counted_wanted)
+    end = EndSignal()
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as group:
+            follower = _HubFollower(group, tmp_path, end)
+            with anyio.fail_after(5):  # far below the 30 s re-check
+                await follower.lines(2)
+            end.set()
+            await follower.ended.wait()
+            group.cancel_scope.cancel()
+    assert follower.got == ["first\n", "right after\n"]
+    assert looked == 0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("exists", ["directory", "nothing"])
+async def test_a_follow_on_a_shared_watch_picks_up_a_file_created_later(
+    sink: LogSink, tmp_path: Path, exists: str
+) -> None:
+    """Whether the replica's directory is there when the follow starts (watched at once,
+    on the loop) or not (its nearest parent, found off the loop), the file's creation
+    and each later line reach the follower by themselves, long before the re-checks."""
+    directory = tmp_path / "app" / "role" / "0"
+    if exists == "directory":
+        directory.mkdir(parents=True)
+    end = EndSignal()
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as group:
+            follower = _HubFollower(group, directory, end)
+            await anyio.sleep(0.2)  # waiting: nothing to read yet
+            log = sink.open(directory)
+            sink.write(log, "stdout", b"hello\n", 1.0)
+            await sink.flush()
+            with anyio.fail_after(1.5):  # the re-check without a complete watch is 2 s
+                await follower.lines(1)
+            sink.write(log, "stdout", b"bye\n", 2.0)
+            await sink.flush()
+            with anyio.fail_after(1.5):
+                await follower.lines(2)
+            end.set()
+            await follower.ended.wait()
+            group.cancel_scope.cancel()
+    assert follower.got == ["hello\n", "bye\n"]

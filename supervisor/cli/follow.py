@@ -11,7 +11,7 @@ from typing import TextIO
 import anyio
 from rich.console import Console
 
-from supervisor.cli.render import replica_prefix, transition_text
+from supervisor.cli.render import plain_line, replica_prefix, transition_text
 from supervisor.logs import Stream
 from supervisor.supervisor import Supervisor
 
@@ -95,6 +95,17 @@ async def _one(
 
 
 async def print_transitions(sv: Supervisor, handle: str, err: Console) -> None:
-    """Every transition of an app launched here, as it happens, until the app ends."""
+    """Every transition of an app launched here, as it happens, until the app ends.
+
+    Where ``err`` writes no style (not a terminal, or ``NO_COLOR``), each line is
+    the text's characters as rich would write them, written without rich: its
+    print costs about 0.22 ms a line, and a thousand replicas starting make 3,000
+    transitions, most of a second of a core.
+    """
+    plain = err.color_system is None
     async for t in sv.watch(handle):
-        err.print(transition_text(t), soft_wrap=True)
+        text = transition_text(t)
+        if plain:
+            err.file.write(plain_line(text))
+        else:
+            err.print(text, soft_wrap=True)

@@ -36,6 +36,7 @@ __all__ = [
     "echo_json",
     "failure_line",
     "list_json",
+    "plain_line",
     "print_describe",
     "print_list",
     "print_status",
@@ -280,6 +281,18 @@ def transition_text(t: Transition) -> Text:
     if t.msg:
         text.append(f"  {t.msg}")
     return text
+
+
+def plain_line(text: Text) -> str:
+    """``text`` and a newline, as a console that writes no style prints it (soft wrap).
+
+    Rich drops control codes when a ``Text`` is built, and expands tabs when it
+    prints one (8 columns).
+    """
+    if "\t" in text.plain:
+        text = text.copy()
+        text.expand_tabs()
+    return text.plain + "\n"
 
 
 def replica_prefix(role: str, replica_id: int, index: int, color: bool) -> str:

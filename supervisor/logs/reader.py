@@ -600,7 +600,7 @@ class _Watcher:
         return wanted, complete
 
     def _sync_watches(self, inotify: Inotify) -> bool:
-        wanted, _ = self._wanted()
+        wanted, complete = self._wanted()
         by_wd: dict[int, _Interest] = {}
         for path, interest in wanted.items():
             try:
@@ -614,7 +614,18 @@ class _Watcher:
                     inotify.rm_watch(watch)
         changed = by_wd != self._interest
         self._interest = by_wd
+        self._look_again_if_moving(changed, complete)
         return changed
+
+    def _look_again_if_moving(self, changed: bool, complete: bool) -> None:
+        """Waiting for a directory to appear, look again while the watches still move.
+
+        ``mkdir -p`` of a replica's directory is three creations: the next one can
+        come between the look and the watch added for it, unseen, and only the
+        re-check (2 s) would find it.
+        """
+        if changed and not complete:
+            self._dirty = True
 
 
 class _HubWatcher(_Watcher):
@@ -651,6 +662,7 @@ class _HubWatcher(_Watcher):
         changed = by_wd != self._interest
         self._interest = by_wd
         self._watching = bool(by_wd)
+        self._look_again_if_moving(changed, complete)
         return changed
 
     def watch_at_start(self) -> None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import pytest
@@ -177,7 +178,9 @@ async def test_follows_that_stop_early_leave_nothing_on_the_running_app(
         end = sv._actors[handle].done
 
         async def first_line() -> str:
-            async with aclosing(sv.log_iter(handle, "t", 0, should_tail=True)) as lines:
+            # Closed at once, as a careful caller does (else asyncio closes it later).
+            lines = cast(AsyncGenerator[str, None], sv.log_iter(handle, "t", 0, should_tail=True))
+            async with aclosing(lines):
                 async for line in lines:
                     return line
             raise AssertionError("the follow ended without a line")

@@ -154,7 +154,7 @@ class DryRunInfo:
         return str(self.request)
 
 
-def _is_set(event: anyio.Event | EndSignal) -> Callable[[], Awaitable[bool]]:
+def _is_set(event: EndSignal) -> Callable[[], Awaitable[bool]]:
     async def is_set() -> bool:
         return event.is_set()
 
@@ -162,7 +162,7 @@ def _is_set(event: anyio.Event | EndSignal) -> Callable[[], Awaitable[bool]]:
 
 
 async def _set_when_ended(
-    ended: Callable[[], Awaitable[None]], finished: anyio.Event | EndSignal, stop: anyio.Event
+    ended: Callable[[], Awaitable[None]], finished: EndSignal, stop: anyio.Event
 ) -> None:
     """Set ``finished`` once ``ended`` returns; give up when ``stop`` is set (follow over)."""
     async with anyio.create_task_group() as tg:
@@ -1086,7 +1086,7 @@ class Supervisor:
         """
         stream = parse_streams(streams)
         target, app_end = await self._log_target(handle, role_name, k)
-        finished: anyio.Event | EndSignal | None = app_end
+        finished: EndSignal | None = app_end
         stop_watching = anyio.Event()
         is_finished = target.is_finished
         copied = target.copied
@@ -1099,7 +1099,7 @@ class Supervisor:
         elif copied is not None and finished is not None:
             # The app ended (``finished``) before its last output reached the files:
             # the follow ends once both are true.
-            app_done, copies_done = finished, anyio.Event()
+            app_done, copies_done = finished, EndSignal()
             finished = copies_done
             is_finished = _is_set(copies_done)
 
@@ -1111,25 +1111,21 @@ class Supervisor:
         if finished is None and target.ended is not None and should_tail:
             # The backend has an event for "no more output" (another process's app
             # whose owner died): it ends the follow at once.
-            finished = anyio.Event()
+            finished = EndSignal()
             self._task_group().start_soon(_set_when_ended, target.ended, finished, stop_watching)
         follow_end: EndSignal | None = None
-        app_signal: EndSignal | None = None
+        heard: EndSignal | None = None  # what follow_end listens to
         if should_tail:
             # What ends this follow: the app's end as above, or begin_shutdown (which
             # sets every such event; the app's own event is shared, so not that one).
             follow_end = EndSignal()  # its followers wait without a task per wait
             if self._shutting_down:
                 follow_end.set()
-            elif isinstance(finished, EndSignal):
-                # The app's own end: a listener, not a task (and its task group)
-                # per follower; a thousand followers started together felt it.
-                app_signal = finished
-                app_signal.listen(follow_end.set)
             elif finished is not None:
-                self._task_group().start_soon(
-                    _set_when_ended, finished.wait, follow_end, stop_watching
-                )
+                # A listener, not a task (and its task group) per follower: a
+                # thousand followers started together felt those.
+                heard = finished
+                heard.listen(follow_end.set)
             finished = follow_end
             self._follows.add(follow_end)
         try:
@@ -1148,8 +1144,8 @@ class Supervisor:
                 yield line
         finally:
             stop_watching.set()
-            if app_signal is not None and follow_end is not None:
-                app_signal.unlisten(follow_end.set)
+            if heard is not None and follow_end is not None:
+                heard.unlisten(follow_end.set)
             if follow_end is not None:
                 self._follows.discard(follow_end)
 

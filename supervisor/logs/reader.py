@@ -649,6 +649,25 @@ class _HubWatcher(_Watcher):
             return False
         self._dirty = False
         wanted, complete = await anyio.to_thread.run_sync(self._wanted)
+        return self._watch(wanted, complete)
+
+    def watch_at_start(self) -> None:
+        # The hop cost the host 0.3-0.7 ms of CPU per follower when a thousand
+        # started together, and it was followed by a re-read (another hop).
+        if len(self._targets) != 1:
+            return  # directories of the app to find too: prepare resolves them all
+        # The file itself once it exists, else its directory for the file's creation:
+        # what ``_wanted`` chooses, asked of inotify instead of by two stats.
+        for path, interest in (
+            (self._file, _FILE_INTEREST),
+            (self._file.parent, self._awaiting_file),
+        ):
+            if self._watch({path: interest}, complete=True):
+                self._dirty = False
+                return
+
+    def _watch(self, wanted: dict[Path, _Interest], complete: bool) -> bool:
+        """Subscribe to ``wanted`` in place of the watches held; True if they changed."""
         # Watching an ancestor means waiting for a directory to appear: keep re-checking.
         self._complete = complete
         by_wd: dict[int, _Interest] = {}
@@ -664,22 +683,6 @@ class _HubWatcher(_Watcher):
         self._watching = bool(by_wd)
         self._look_again_if_moving(changed, complete)
         return changed
-
-    def watch_at_start(self) -> None:
-        # The hop cost the host 0.3-0.7 ms of CPU per follower when a thousand
-        # started together, and it was followed by a re-read (another hop).
-        if len(self._targets) != 1:
-            return  # directories of the app to find too: prepare resolves them all
-        # The file itself once it exists, else its directory for the file's creation:
-        # what ``_wanted`` chooses, asked of inotify instead of by two stats.
-        choices = ((self._file, _FILE_INTEREST), (self._file.parent, self._awaiting_file))
-        for path, interest in choices:
-            wd = self._hub.subscribe(path, self._token, self._on_event, interest.mask)
-            if wd is not None:
-                self._interest = {wd: interest}
-                self._complete = self._watching = True
-                self._dirty = False
-                return
 
     def _wake(self) -> None:
         self._changed.set()

@@ -4,9 +4,9 @@ Linux allows a user 128 inotify instances by default, so one instance per
 follower runs out as soon as someone follows a few hundred replicas (the CLI's
 ``--log`` follows every replica at once). ``WatchHub`` owns a single instance:
 followers subscribe to paths (the file they read, or a directory it is still
-to appear in), the hub counts references per path (inotify gives one watch
-descriptor per path, whoever asks) and fans each event out to the
-subscribers of its path.
+to appear in), the hub keeps the subscribers of each path (inotify gives one
+watch descriptor per path, whoever asks; the last to leave removes it) and
+fans each event out to them.
 """
 
 from __future__ import annotations
@@ -93,7 +93,6 @@ class WatchHub:
         self._task_group = task_group
         self._inotify: Inotify | None = None
         self._failed = False
-        self._refs: dict[int, int] = {}
         self._listeners: dict[int, dict[int, Listener]] = {}
         # Asyncinotify lists its watches by copying them all: with a thousand
         # followers ending together, each unsubscribe copied a thousand.
@@ -126,19 +125,14 @@ class WatchHub:
             return None
         wd = watch.wd
         self._watches[wd] = watch
-        listeners = self._listeners.setdefault(wd, {})
-        if token not in listeners:
-            self._refs[wd] = self._refs.get(wd, 0) + 1
-        listeners[token] = listener
+        self._listeners.setdefault(wd, {})[token] = listener
         return wd
 
     def unsubscribe(self, wd: int, token: int) -> None:
         listeners = self._listeners.get(wd)
         if listeners is None or listeners.pop(token, None) is None:
             return
-        self._refs[wd] -= 1
-        if self._refs[wd] == 0:
-            del self._refs[wd]
+        if not listeners:  # the last subscriber of the path
             del self._listeners[wd]
             watch = self._watches.pop(wd, None)
             inotify = self._inotify
@@ -159,7 +153,6 @@ class WatchHub:
                     listener(event)
                 if Mask.IGNORED in event.mask:
                     # The directory went away: the kernel dropped the watch.
-                    self._refs.pop(watch.wd, None)
                     self._listeners.pop(watch.wd, None)
                     self._watches.pop(watch.wd, None)
         finally:

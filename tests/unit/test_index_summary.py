@@ -62,12 +62,37 @@ def test_a_malformed_summary_is_no_summary_and_no_damage(tmp_path: Path) -> None
     index, app_dir = _ended_app(tmp_path)
     index.settle("s", "named-1", app_dir, ENDED)
     path = index.entry_path("s", "named-1")
+    good = json.loads(path.read_text())
     for bad in ("x", {"state": "DONE"}, {"state": "FAILED", "records": "all"}, None):
         data = json.loads(path.read_text())
         data["final"] = bad
         path.write_text(json.dumps(data))
         (entry,) = index.entries()
         assert entry.summary is None and entry.damage is None, bad
+    # One field wrong in an otherwise good summary whose records are untouched.
+    for field, bad in [
+        ("state", "DONE"),
+        ("state", ["SUCCEEDED"]),
+        ("state", None),
+        ("records", good["final"]["records"][:1]),
+        ("records", None),
+        ("submitted", True),
+        ("ended", "yesterday"),
+        ("msg", 7),
+    ]:
+        data = json.loads(json.dumps(good))
+        data["final"][field] = bad
+        path.write_text(json.dumps(data))
+        (entry,) = index.entries()
+        assert entry.summary is None and entry.damage is None, (field, bad)
+    data = json.loads(json.dumps(good))
+    data["name"] = ["named"]
+    path.write_text(json.dumps(data))
+    (entry,) = index.entries()
+    assert entry.summary is None and entry.damage is None
+    path.write_text(json.dumps(good))
+    (entry,) = index.entries()
+    assert entry.summary is not None  # the good one still stands: the records are as they were
 
 
 def test_end_is_known_from_the_final_record_or_the_owner_gone(tmp_path: Path) -> None:

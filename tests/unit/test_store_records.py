@@ -201,6 +201,51 @@ def test_a_record_far_larger_than_any_real_one_is_damage(tmp_path: Path) -> None
         read_record(path, limit=64)
 
 
+def _grow_after_fstat(
+    monkeypatch: pytest.MonkeyPatch, path: Path, extra: bytes
+) -> Callable[[], int]:
+    """A writer appends ``extra`` to ``path`` right after the reader's fstat.
+
+    The timing is forced by wrapping the real ``os.fstat`` (the only way to land
+    a write in that gap on demand); the file and its growth are real. Returns
+    how many times it appended.
+    """
+    real_fstat = os.fstat
+    grown = 0
+
+    def fstat_then_grow(fd: int) -> os.stat_result:
+        nonlocal grown
+        info = real_fstat(fd)
+        with open(path, "ab") as f:
+            f.write(extra)
+        grown += 1
+        return info
+
+    monkeypatch.setattr(os, "fstat", fstat_then_grow)
+    return lambda: grown
+
+
+def test_a_record_that_grows_after_its_size_was_seen_is_read_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The read asks for the size fstat saw plus one byte: that byte shows it grew."""
+    path = tmp_path / "state.json"
+    path.write_bytes(b'{"a": [0')
+    grown = _grow_after_fstat(monkeypatch, path, b", 1" * 1000 + b"]}")
+    assert read_record(path) == {"a": [0] + [1] * 1000}
+    assert grown() == 1
+
+
+def test_a_record_that_grows_past_the_limit_after_its_size_was_seen_is_damage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "state.json"
+    path.write_bytes(b'{"a": 1}')
+    _grow_after_fstat(monkeypatch, path, b" " * 100)
+    with pytest.raises(DamagedRecordError, match="more than 64"):
+        read_record(path, limit=64)
+
+
 @pytest.mark.parametrize(
     ("content", "why"),
     [

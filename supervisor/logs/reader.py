@@ -266,8 +266,8 @@ async def _follow(query: _Query) -> AsyncGenerator[str, None]:
                 watcher = _new_watcher(query)
             if await watcher.prepare():
                 continue  # a new watch: anything before it may have gone unseen
-            if query.finished_event is not None and query.finished_event.is_set():
-                continue  # it ended since `final` was asked: the next pass drains and returns
+            # An end set since `final` was asked ends the wait at once (every watcher's
+            # `wait` sees it): the next pass drains and returns.
             await watcher.wait(query.finished_event)
             await pace.take(query.finished_event)
     finally:
@@ -518,7 +518,7 @@ class _Watcher:
         """
 
     async def wait(self, finished_event: Finished | None) -> None:
-        """Until a relevant change, ``finished_event``, or the safety re-check."""
+        """Until a relevant change, ``finished_event`` (at once if it is set), or the re-check."""
         with anyio.move_on_after(_RECHECK_S) as timer:
             async with anyio.create_task_group() as group:
                 if self._inotify is not None:

@@ -412,29 +412,35 @@ async def test_breaking_out_of_async_for_releases_everything(sink: LogSink, tmp_
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("end_kind", [anyio.Event, EndSignal])
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-watch", "own-watch"])
 async def test_an_end_between_the_question_and_the_wait_is_not_missed(
-    sink: LogSink, tmp_path: Path
+    sink: LogSink, tmp_path: Path, end_kind: type[anyio.Event] | type[EndSignal], shared: bool
 ) -> None:
     """The app ends right after the follower asked (no more writes): it must not wait it out.
 
-    With a shared watch the follower's backstop re-check is long (30 s), so only
-    noticing the already-set event ends the follow in time.
+    The end is set before the follower's wait starts, so nothing will set it
+    again: the wait must see an end already set. Its backstop re-check is
+    long (2 s alone, 30 s on a shared watch), and the follow must end well
+    before it. The answer after which the follower waits: a shared watch is
+    added before the first read, so it waits after the first; a watch of its
+    own is added after the first read, which makes it read again first.
     """
     await _written(sink, tmp_path, ("stdout", b"last\n", 1.0))
-    ended = anyio.Event()
+    ended = end_kind()
+    waits_after = 1 if shared else 2
     asked = 0
 
     async def is_finished() -> bool:
         nonlocal asked
         asked += 1
         done = ended.is_set()
-        if asked == 1:  # the follower watches, reads, then waits after this answer
-            ended.set()  # the end lands just after it
+        if asked == waits_after:
+            ended.set()  # the end lands between this answer and the wait
         return done
 
-    with anyio.fail_after(5):
+    with anyio.fail_after(1.5):
         async with anyio.create_task_group() as group:
-            hub = WatchHub(group)
             got = [
                 line
                 async for line in iter_log_lines(
@@ -442,11 +448,11 @@ async def test_an_end_between_the_question_and_the_wait_is_not_missed(
                     should_tail=True,
                     is_finished=is_finished,
                     finished_event=ended,
-                    watch_hub=hub,
+                    watch_hub=WatchHub(group) if shared else None,
                 )
             ]
             group.cancel_scope.cancel()
-    assert got == ["last\n"]
+    assert got == ["last\n"] and asked == waits_after
 
 
 class _HubFollower:

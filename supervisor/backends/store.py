@@ -164,17 +164,17 @@ def _read_regular(path: str | Path, limit: int) -> bytes | None:
         # One read for a file as fstat saw it: asking one byte more shows whether it
         # grew since (then read on). Records are replaced whole, so that is rare, and
         # a second read of every record was a tenth of what ``list`` costs.
-        wanted = info.st_size + 1
-        first = os.read(fd, wanted)
-        if len(first) < wanted:
-            return first
-        chunks = [first]
-        size = len(first)
-        while chunk := os.read(fd, 1 << 20):
+        chunk = os.read(fd, info.st_size + 1)
+        if len(chunk) <= info.st_size:
+            return chunk
+        chunks = []
+        size = 0
+        while chunk:  # every chunk counted against the limit, the first one too
             chunks.append(chunk)
             size += len(chunk)
             if size > limit:
                 raise DamagedRecordError(str(path), f"more than {limit} bytes")
+            chunk = os.read(fd, 1 << 20)
         return b"".join(chunks)
     except OSError as e:
         raise _unreadable(path, e) from e

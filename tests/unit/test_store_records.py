@@ -236,12 +236,14 @@ def test_a_record_that_grows_after_its_size_was_seen_is_read_whole(
     assert grown() == 1
 
 
+@pytest.mark.parametrize("growth", [100, 1], ids=["far-past", "one-byte-past"])
 def test_a_record_that_grows_past_the_limit_after_its_size_was_seen_is_damage(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, growth: int
 ) -> None:
+    """``one-byte-past``: exactly at the limit when seen, one byte over when read."""
     path = tmp_path / "state.json"
-    path.write_bytes(b'{"a": 1}')
-    _grow_after_fstat(monkeypatch, path, b" " * 100)
+    path.write_bytes(b'{"a": 1}' + b" " * 56)  # 64 bytes: the limit
+    _grow_after_fstat(monkeypatch, path, b" " * growth)
     with pytest.raises(DamagedRecordError, match="more than 64"):
         read_record(path, limit=64)
 

@@ -8,6 +8,13 @@ phase. The same child measures three phases, in this order, in one event loop:
 
 * ``idle``: the ticker alone, with the Supervisor open and its reaper warm
   (what the machine's own noise costs);
+* ``floor``: the ticker alone again, while *another process* starts the same
+  N replicas with a bare loop of ``subprocess.Popen`` (pipes, a new session:
+  case 2's baseline), from its first spawn to its last. No library code runs
+  in the host meanwhile: this is what the machine itself does to a loop that
+  only sleeps, while N processes start beside it (their ``exec``s and the
+  loop that forks them take the CPUs). A reference, not a target: on 2 cores
+  it is already tens of milliseconds, all of it waiting for a CPU;
 * ``submit``: ``await sv.submit(app, "local")`` of one app of N replicas
   (``sleep 60``), from the call until it returns with every replica spawned;
   the app is then cancelled and waited for (not measured);
@@ -29,19 +36,42 @@ report gives the figures and the verdict.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
+from anyio.streams.text import TextReceiveStream
 
 from bench.util import Json, child_parser, raise_nofile, run_child, scratch, summarize, write_json
 
 PERIOD_S = 0.005
 TARGET_EXCESS_S = 0.020
-PHASES = ("idle", "submit", "follow")
+PHASES = ("idle", "floor", "submit", "follow")
+# Another process that, once its Python is up and it is told to on its stdin, starts N
+# replicas as case 2's Popen baseline does (each in a session of its own, as the library's
+# replicas), says so on its stdout when the last one runs, and kills them all at the end
+# of its stdin. Any it left behind carry the bench's tag, which ``run_child`` kills. The
+# open-files limit the bench raised is inherited.
+SPAWNER = (
+    "import subprocess, sys\n"
+    "print('ready', flush=True)\n"
+    "sys.stdin.readline()\n"
+    "children = [subprocess.Popen(['sleep', '60'], stdin=subprocess.DEVNULL,\n"
+    "    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)\n"
+    "    for _ in range(int(sys.argv[1]))]\n"
+    "print('started', flush=True)\n"
+    "sys.stdin.read()\n"
+    "for child in children:\n"
+    "    child.kill()\n"
+    "for child in children:\n"
+    "    child.wait()\n"
+)
 # A replica that prints a numbered line every 10 ms for about ``argv[1]`` seconds. In
 # Python, not a shell loop: a shell forks ``sleep`` for every line, and 100 of them fork
 # 10,000 times a second, which saturates 2 cores and stalls the ticker by itself
@@ -98,6 +128,36 @@ class Ticker:
                 os.close(fd)
 
 
+async def _bare_spawn(n: int, ticker: Ticker, record: Callable[[str], None]) -> None:
+    """The ``floor`` phase: the ticker's worst while ``SPAWNER`` starts N replicas.
+
+    Recorded as soon as the last one runs; their kill and reaping come after.
+    """
+    spawner = await anyio.open_process(
+        [sys.executable, "-I", "-c", SPAWNER, str(n)], start_new_session=True
+    )
+    try:
+        assert spawner.stdin is not None
+        assert spawner.stdout is not None
+        lines = TextReceiveStream(spawner.stdout)
+        said = await lines.receive()
+        if not said.startswith("ready"):
+            raise RuntimeError(f"the bare spawner said {said!r}")
+        ticker.reset()
+        await spawner.stdin.send(b"go\n")
+        said = await lines.receive()
+        record("floor")
+        if not said.startswith("started"):
+            raise RuntimeError(f"the bare spawner said {said!r}")
+        await spawner.stdin.aclose()
+        with anyio.fail_after(30):
+            await spawner.wait()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(spawner.pid, signal.SIGKILL)
+        await spawner.aclose()
+
+
 async def _measure(
     n: int,
     followers: int,
@@ -132,6 +192,8 @@ async def _measure(
             ticker.reset()
             await anyio.sleep(idle_s)
             record("idle")
+
+            await _bare_spawn(n, ticker, record)
 
             app = AppDef(
                 name="lag", roles=[Role(name="r", entrypoint="sleep", args=["60"], num_replicas=n)]

@@ -27,6 +27,7 @@ from aiofiles.threadpool.binary import AsyncFileIO
 from asyncinotify import Event, Inotify, Mask
 
 from supervisor.errors import BackendError, Problem, SpecError
+from supervisor.logs.inotify_close import close_inotify
 from supervisor.logs.lines import MAX_LINE_BYTES, LineSplitter, split_decoded
 from supervisor.logs.timestamps import (
     COMBINED_ID,
@@ -272,7 +273,7 @@ async def _follow(query: _Query) -> AsyncGenerator[str, None]:
             await pace.take(query.finished_event)
     finally:
         if watcher is not None:
-            watcher.close()
+            await watcher.aclose()
         if file is not None:
             with anyio.CancelScope(shield=True):
                 await file.close()
@@ -530,10 +531,10 @@ class _Watcher:
         if timer.cancelled_caught:
             self._dirty = True  # maybe a directory appeared unseen
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
         inotify, self._inotify = self._inotify, None
         if inotify is not None:
-            inotify.close()
+            await close_inotify(inotify)
 
     async def _next_change(self, inotify: Inotify, scope: anyio.CancelScope) -> None:
         while not self._relevant(await inotify.get()):
@@ -715,7 +716,7 @@ class _HubWatcher(_Watcher):
         if timer.cancelled_caught and not healthy:
             self._dirty = True
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
         for wd in self._interest:
             self._hub.unsubscribe(wd, self._token)
         self._interest = {}

@@ -20,6 +20,8 @@ import anyio
 from anyio.abc import TaskGroup
 from asyncinotify import Event, Inotify, Mask, Watch
 
+from supervisor.logs.inotify_close import close_inotify
+
 __all__ = ["FILE_WATCH_MASK", "WATCH_MASK", "EndSignal", "WatchHub"]
 
 WATCH_MASK = (
@@ -157,4 +159,4 @@ class WatchHub:
                     self._watches.pop(watch.wd, None)
         finally:
             self._inotify = None
-            inotify.close()
+            await close_inotify(inotify)

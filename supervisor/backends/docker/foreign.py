@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from asyncinotify import Inotify, Mask
+from asyncinotify import Mask
 
 from supervisor.backends.base import LogTarget
 from supervisor.backends.docker.engine import (
@@ -47,6 +47,7 @@ from supervisor.backends.store import (
 )
 from supervisor.errors import BackendError, DamagedRecordError
 from supervisor.fsm.rules import derive_app_state
+from supervisor.logs.inotify_close import open_inotify
 from supervisor.specs import AppHandle
 from supervisor.states import AppState, ReplicaState, is_terminal
 from supervisor.status import (
@@ -399,7 +400,7 @@ class ForeignApps:
                     await anyio.sleep(EVENTS_REOPEN_S)  # a back-off, not a poll
 
             async def on_files() -> None:
-                with Inotify() as inotify:
+                async with open_inotify() as inotify:
                     inotify.add_watch(store.app_dir, Mask.MOVED_TO | Mask.CLOSE_WRITE | Mask.CREATE)
                     async for _ in inotify:
                         wake[0].set()

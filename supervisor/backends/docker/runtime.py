@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from asyncinotify import Inotify, Mask
+from asyncinotify import Mask
 
 from supervisor.backends.base import (
     AppCancelRequested,
@@ -50,6 +50,7 @@ from supervisor.backends.store import (
 from supervisor.errors import BackendError, SubmitError
 from supervisor.events import Exited, Lost, ReplicaKey, Started, Submitted
 from supervisor.logs import ReplicaLog
+from supervisor.logs.inotify_close import open_inotify
 from supervisor.logs.sink import attempt_marks
 from supervisor.states import TERMINAL, ReplicaState
 from supervisor.status import AppStatus, ReplicaStatus, Transition
@@ -882,13 +883,14 @@ class DockerRuntime(ReplicaRuntime):
     # ----------------------------------------------------------------- cancel
     async def _watch_cancel(self) -> None:
         """Another process asks for a cancel by creating cancel.request in the app dir."""
-        with self._cancel_watch, Inotify() as inotify:
-            inotify.add_watch(self.store.app_dir, Mask.CREATE | Mask.MOVED_TO)
-            if await anyio.Path(self.store.cancel_path).exists():
-                self.emit(AppCancelRequested(reason="cancelled by another process"))
-            async for event in inotify:
-                if event.name is not None and str(event.name) == CANCEL_REQUEST:
+        with self._cancel_watch:
+            async with open_inotify() as inotify:
+                inotify.add_watch(self.store.app_dir, Mask.CREATE | Mask.MOVED_TO)
+                if await anyio.Path(self.store.cancel_path).exists():
                     self.emit(AppCancelRequested(reason="cancelled by another process"))
+                async for event in inotify:
+                    if event.name is not None and str(event.name) == CANCEL_REQUEST:
+                        self.emit(AppCancelRequested(reason="cancelled by another process"))
 
     async def record_cancel(self) -> None:
         """cancel.request in the app dir, before the stop: it outlives this process."""

@@ -36,6 +36,7 @@ from supervisor.backends.base import (
     Request,
 )
 from supervisor.backends.listing import list_indexed
+from supervisor.backends.local.fdtable import FDS_PER_REPLICA, make_room
 from supervisor.backends.local.flag import Flag
 from supervisor.backends.local.process import ReplicaProcess, signal_name
 from supervisor.backends.local.reaper_client import Reaper
@@ -64,6 +65,7 @@ from supervisor.backends.store import (
 from supervisor.errors import BackendError, DamagedRecordError, SubmitError
 from supervisor.events import Exited, ReplicaKey, Started, Submitted
 from supervisor.logs import LogSink, ReplicaLog
+from supervisor.logs.inotify_close import close_inotify, open_inotify
 from supervisor.runopts import ResolvedCfg, RunOpts
 from supervisor.specs import AppDef, AppHandle, RetryPolicy
 from supervisor.states import TERMINAL, AppState, ReplicaState
@@ -179,8 +181,10 @@ class LocalRuntime(ReplicaRuntime):
         """Blocking: the app's directories, first record, index entry and final reserve.
 
         O(replicas), so in a worker thread, and in one hop: each hop costs about
-        as much as these writes, and every submit waits for them.
+        as much as these writes, and every submit waits for them. The host's table
+        of descriptors is grown here too, for the replicas' pipes (see ``fdtable``).
         """
+        make_room(FDS_PER_REPLICA * len(self._slots))
         request = self.request
         record = AppRecord(
             handle=self._backend.handle(request.session, request.app_id),
@@ -526,7 +530,7 @@ class LocalBackend(Backend):
                     try:
                         inotify.add_watch(self.cancel_requests.directory, mask)
                     except BaseException:
-                        inotify.close()
+                        await close_inotify(inotify)
                         raise
                     self._inotify = inotify
                     self.task_group.start_soon(self._read_inotify, inotify)
@@ -662,7 +666,7 @@ class LocalBackend(Backend):
         store = await self._store_for(handle)
         if store is None:
             return None
-        with Inotify() as inotify:
+        async with open_inotify() as inotify:
             inotify.add_watch(store.app_dir, Mask.MOVED_TO | Mask.CLOSE_WRITE)
             while True:
                 found = await anyio.to_thread.run_sync(self._read_status, store)
@@ -711,8 +715,8 @@ class LocalBackend(Backend):
             # silently drop the new owner's watch.
             self._inotify_scope.cancel()
             await self._inotify_stopped.wait()
-            self._inotify.close()
-            self._inotify = None
+            inotify, self._inotify = self._inotify, None
+            await close_inotify(inotify)
         await self.reaper.aclose()
         await self.records.aclose()
         await self.log_sink.aclose()

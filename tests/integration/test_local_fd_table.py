@@ -77,7 +77,8 @@ def fd_table_size():
         return int(next(line for line in f if line.startswith("FDSize:")).split()[1])
 
 stop = threading.Event()
-threading.Thread(target=stop.wait, daemon=True).start()
+waiter = threading.Thread(target=stop.wait)
+waiter.start()
 low = os.open("/", os.O_RDONLY)
 os.close(low)
 out = {"low": low, "hard": hard, "size_before": fd_table_size()}
@@ -92,7 +93,19 @@ open_before = sorted(os.listdir("/proc/self/fd"))
 make_room(2000)
 out["held_unchanged"] = os.fstat(held)[:2] == held_id
 out["same_open"] = sorted(os.listdir("/proc/self/fd")) == open_before
+# No descriptor left under the limit: nothing to grow, and nothing raised.
+free = os.open("/", os.O_RDONLY)
+os.close(free)
+resource.setrlimit(resource.RLIMIT_NOFILE, (free, hard))
+try:
+    make_room(10)
+    out["full_quiet"] = True
+except OSError:
+    out["full_quiet"] = False
+# Room again before the thread ends: its exit loads a library (pthread_exit's unwinder).
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 stop.set()
+waiter.join()
 print(json.dumps(out))
 """
 
@@ -122,7 +135,7 @@ def test_a_big_submit_grows_the_table_before_any_pipe_would() -> None:
     assert out["before"] < out["running_fds"] <= out["after"]
 
 
-def test_make_room_grows_once_and_touches_no_descriptor_in_use() -> None:
+def test_make_room_grows_once_touches_no_descriptor_in_use_and_never_raises() -> None:
     out = _run(MAKE_ROOM)
     low, before, after = out["low"], out["size_before"], out["size_after"]
     assert isinstance(low, int) and isinstance(before, int) and isinstance(after, int)
@@ -132,3 +145,4 @@ def test_make_room_grows_once_and_touches_no_descriptor_in_use() -> None:
     assert out["held_unchanged"] is True, "the descriptor at the asked-for slot was replaced"
     assert out["same_open"] is True, "a descriptor was left open (or closed)"
     assert out["size_after_small"] == after, "room that was there already grew the table"
+    assert out["full_quiet"] is True, "with no descriptor left, make_room raised"

@@ -33,7 +33,10 @@ def make_room(count: int) -> None:
     opened, as without this. ``F_DUPFD`` takes the lowest free descriptor at or above
     the one asked for, so no descriptor in use is touched.
     """
-    probe = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # the lowest free one
+    try:
+        probe = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # the lowest free one
+    except OSError:
+        return  # no descriptor left at all: what the submit opens next says so
     try:
         top = probe + count
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)

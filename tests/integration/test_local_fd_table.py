@@ -21,13 +21,9 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 
-# Submits one app of N replicas (`sleep 30`) with every os.pipe call of the host
-# wrapped: a call after which the table is bigger than before it is one that grew it.
-SUBMIT = r"""
-import json, os, resource, sys, tempfile
-from pathlib import Path
-import anyio
-from supervisor import AppDef, Role, Supervisor
+# What both probes start with: every descriptor the hard limit allows, and the table's size.
+PRELUDE = r"""
+import resource
 
 _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # as a service starting many would
@@ -35,6 +31,15 @@ resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # as a service startin
 def fd_table_size():
     with open("/proc/self/status") as f:
         return int(next(line for line in f if line.startswith("FDSize:")).split()[1])
+"""
+
+# Submits one app of N replicas (`sleep 30`) with every os.pipe call of the host
+# wrapped: a call after which the table is bigger than before it is one that grew it.
+SUBMIT = r"""
+import json, os, sys, tempfile
+from pathlib import Path
+import anyio
+from supervisor import AppDef, Role, Supervisor
 
 grown_in_pipe = []
 real_pipe = os.pipe
@@ -66,15 +71,8 @@ with tempfile.TemporaryDirectory() as tmp:
 
 # make_room itself, with a second thread running (the kernel's multi-threaded case).
 MAKE_ROOM = r"""
-import json, os, resource, threading
+import json, os, threading
 from supervisor.backends.local.fdtable import make_room
-
-_, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-def fd_table_size():
-    with open("/proc/self/status") as f:
-        return int(next(line for line in f if line.startswith("FDSize:")).split()[1])
 
 stop = threading.Event()
 waiter = threading.Thread(target=stop.wait)
@@ -112,7 +110,7 @@ print(json.dumps(out))
 
 def _run(script: str, *args: str) -> dict[str, object]:
     done = subprocess.run(
-        [sys.executable, "-c", script, *args],
+        [sys.executable, "-c", PRELUDE + script, *args],
         cwd=REPO,
         capture_output=True,
         text=True,

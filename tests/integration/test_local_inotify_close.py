@@ -26,14 +26,13 @@ pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
 @pytest.fixture
 def closes(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """For each close of an instance that held a watch: True if it ran on the loop's thread."""
+    """For each close of an instance: True if it ran on the loop's thread."""
     loop_thread = threading.get_ident()
     seen: list[bool] = []
     real_close = asyncinotify.Inotify.close
 
     def close(self: asyncinotify.Inotify) -> None:
-        if self._watches:  # one without watches costs nothing to close
-            seen.append(threading.get_ident() == loop_thread)
+        seen.append(threading.get_ident() == loop_thread)
         real_close(self)
 
     monkeypatch.setattr(asyncinotify.Inotify, "close", close)

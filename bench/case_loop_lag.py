@@ -22,6 +22,13 @@ phase. The same child measures four phases, in this order, in one event loop:
   of an app whose replicas each print a line every 10 ms (``--line-period-s``)
   for a few seconds, every follower consuming its lines, for the window given.
 
+For each phase the ticker also records the garbage collector's *full*
+collections (generation 2, through ``gc.callbacks``): how many ran and the
+longest, and the worst stall of the ticks that no full collection overlapped.
+A full pass holds the GIL for a time that grows with every object of the host's
+heap (the host's own included); the library's allocations decide how often one
+comes, not how long it takes. The target is still read on the worst stall of all.
+
 For each phase the ticker also records how much of its worst stall the loop's
 thread spent *runnable but not running* (``run_delay`` in the thread's
 ``/proc`` schedstat): time the kernel gave the CPU to other processes, which
@@ -36,6 +43,7 @@ report gives the figures and the verdict.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -90,20 +98,54 @@ def _run_delay_ns(fd: int) -> int:
     return int(os.pread(fd, 128, 0).split()[1])
 
 
+class FullCollections:
+    """The garbage collector's full passes (generation 2), noted through ``gc.callbacks``.
+
+    A pass holds the GIL in whichever thread triggered it, so the loop's thread
+    cannot run during one: a tick that woke after a pass ended, and slept
+    before it, was stalled by it.
+    """
+
+    def __init__(self) -> None:
+        self.last_end = float("-inf")
+        self.passes: list[float] = []
+        self._started = 0.0
+
+    def __enter__(self) -> FullCollections:
+        gc.callbacks.append(self._note)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._note)
+
+    def reset(self) -> None:
+        self.passes = []
+
+    def _note(self, phase: str, info: dict[str, int]) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.last_end = time.perf_counter()
+            self.passes.append(self.last_end - self._started)
+
+
 class Ticker:
     """Sleeps ``PERIOD_S`` in a loop; ``worst`` is the largest lateness seen while armed.
 
     ``worst_queued``: of that worst stall, the seconds the loop's thread was
     runnable but waiting for a CPU (None where schedstat is missing).
+    ``worst_clear``: the largest lateness of the ticks no full collection overlapped.
     """
 
-    def __init__(self) -> None:
-        self.worst = 0.0
-        self.worst_queued: float | None = None
-        self.ticks = 0
+    def __init__(self, collections: FullCollections) -> None:
+        self.collections = collections
+        self.reset()
 
     def reset(self) -> None:
-        self.worst, self.worst_queued, self.ticks = 0.0, None, 0
+        self.worst, self.worst_queued, self.worst_clear, self.ticks = 0.0, None, 0.0, 0
+        self.collections.reset()
 
     async def run(self) -> None:
         try:
@@ -115,8 +157,11 @@ class Ticker:
                 queued = 0 if fd is None else _run_delay_ns(fd)
                 asked = time.perf_counter()
                 await anyio.sleep(PERIOD_S)
-                late = time.perf_counter() - asked - PERIOD_S
+                woke = time.perf_counter()
+                late = woke - asked - PERIOD_S
                 self.ticks += 1
+                if self.collections.last_end < asked:
+                    self.worst_clear = max(self.worst_clear, late)
                 if late > self.worst:
                     self.worst = late
                     if fd is not None:
@@ -162,18 +207,23 @@ async def _measure(
     follow_s: float,
     line_period_s: float,
     tmp: Path,
+    collections: FullCollections,
 ) -> Json:
     from supervisor import AppDef, Role, Supervisor
 
     out: dict[str, list[float]] = {phase: [] for phase in PHASES}
     queued: dict[str, list[float | None]] = {phase: [] for phase in PHASES}
     ticks: dict[str, list[int]] = {phase: [] for phase in PHASES}
-    ticker = Ticker()
+    clear: dict[str, list[float]] = {phase: [] for phase in PHASES}
+    passes: dict[str, list[list[float]]] = {phase: [] for phase in PHASES}
+    ticker = Ticker(collections)
 
     def record(phase: str) -> None:
         out[phase].append(ticker.worst)
         queued[phase].append(ticker.worst_queued)
         ticks[phase].append(ticker.ticks)
+        clear[phase].append(ticker.worst_clear)
+        passes[phase].append(list(collections.passes))
 
     async with (
         Supervisor(session="bench", state_dir=tmp / "state") as sv,
@@ -224,7 +274,13 @@ async def _measure(
             await sv.cancel(handle)
             await sv.wait(handle)
         tg.cancel_scope.cancel()
-    return {"worst": out, "worst_queued": queued, "ticks": ticks}
+    return {
+        "worst": out,
+        "worst_queued": queued,
+        "ticks": ticks,
+        "worst_clear": clear,
+        "full_collections": passes,
+    }
 
 
 def child() -> None:
@@ -235,7 +291,7 @@ def child() -> None:
     parser.add_argument("--line-period-s", type=float, default=LINE_PERIOD_S)
     args = parser.parse_args()
     raise_nofile()
-    with scratch() as tmp:
+    with scratch() as tmp, FullCollections() as collections:
         result = anyio.run(
             _measure,
             args.n,
@@ -245,6 +301,7 @@ def child() -> None:
             args.follow_s,
             args.line_period_s,
             tmp,
+            collections,
         )
     write_json(args.out, result)
 
@@ -289,6 +346,12 @@ def run_case(plan: dict[str, Any]) -> Json:
             row[f"{phase}_ticks"] = result["ticks"][phase]
             row[f"{phase}_worst_queued_s"] = _queued_in_worst(
                 result["worst"][phase], result["worst_queued"][phase]
+            )
+            row[f"{phase}_clear"] = summarize(result["worst_clear"][phase])
+            passes = result["full_collections"][phase]
+            row[f"{phase}_full_collections"] = [len(rep) for rep in passes]
+            row[f"{phase}_full_collection_longest_s"] = max(
+                (s for rep in passes for s in rep), default=None
             )
         idle = row["idle"]["max"]
         for phase in ("submit", "follow"):

@@ -464,6 +464,9 @@ def loop_lag_targets(case: Json) -> list[list[str]]:
             excess = row.get(f"{phase}_excess_s")
             floor = (row.get("floor") or {}).get("max") if phase == "submit" else None
             beside = "" if floor is None else f"; a bare Popen loop of as many: {fmt_s(floor)}"
+            clear = (row.get(f"{phase}_clear") or {}).get("max")
+            if clear is not None:
+                beside += f"; {_full_collections(row, phase)}, {fmt_s(clear)} without one"
             rows.append(
                 [
                     f"loop stall <= 20 ms above idle, {what}",
@@ -474,6 +477,14 @@ def loop_lag_targets(case: Json) -> list[list[str]]:
                 ]
             )
     return rows
+
+
+def _full_collections(row: Json, phase: str) -> str:
+    """How many full garbage collections ran in ``phase`` (all repetitions), and the longest."""
+    counts = row.get(f"{phase}_full_collections") or []
+    longest = row.get(f"{phase}_full_collection_longest_s")
+    passes = f"{sum(counts)} full collection{'' if sum(counts) == 1 else 's'}"
+    return passes if longest is None else f"{passes} (longest {fmt_s(longest)})"
 
 
 def memory_apps_targets(case: Json) -> list[list[str]]:
@@ -561,7 +572,7 @@ def loop_lag_section(case: Json) -> list[str]:
     body = []
     for row in case.get("rows", []):
         if "error" in row:
-            body.append([f"{row['n']:,}", str(row["followers"]), "", "failed"] + [""] * 6)
+            body.append([f"{row['n']:,}", str(row["followers"]), "", "failed"] + [""] * 7)
             continue
         body.append(
             [
@@ -574,6 +585,12 @@ def loop_lag_section(case: Json) -> list[str]:
                 cell(row["follow"], fmt_s),
                 fmt_s(row.get("submit_excess_s")),
                 fmt_s(row.get("follow_excess_s")),
+                "; ".join(
+                    f"{phase}: {_full_collections(row, phase)},"
+                    f" {fmt_s((row.get(f'{phase}_clear') or {}).get('max'))} without one"
+                    for phase in ("submit", "follow")
+                    if row.get(f"{phase}_clear")
+                ),
                 ", ".join(
                     f"{phase} {fmt_s(row.get(f'{phase}_worst_queued_s'))}"
                     for phase in ("floor", "submit", "follow")
@@ -591,6 +608,7 @@ def loop_lag_section(case: Json) -> list[str]:
         "follow",
         "submit − idle (worst)",
         "follow − idle (worst)",
+        "the garbage collector's full passes; worst stall of the ticks none overlapped",
         "of the worst: waiting for a CPU",
     ]
     return [
@@ -602,7 +620,12 @@ def loop_lag_section(case: Json) -> list[str]:
         " `sleep 60` replicas, from the call to its return) and *follow* (F"
         " `log_iter(should_tail=True)` followers of replicas printing a line every"
         " *line every*); the excess columns take the worst repetition against the worst"
-        " idle window. The last column: how much of the worst stall the loop's thread"
+        " idle window. The full passes of the garbage collector (generation 2, noted through"
+        " `gc.callbacks`, all repetitions) hold the GIL for a time that grows with the whole"
+        " heap of the host's process, the host's own objects included; the library's"
+        " allocations decide how often one comes, not how long it takes. Beside them, the"
+        " worst stall of the ticks that no full pass overlapped."
+        " The last column: how much of the worst stall the loop's thread"
         " was runnable but waiting for a CPU (its schedstat `run_delay`), time the"
         " kernel gave to other processes, the replicas included.",
         "",

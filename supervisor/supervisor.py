@@ -11,10 +11,10 @@ and its final record is written, its actor leaves memory (its current waiters
 keep what they hold and are served to the end). From then on ``describe``,
 ``wait``, ``watch``, ``log_iter`` and ``cancel`` answer from its records on
 disk, exactly as for an app of another process; ``status`` answers from a
-small bounded cache of the final statuses of the apps that ended last
-(``FINISHED_CACHE``), and None for an app that left it. An app whose final
-record could not be written (a full disk) stays in memory: its records would
-not tell its end.
+small cache of the final statuses of the apps that ended last (``finished``:
+bounded by apps and by replicas), and None for an app that left it. An app
+whose final record could not be written (a full disk) stays in memory: its
+records would not tell its end.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ import dataclasses
 import fnmatch
 import functools
 import getpass
+import importlib
 import logging
 import os
 import secrets
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -65,6 +65,7 @@ from supervisor.errors import (
     UnsupportedAsyncLibraryError,
     WaitTimeout,
 )
+from supervisor.finished import FinishedStatuses
 from supervisor.idempotency import IdempotencyKeys, fingerprint, submit_once
 from supervisor.logs import EndSignal, Stream, WatchHub, iter_log_lines, parse_streams
 from supervisor.observe import EventStream, Observer, metrics
@@ -79,9 +80,6 @@ from supervisor.validate import MAX_APP_ID_LENGTH, check_name, validate
 __all__ = ["DryRunInfo", "Supervisor", "default_session", "default_state_dir"]
 
 _log = logging.getLogger(__name__)
-
-FINISHED_CACHE = 256
-"""Final statuses of ended apps kept for ``status()`` after their actors left memory."""
 
 RECORDED_FIRST_S = 0.05
 RECORDED_RECHECK_S = 1.0
@@ -291,7 +289,7 @@ class Supervisor:
         self._backends: dict[str, Backend] = {}
         self._actors: dict[str, AppActor] = {}
         # The final statuses of the apps that ended last, newest at the end.
-        self._finished: OrderedDict[str, AppStatus] = OrderedDict()
+        self._finished = FinishedStatuses()
         self._stack: AsyncExitStack | None = None
         self._tg: TaskGroup | None = None
         self._gpus: int | None = None
@@ -548,7 +546,8 @@ class Supervisor:
             return _with_metadata(actor)
         parsed = parse_handle(handle)
         tg = self._task_group()
-        adoption = await self.backend(parsed.backend).adopt(parsed)
+        impl = await self._loaded(parsed.backend)
+        adoption = await impl.adopt(parsed)
         if adoption is None:
             described = await self._describe_recorded(parsed)
             if described is None:
@@ -582,9 +581,7 @@ class Supervisor:
         """
         if actor.final_recorded and self._actors.get(actor.handle) is actor:
             del self._actors[actor.handle]
-            self._finished[actor.handle] = _with_metadata(actor)
-            while len(self._finished) > FINISHED_CACHE:
-                self._finished.popitem(last=False)
+            self._finished.put(actor.handle, _with_metadata(actor))
 
     def followed(self) -> list[str]:
         """Handles of the apps this Supervisor holds in memory now.
@@ -661,7 +658,21 @@ class Supervisor:
         ``submit`` does this itself; call it before a bare ``dryrun`` of such a
         backend to see the request exactly as ``submit`` would send it.
         """
-        await self.backend(backend).prepare()
+        impl = await self._loaded(backend)
+        await impl.prepare()
+
+    async def _loaded(self, name: str) -> Backend:
+        """``backend(name)``, its module imported in a worker thread the first time.
+
+        The verbs that may be the first to touch a backend use this one: an import
+        reads and runs the backend's modules, tens of milliseconds the host's loop
+        would otherwise stall for (see ``BackendRegistry.unimported``).
+        """
+        if name not in self._backends:
+            module = self._registry.unimported(name)
+            if module is not None:
+                await anyio.to_thread.run_sync(importlib.import_module, module)
+        return self.backend(name)
 
     def statistics(self) -> dict[str, dict[str, Any]]:
         """Per backend in use: counters of the work done (e.g. squeue calls for Slurm)."""
@@ -694,7 +705,8 @@ class Supervisor:
     async def _describe_recorded(self, parsed: AppHandle) -> DescribeAppResponse | None:
         """An app followed elsewhere, from its backend's records; a damaged one is UNKNOWN."""
         try:
-            return await self.backend(parsed.backend).describe(parsed)
+            impl = await self._loaded(parsed.backend)
+            return await impl.describe(parsed)
         except DamagedRecordError as e:
             return DescribeAppResponse(parsed.app_id, AppState.UNKNOWN, msg=str(e))
 
@@ -719,7 +731,8 @@ class Supervisor:
         the index alone (see ``supervisor.backends.store``).
         """
         query = _ListQuery.of(state, since, name, limit)
-        apps = await self.backend(backend).list()
+        impl = await self._loaded(backend)
+        apps = await impl.list()
         return query.apply(apps)
 
     async def gc(
@@ -741,7 +754,7 @@ class Supervisor:
         The file work runs in a worker thread.
         """
         Retention(max_age=older_than, max_count=keep)  # the same checks, the same fields
-        impl = self.backend(backend)
+        impl = await self._loaded(backend)
         index: Index | None = getattr(impl, "index", None)
         if index is None:
             return []
@@ -905,7 +918,8 @@ class Supervisor:
             actor.request_cancel()
             return
         parsed = parse_handle(handle)
-        if not await self.backend(parsed.backend).cancel(parsed):
+        impl = await self._loaded(parsed.backend)
+        if not await impl.cancel(parsed):
             raise UnknownAppError(f"no app {handle}")
 
     async def hold(self, handle: str) -> None:
@@ -923,7 +937,8 @@ class Supervisor:
 
     async def _hold(self, handle: str, *, release: bool) -> None:
         parsed = parse_handle(handle)
-        if not await self.backend(parsed.backend).hold(parsed, release=release):
+        impl = await self._loaded(parsed.backend)
+        if not await impl.hold(parsed, release=release):
             raise UnknownAppError(f"no app {handle}")
 
     async def wait(self, handle: str, timeout: float | None = None) -> AppStatus:
@@ -966,7 +981,8 @@ class Supervisor:
         # Another process follows this app: its backend tells when its records say it ended.
         parsed = parse_handle(handle)
         try:
-            status = await self.backend(parsed.backend).wait_foreign(parsed)
+            impl = await self._loaded(parsed.backend)
+            status = await impl.wait_foreign(parsed)
         except DamagedRecordError as e:
             # Nothing more can be learned from it: as settled as UNKNOWN ever is.
             return AppStatus(AppState.UNKNOWN, msg=str(e))
@@ -1020,7 +1036,7 @@ class Supervisor:
         wake = [anyio.Event()]
         self._follows.add(wake[0])  # begin_shutdown sets it
         hub, token, wd = self._watch_hub, WatchHub.new_token(), None
-        index: Index | None = getattr(self.backend(parsed.backend), "index", None)
+        index: Index | None = getattr(await self._loaded(parsed.backend), "index", None)
         try:
             if hub is not None and index is not None and not described.to_status().is_settled:
                 try:
@@ -1164,7 +1180,7 @@ class Supervisor:
             # written there would wake every follower of the app: N followers times
             # the records of N replicas starting.
             return LogTarget(base.directory, _is_set(done), copied=base.copied), done
-        backend = self.backend(parsed.backend)
+        backend = await self._loaded(parsed.backend)
         described = await self._describe_recorded(parsed)
         # An app of this process that ended and left memory is known by its cached final
         # status too, for a backend that keeps no records of its own to describe it by.

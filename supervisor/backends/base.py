@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import abc
 import importlib
+import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -395,6 +396,19 @@ class BackendRegistry:
     def names(self) -> list[str]:
         self._scan()
         return sorted(self._specs)
+
+    def unimported(self, name: str) -> str | None:
+        """The module ``factory(name)`` has yet to import; None when there is none.
+
+        An import reads and runs the backend's modules (tens of milliseconds, more
+        on a cold disk): the Supervisor does it in a worker thread, so the first
+        submit to a backend does not hold the host's event loop for it.
+        """
+        spec = self._specs.get(name)
+        if not isinstance(spec, str):
+            return None
+        module = spec.partition(":")[0]
+        return None if module in sys.modules else module
 
     def factory(self, name: str) -> BackendFactory:
         if name not in self._specs:

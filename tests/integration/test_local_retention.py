@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 import pytest
 
-import supervisor.supervisor as supervisor_module
+import supervisor.finished as finished_module
 from supervisor import AppState, Retention, SpecError, Supervisor
 from supervisor.backends.store import Index
 from supervisor.specs import parse_handle
@@ -119,7 +119,7 @@ async def test_an_ended_app_leaves_memory_and_still_answers_from_its_records(
 async def test_the_cache_of_final_statuses_is_bounded(
     state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(supervisor_module, "FINISHED_CACHE", 2)
+    monkeypatch.setattr(finished_module, "MAX_APPS", 2)
     async with Supervisor(session="svc") as sv:
         handles = []
         for _ in range(3):
@@ -129,6 +129,30 @@ async def test_the_cache_of_final_statuses_is_bounded(
         assert sv.status(handles[0]) is None  # left the cache: describe reads the records
         assert [sv.status(h) is not None for h in handles[1:]] == [True, True]
         described = await sv.describe(handles[0])
+        assert described is not None and described.state is AppState.SUCCEEDED
+
+
+async def test_the_cache_of_final_statuses_is_bounded_by_replicas(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Big apps leave the cache sooner: their statuses are what a full GC pass walks."""
+    monkeypatch.setattr(finished_module, "MAX_REPLICAS", 5)
+    pair = py_role("a", "print('out')", num_replicas=2)
+    async with Supervisor(session="svc") as sv:
+        handles = []
+        for _ in range(3):
+            handles.append(await sv.submit(app(pair), "local"))
+            await sv.wait(handles[-1], timeout=30)
+        # 6 replica statuses for 5: the oldest app left, well below the count of apps.
+        assert [sv.status(h) is not None for h in handles] == [False, True, True]
+        big = await sv.submit(app(py_role("a", "print('out')", num_replicas=6)), "local")
+        await sv.wait(big, timeout=30)
+        # Bigger than the bound by itself: the latest app stays, alone.
+        assert [sv.status(h) is not None for h in [*handles, big]] == [False, False, False, True]
+        status = sv.status(big)
+        assert status is not None and status.state is AppState.SUCCEEDED
+        assert len(status.roles[0].replicas) == 6
+        described = await sv.describe(handles[1])
         assert described is not None and described.state is AppState.SUCCEEDED
 
 

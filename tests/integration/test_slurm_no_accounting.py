@@ -101,7 +101,9 @@ async def test_correct_in_the_controller_and_after_it_by_each_replicas_own_recor
     )
     # The cluster's nodes run on this machine: the pump is a process here. (Slurm's own
     # signals would not do: the pump outlives them and records how its command ended.)
-    pump = f"pump.py .*{parse_handle(lost).app_id}"
+    # The pump alone: its ``srun`` lines name it too, and a killed srun has Slurm end the
+    # step's tasks, so the pump could be gone (or have recorded its end) before its kill.
+    pump = rf"^[^ ]+ -S [^ ]*pump\.py .*{parse_handle(lost).app_id}"
     found = await anyio.run_process(["pgrep", "-f", pump], check=False)
     assert found.stdout.split(), f"no pump of {lost} running"
     for pid in found.stdout.split():

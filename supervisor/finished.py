@@ -26,13 +26,8 @@ class FinishedStatuses:
     """The latest ended apps' final statuses, oldest dropped first."""
 
     def __init__(self) -> None:
-        self._max_apps = MAX_APPS
-        self._max_replicas = MAX_REPLICAS
         self._statuses: OrderedDict[str, AppStatus] = OrderedDict()
         self._replicas = 0
-
-    def __len__(self) -> int:
-        return len(self._statuses)
 
     def get(self, handle: str) -> AppStatus | None:
         return self._statuses.get(handle)
@@ -44,7 +39,7 @@ class FinishedStatuses:
         self._statuses[handle] = status
         self._replicas += _replicas(status)
         while len(self._statuses) > 1 and (
-            len(self._statuses) > self._max_apps or self._replicas > self._max_replicas
+            len(self._statuses) > MAX_APPS or self._replicas > MAX_REPLICAS
         ):
             _, dropped = self._statuses.popitem(last=False)
             self._replicas -= _replicas(dropped)

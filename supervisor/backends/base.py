@@ -368,6 +368,12 @@ class Backend(abc.ABC):
 BackendFactory = Callable[[BackendContext], Backend]
 
 
+def _module_and_attr(spec: str) -> tuple[str, str]:
+    """A backend named by ``"package.module:factory"``: its module and attribute."""
+    module, _, attr = spec.partition(":")
+    return module, attr
+
+
 class BackendRegistry:
     """Name -> backend factory, resolved lazily so unused backends are never imported."""
 
@@ -407,7 +413,7 @@ class BackendRegistry:
         spec = self._specs.get(name)
         if not isinstance(spec, str):
             return None
-        module = spec.partition(":")[0]
+        module, _ = _module_and_attr(spec)
         return None if module in sys.modules else module
 
     def factory(self, name: str) -> BackendFactory:
@@ -419,7 +425,7 @@ class BackendRegistry:
                 f"no backend named {name!r}; known: {', '.join(self.names())}"
             )
         if isinstance(spec, str):
-            module, _, attr = spec.partition(":")
+            module, attr = _module_and_attr(spec)
             loaded: BackendFactory = getattr(importlib.import_module(module), attr)
             self._specs[name] = loaded
             return loaded

@@ -251,11 +251,18 @@ class _FollowBug(LocalBackend):
     A fake on purpose: no real fault makes following a process raise an
     unexpected error on demand. The tasks are the backend's own, started in
     the app's task group as always; only the process's ``follow`` they call
-    raises, a moment after the replica started.
+    raises, a moment after the replica started. A running replica gets its
+    follower task at its first wake (``ReplicaProcess.watch``): here each one
+    is handed over at once, so that the task runs while the replica does.
     """
 
     async def launch(self, request: Request, sink: EventSink, tasks: AppTasks) -> LocalRuntime:
-        return await super().launch(request, sink, cast(AppTasks, _BreakFollows(tasks)))
+        runtime = await super().launch(request, sink, cast(AppTasks, _BreakFollows(tasks)))
+        for replica in runtime.request.replicas:
+            proc = runtime.replica_slot((replica.role, replica.replica_id)).proc
+            assert proc is not None and proc.watched
+            proc.hand_over()
+        return runtime
 
 
 class _BreakFollows:

@@ -10,6 +10,7 @@ process it lives in; it can hold fewer objects. These tests count them
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 import subprocess
@@ -25,12 +26,13 @@ from .helpers import until
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
 REPLICAS = 200
-PER_REPLICA_BOUND = 60
-"""Measured 56 per running ``sleep`` replica here (53 at 1,000 replicas, where the app's
-own objects weigh less; 69 and 66 before the replica's events became flags and its
-follow waited on a bare future); the task that follows it is most of
-the rest (anyio's task handle, cancel scope and finished event, the asyncio task, its
-context, its coroutines) with the two pipes' reader callbacks."""
+PER_REPLICA_BOUND = 25
+"""Measured 19 per running ``sleep`` replica here (16 at 1,000 replicas, where the app's
+own objects weigh less): its state machine, transitions and status, its slot, launch, log
+and process, its exit report and two flags. 56 when each running replica had a follower
+task of its own (its coroutines, future, task handle and cancel scope) and two reader
+registrations with the loop (a handle, a selector key and a context each); see
+``ReplicaProcess.watch`` and ``PipeReaders``."""
 
 
 def _tracked() -> int:
@@ -78,3 +80,27 @@ def test_importing_and_opening_leave_entry_point_metadata_unloaded(tmp_path: Pat
         [sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True
     )
     assert out.stdout.strip() == "False", out.stderr
+
+
+async def test_a_running_replica_has_no_task_and_closing_leaves_no_descriptor(
+    state_dir: Path,
+) -> None:
+    """Running replicas are followed by callbacks, with one task per app, not per replica
+    (their follower task starts at their exit); the one epoll that reads every replica's
+    pipes goes with the Supervisor."""
+    fds_before = sorted(os.listdir("/proc/self/fd"))
+    async with Supervisor(session="svc") as sv:
+        sleeper = Role(name="r", entrypoint="sleep", args=["60"], num_replicas=1)
+        warm = await sv.submit(AppDef(name="warm", roles=[sleeper]), "local")
+        await sv.cancel(warm)
+        await sv.wait(warm)
+        tasks_before = len(asyncio.all_tasks())
+        many = Role(name="r", entrypoint="sleep", args=["60"], num_replicas=50)
+        handle = await sv.submit(AppDef(name="many", roles=[many]), "local")
+        status = sv.status(handle)
+        assert status is not None and status.state is AppState.RUNNING
+        added = len(asyncio.all_tasks()) - tasks_before
+        await sv.cancel(handle)
+        assert (await sv.wait(handle)).state is AppState.CANCELLED
+    assert added < 10, f"{added} tasks for an app of 50 running replicas"
+    assert sorted(os.listdir("/proc/self/fd")) == fds_before

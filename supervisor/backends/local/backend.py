@@ -14,7 +14,7 @@ import errno
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -38,6 +38,7 @@ from supervisor.backends.base import (
 from supervisor.backends.listing import list_indexed
 from supervisor.backends.local.fdtable import FDS_PER_REPLICA, make_room
 from supervisor.backends.local.flag import Flag
+from supervisor.backends.local.pipes import PipeReaders
 from supervisor.backends.local.process import ReplicaProcess, signal_name
 from supervisor.backends.local.reaper_client import Reaper
 from supervisor.backends.local.request import (
@@ -82,13 +83,14 @@ from supervisor.validate import Capabilities
 __all__ = ["LOCAL_CAPABILITIES", "LocalBackend"]
 
 SPAWN_FAILED_CODE = 127
-SPAWN_SLICE = 8
-"""Spawns started per turn of the host's event loop (each prepares a request for the
-reaper: its environment, two pipes). Each costs the loop a few tenths of a millisecond,
-and the same turn runs the spawns the reaper answered meanwhile: while 1,000 replicas
-started, a 5 ms ticker saw a worst stall of 24-44 ms besides the garbage collector's
-with 32 per turn, 15-30 ms with 8 (and the actor's ``BATCH_MAX`` at 64), and the submit
-took as long."""
+SPAWNS_IN_FLIGHT = 16
+"""Spawns of one app asked of the reaper and not answered yet, at most. The reaper forks
+one at a time, so a few queued keep it busy while this process prepares the next (an
+environment, two pipes: a few tenths of a millisecond each on the loop). More only held
+objects: with all of a 1,000-replica app's spawns under way at once, their tasks,
+requests and environments were some 35,000 objects for the garbage collector's full
+pass to walk while the submit ran (a stall of the host's loop of 20-45 ms), and a turn
+of the loop could prepare dozens of them."""
 
 LOCAL_CAPABILITIES = Capabilities(
     backend="local",
@@ -180,6 +182,14 @@ class LocalRuntime(ReplicaRuntime):
         self.cancel_asked = False  # by another process: its request goes with the app
         self._final_status: AppStatus | None = None  # once the final record is written
         self._final_identities: list[list[int] | None] | None = None
+        # For ``_guard_watched``: what wakes it, the processes to hand over, and whether
+        # it may end (once no replica can be left watched without a task).
+        self._guard_wake = anyio.Event()
+        self._asked: list[ReplicaProcess] = []
+        self._released = False
+        # Bound once: every process of the app is handed over through these two.
+        self._start_follower = self._hand_over
+        self._ask_for_follower = self._hand_over_soon
 
     def _create_store(self) -> None:
         """Blocking: the app's directories, first record, index entry and final reserve.
@@ -219,11 +229,65 @@ class LocalRuntime(ReplicaRuntime):
         # All at once: the reaper forks while this process prepares the next requests;
         # started a slice per loop turn, so a big app does not hold the host's loop.
         self._starting += len(self._slots)
-        async with anyio.create_task_group() as tg:
-            for n, (key, slot) in enumerate(self._slots.items(), 1):
-                tg.start_soon(self._spawn_locked, key, slot)
-                if n % SPAWN_SLICE == 0:
-                    await anyio.lowlevel.checkpoint()
+        self._tasks.start_soon(self._guard_watched)
+        try:
+            # A few spawners take the replicas in turn (see SPAWNS_IN_FLIGHT).
+            queue = iter(self._slots.items())
+            async with anyio.create_task_group() as tg:
+                for _ in range(min(SPAWNS_IN_FLIGHT, len(self._slots))):
+                    tg.start_soon(self._spawn_each, queue)
+        except BaseException:
+            self._release_guard()  # what started is followed by tasks, as the app ends
+            raise
+
+    async def _guard_watched(self) -> None:
+        """One task per app for the replicas that have no follower task yet.
+
+        It hands over those a reader callback asks for (``_hand_over_soon``).
+        Cancelled with the app's tasks, it stops watching the rest: their
+        pipes close, as a follower's would on its cancel. Released (``aclose``,
+        or a start that failed), it hands every one still watched to a
+        follower of its own.
+        """
+        try:
+            while True:
+                await self._guard_wake.wait()
+                self._guard_wake = anyio.Event()
+                asked, self._asked = self._asked, []
+                for proc in asked:
+                    proc.hand_over()
+                if self._released:
+                    break
+        except anyio.get_cancelled_exc_class():
+            for slot in self._slots.values():
+                if slot.proc is not None and slot.proc.watched:
+                    slot.proc.abandon()
+                    if slot.done is not None:
+                        slot.done.set()
+            raise
+        for slot in self._slots.values():
+            if slot.proc is not None:
+                slot.proc.hand_over()
+
+    def _hand_over(self, proc: ReplicaProcess) -> None:
+        """Start the task that follows ``proc`` to its end (``ReplicaProcess.watch``)."""
+        slot = self._slots[proc.key]
+        assert slot.done is not None  # made with the attempt, before it was watched
+        self._tasks.start_soon(self._follow, proc.key, slot, proc, slot.done, proc.attempt)
+
+    def _hand_over_soon(self, proc: ReplicaProcess) -> None:
+        """From a reader callback: ``_guard_watched`` hands ``proc`` over, from its task."""
+        self._asked.append(proc)
+        self._guard_wake.set()
+
+    def _release_guard(self) -> None:
+        self._released = True
+        self._guard_wake.set()
+
+    async def _spawn_each(self, queue: Iterator[tuple[ReplicaKey, _Slot]]) -> None:
+        """Start the replicas ``queue`` holds, one after the other (shared by the spawners)."""
+        for key, slot in queue:
+            await self._spawn_locked(key, slot)
 
     async def _spawn_locked(self, key: ReplicaKey, slot: _Slot) -> None:
         async with slot.lock:
@@ -262,8 +326,11 @@ class LocalRuntime(ReplicaRuntime):
                 env=env,
                 group=self.request.app_id,
                 reaper=self._backend.reaper,
+                readers=self._backend.pipe_readers,
                 sink=self._backend.log_sink,
                 log=log,
+                key=key,
+                attempt=slot.attempt,
                 alone=self._starting == 1,
             )
         except (OSError, BackendError) as e:
@@ -293,7 +360,8 @@ class LocalRuntime(ReplicaRuntime):
                 pid=proc.pid,
             )
         )
-        self._tasks.start_soon(self._follow, key, slot, proc, slot.done, slot.attempt)
+        # No task until the replica needs one (see ``ReplicaProcess.watch``).
+        proc.watch(self._start_follower, self._ask_for_follower)
         if slot.stopped:
             # A stop decided while the spawn was under way wins: the new attempt is
             # killed at once and its exit answers the stop.
@@ -425,10 +493,13 @@ class LocalRuntime(ReplicaRuntime):
 
     async def aclose(self) -> None:
         self._backend.unwatch_cancel(self)
-        for slot in self._slots.values():
-            async with slot.lock:  # a restart under way finishes (or is stopped) first
-                if slot.done is not None:
-                    await slot.done.wait()
+        try:
+            for slot in self._slots.values():
+                async with slot.lock:  # a restart under way finishes (or is stopped) first
+                    if slot.done is not None:
+                        await slot.done.wait()
+        finally:
+            self._release_guard()  # every follower ran (or the app's tasks are cancelled)
         # Whatever the replicas left behind (outside their process groups) goes too.
         self._backend.reaper.release(self.request.app_id)
         # A hop of its own, after ``wait`` returned: in the final record's, once that told
@@ -469,6 +540,7 @@ class LocalBackend(Backend):
         # The apps' records, in one thread: the final one is on the path of ``wait``.
         self.records = SerialWorker("asupervisor-local-records")
         self.reaper = Reaper(context.task_group)
+        self.pipe_readers = PipeReaders()  # every replica's output pipes, on the loop as one
         self.index = Index(context.state_dir, "local")
         self.owner = Owner.current()
         self._runtimes: set[LocalRuntime] = set()
@@ -721,6 +793,7 @@ class LocalBackend(Backend):
             await self._inotify_stopped.wait()
             inotify, self._inotify = self._inotify, None
             await close_inotify(inotify)
+        self.pipe_readers.close()  # every replica was followed to its end, its pipes closed
         await self.reaper.aclose()
         await self.records.aclose()
         await self.log_sink.aclose()

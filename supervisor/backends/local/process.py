@@ -14,12 +14,14 @@ import math
 import os
 import signal
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Literal
 
 import anyio
 
+from supervisor.backends.local.pipes import PipeReaders
 from supervisor.backends.local.reaper_client import ExitReport, Reaper
+from supervisor.events import ReplicaKey
 from supervisor.logs import LogSink, ReplicaLog
 
 __all__ = ["ReplicaProcess", "signal_name"]
@@ -53,14 +55,20 @@ class ReplicaProcess:
         pipes: dict[StreamName, int],
         *,
         reaper: Reaper,
+        readers: PipeReaders,
         sink: LogSink,
         log: ReplicaLog,
+        key: ReplicaKey,
+        attempt: int,
     ) -> None:
         self.pid = pid
+        self.key = key  # which replica, and which attempt of it, this process is
+        self.attempt = attempt
         self.pgid = pid  # a session leader leads its group
         self._report = report
         self._pipes = pipes
         self._reaper = reaper
+        self._readers = readers
         self._sink = sink
         self._log = log
         self.returncode: int | None = None
@@ -75,7 +83,10 @@ class ReplicaProcess:
         self._waiter: asyncio.Future[None] | None = None
         self._paused = False
         self._failure: Exception | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._listening = False
+        # Set by ``watch`` until the first wake: what starts the task that runs ``follow``.
+        self._hand_over: Callable[[ReplicaProcess], None] | None = None
+        self._hand_over_soon: Callable[[ReplicaProcess], None] | None = None
 
     @classmethod
     async def start(
@@ -86,8 +97,11 @@ class ReplicaProcess:
         env: Mapping[str, str],
         group: str,
         reaper: Reaper,
+        readers: PipeReaders,
         sink: LogSink,
         log: ReplicaLog,
+        key: ReplicaKey,
+        attempt: int,
         alone: bool = False,
     ) -> ReplicaProcess:
         """Spawn through the reaper; OSError if it cannot start, BackendError if no reaper.
@@ -112,16 +126,26 @@ class ReplicaProcess:
         for fd in (r_out, r_err):
             os.set_blocking(fd, False)
         pipes: dict[StreamName, int] = {"stdout": r_out, "stderr": r_err}
-        return cls(pid, report, pipes, reaper=reaper, sink=sink, log=log)
+        return cls(
+            pid,
+            report,
+            pipes,
+            reaper=reaper,
+            readers=readers,
+            sink=sink,
+            log=log,
+            key=key,
+            attempt=attempt,
+        )
 
     async def follow(self) -> int | None:
         """Copy output until both pipes close and wait for the exit; return the code.
 
         None when the exit status is unknown (``unknown_reason`` says why).
-        Run as one task per attempt, and the only one: each pipe is read by a
-        callback that stays registered with the loop and reads a chunk when
-        the pipe is readable (no task switch, no selector registration per
-        chunk). A task per pipe cost more than its switches: a thousand running
+        Run by one task per attempt at most, once ``watch`` hands over (or from
+        the start, without ``watch``), and the only one: each pipe is read by a
+        callback that stays registered (``PipeReaders``) and reads a chunk when
+        the pipe is readable (no task switch, no registration per chunk). A task per pipe cost more than its switches: a thousand running
         replicas held two thousand of them, with their cancel scopes, events
         and closures, and every full collection of the host's garbage
         collector walked them all, a stall of the host's loop that grew with
@@ -130,12 +154,14 @@ class ReplicaProcess:
         open by a process that escaped the group are abandoned
         ``DRAIN_TIMEOUT`` seconds after the exit.
         """
-        loop = self._loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
+        self._hand_over = self._hand_over_soon = None
         self._report.on_settle = self._wake
         drained_by = math.inf
         ended = False
         try:
-            self._listen(loop)
+            if not (self._listening or self._paused or self._failure):  # else ``watch`` did
+                self._listen()
             while self._pipes or not self.exited.is_set():
                 self._woken = False
                 if self._failure is not None:
@@ -156,7 +182,7 @@ class ReplicaProcess:
         finally:
             self._report.on_settle = None
             self._waiter = None
-            self._unlisten(loop)
+            self._unlisten()
             for stream in list(self._pipes):
                 if ended:
                     self._close_pipe(stream)
@@ -173,16 +199,74 @@ class ReplicaProcess:
         running replica's task holds no frame of this one.
         """
         if self._paused:
-            return self._resume(loop)
+            return self._resume()
         waiter = self._waiter = loop.create_future()
         if self._woken:  # told since ``follow`` last looked
             waiter.set_result(None)
         return waiter
 
-    async def _resume(self, loop: asyncio.AbstractEventLoop) -> None:
+    async def _resume(self) -> None:
         await self._sink.room()
         self._paused = False
-        self._listen(loop)
+        self._listen()
+
+    def watch(
+        self,
+        hand_over: Callable[[ReplicaProcess], None],
+        hand_over_soon: Callable[[ReplicaProcess], None],
+    ) -> None:
+        """Read the pipes from now on with no task of its own, until ``follow`` is needed.
+
+        A running replica's follower task (its coroutines and their frames, its
+        future, its task handle and cancel scope) was about 25 of the 53
+        objects a running replica held, and every full collection of the host's
+        garbage collector walks each of them: a thousand running replicas made
+        that collection a stall of the host's loop several times as long. So
+        the pipes are read by the loop's callbacks alone until something needs
+        a task: the exit (then ``hand_over(self)`` starts the task that runs
+        ``follow``, which goes on from there), a pause for room or a failed
+        write. Those two are seen in a reader callback, where no task can be
+        started (anyio tells its event loop from the current task), so they
+        ask ``hand_over_soon(self)`` to hand this process over from a task.
+        Both are the caller's, one of each for all its processes: a replica
+        holds no callable of its own for them.
+        """
+        self._hand_over = hand_over
+        self._hand_over_soon = hand_over_soon
+        self._report.on_settle = self._settled
+        self._listen()
+        if self.exited.is_set():  # it ended before it was watched: no settle will come
+            self._settled()
+
+    @property
+    def watched(self) -> bool:
+        """Watched by callbacks and not handed over yet: no task runs ``follow``."""
+        return self._hand_over is not None
+
+    def hand_over(self) -> None:
+        """Start ``follow``'s task now, unless it was started already. From a task only."""
+        hand_over, self._hand_over = self._hand_over, None
+        self._hand_over_soon = None
+        if hand_over is not None:
+            hand_over(self)
+
+    def abandon(self) -> None:
+        """Stop watching a replica whose follower never started (its app's tasks were
+        cancelled): the readers go and the pipes close; no stream ends, no exit is told."""
+        if self._hand_over is None:
+            return
+        self._hand_over = self._hand_over_soon = None
+        self._report.on_settle = None
+        if self._listening:
+            self._unlisten()
+        for fd in self._pipes.values():
+            os.close(fd)
+        self._pipes.clear()
+
+    def _settled(self) -> None:
+        """The exit is known (told from the reaper's reader task)."""
+        self._wake()
+        self.hand_over()
 
     def _wake(self) -> None:
         self._woken = True
@@ -190,21 +274,19 @@ class ReplicaProcess:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    def _listen(self, loop: asyncio.AbstractEventLoop) -> None:
-        # One bound method for both pipes; the callbacks' arguments (a name and a number,
-        # not the loop) leave their tuples to the garbage collector's untracking.
-        readable = self._readable
-        for stream, fd in self._pipes.items():
-            loop.add_reader(fd, readable, stream, fd)
-
-    def _unlisten(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _listen(self) -> None:
         for fd in self._pipes.values():
-            loop.remove_reader(fd)
+            self._readers.add(fd, self)
+        self._listening = True
 
-    def _readable(self, stream: StreamName, fd: int) -> None:
-        """The loop's reader callback: one chunk of one pipe to the sink."""
-        loop = self._loop
-        assert loop is not None  # registered by ``follow``, which set it
+    def _unlisten(self) -> None:
+        for fd in self._pipes.values():
+            self._readers.remove(fd)
+        self._listening = False
+
+    def readable(self, fd: int) -> None:
+        """The pipe reader's callback (``PipeReaders``): one chunk of one pipe to the sink."""
+        stream: StreamName = "stdout" if self._pipes.get("stdout") == fd else "stderr"
         try:
             data = os.read(fd, 1 << 16)
         except BlockingIOError:
@@ -212,7 +294,7 @@ class ReplicaProcess:
         except OSError:
             data = b""
         if not data:
-            loop.remove_reader(fd)
+            self._readers.remove(fd)
             self._close_pipe(stream)
             self._wake()
             return
@@ -224,8 +306,10 @@ class ReplicaProcess:
         except Exception as e:
             # Raised by ``follow``, in its task, not lost in the loop's exception handler.
             self._failure = e
-        self._unlisten(loop)
+        self._unlisten()
         self._wake()
+        if self._hand_over_soon is not None:  # ``follow`` must resume it, or raise
+            self._hand_over_soon(self)
 
     def _close_pipe(self, stream: StreamName) -> None:
         os.close(self._pipes.pop(stream))

@@ -145,11 +145,12 @@ class ReplicaProcess:
         Run by one task per attempt at most, once ``watch`` hands over (or from
         the start, without ``watch``), and the only one: each pipe is read by a
         callback that stays registered (``PipeReaders``) and reads a chunk when
-        the pipe is readable (no task switch, no registration per chunk). A task per pipe cost more than its switches: a thousand running
-        replicas held two thousand of them, with their cancel scopes, events
-        and closures, and every full collection of the host's garbage
-        collector walked them all, a stall of the host's loop that grew with
-        the replicas. A replica outrunning the disk is paused (its readers
+        the pipe is readable (no task switch, no registration per chunk). A
+        task per pipe cost more than its switches: a thousand running replicas
+        held two thousand of them, with their cancel scopes, events and
+        closures, and every full collection of the host's garbage collector
+        walked them all, a stall of the host's loop that grew with the
+        replicas. A replica outrunning the disk is paused (its readers
         removed) until the sink has room, so memory does not grow. Pipes left
         open by a process that escaped the group are abandoned
         ``DRAIN_TIMEOUT`` seconds after the exit.

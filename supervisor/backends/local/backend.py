@@ -226,8 +226,7 @@ class LocalRuntime(ReplicaRuntime):
         }
         for key in self._slots:
             self.emit(Submitted(role=key[0], replica_id=key[1]))
-        # All at once: the reaper forks while this process prepares the next requests;
-        # started a slice per loop turn, so a big app does not hold the host's loop.
+        # Counted at once: a spawn is "alone" only when no other replica is to start.
         self._starting += len(self._slots)
         self._tasks.start_soon(self._guard_watched)
         try:
@@ -273,10 +272,22 @@ class LocalRuntime(ReplicaRuntime):
         """Start the task that follows ``proc`` to its end (``ReplicaProcess.watch``)."""
         slot = self._slots[proc.key]
         assert slot.done is not None  # made with the attempt, before it was watched
-        self._tasks.start_soon(self._follow, proc.key, slot, proc, slot.done, proc.attempt)
+        try:
+            self._tasks.start_soon(self._follow, proc.key, slot, proc, slot.done, proc.attempt)
+        except RuntimeError:
+            # The app's task group has ended (the Supervisor's was cancelled under a
+            # launch): nobody will follow this attempt. Its pipes close and whoever
+            # waits for it is let go, rather than the error reaching the reaper's
+            # reader, which serves every app.
+            proc.release_pipes()
+            slot.done.set()
 
     def _hand_over_soon(self, proc: ReplicaProcess) -> None:
-        """From a reader callback: ``_guard_watched`` hands ``proc`` over, from its task."""
+        """From a reader callback: ``_guard_watched`` hands ``proc`` over, from its task.
+
+        Only while the guard runs: it is released once the app is over, and no
+        replica starts after that (every slot is ``stopped``), so none can ask.
+        """
         self._asked.append(proc)
         self._guard_wake.set()
 
@@ -783,8 +794,11 @@ class LocalBackend(Backend):
             runtime.kill_all()
         # Also those whose app already ended: a restart of theirs may still be under way,
         # and must be over before the reaper and the log sink close.
-        for runtime in list(self._runtimes):
-            await runtime.aclose()
+        try:
+            for runtime in list(self._runtimes):
+                await runtime.aclose()
+        finally:
+            self.pipe_readers.close()  # every replica was followed to its end, its pipes closed
         if self._inotify is not None:
             # Let the reader unregister its fd before the fd is closed: a closed
             # number is soon reused (by a pidfd), and a late unregister would
@@ -793,7 +807,6 @@ class LocalBackend(Backend):
             await self._inotify_stopped.wait()
             inotify, self._inotify = self._inotify, None
             await close_inotify(inotify)
-        self.pipe_readers.close()  # every replica was followed to its end, its pipes closed
         await self.reaper.aclose()
         await self.records.aclose()
         await self.log_sink.aclose()

@@ -254,8 +254,11 @@ class ReplicaProcess:
     def abandon(self) -> None:
         """Stop watching a replica whose follower never started (its app's tasks were
         cancelled): the readers go and the pipes close; no stream ends, no exit is told."""
-        if self._hand_over is None:
-            return
+        if self._hand_over is not None:
+            self.release_pipes()
+
+    def release_pipes(self) -> None:
+        """No follower will run: the readers go and the pipes close (no stream ends)."""
         self._hand_over = self._hand_over_soon = None
         self._report.on_settle = None
         if self._listening:
@@ -276,9 +279,9 @@ class ReplicaProcess:
             waiter.set_result(None)
 
     def _listen(self) -> None:
+        self._listening = True  # first: after a failed ``add``, ``_unlisten`` removes the rest
         for fd in self._pipes.values():
             self._readers.add(fd, self)
-        self._listening = True
 
     def _unlisten(self) -> None:
         for fd in self._pipes.values():

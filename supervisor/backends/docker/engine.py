@@ -87,6 +87,11 @@ def _translated(func: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
         except (TimeoutError, aiohttp.ClientError) as e:
             what = func.__name__.replace("_", " ")
             raise BackendError(f"{what}: the engine did not answer ({e!r})", transient=True) from e
+        except RuntimeError as e:
+            engine = args[0] if args else None
+            if isinstance(engine, Engine) and engine.closed:
+                raise engine.closed_error() from e
+            raise
 
     return call
 
@@ -109,9 +114,18 @@ class Engine:
         self._docker: aiodocker.Docker | None = None
         self._closed = False
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def closed_error(self) -> BackendError:
+        """What a call meets once ``aclose`` began: the same error, whether it came before
+        the call or under it (aiohttp then says only "Session is closed", a RuntimeError)."""
+        return BackendError(f"the connection to {self.host} is closed", transient=False)
+
     def client(self) -> aiodocker.Docker:
         if self._closed:
-            raise BackendError(f"the connection to {self.host} is closed", transient=False)
+            raise self.closed_error()
         if self._docker is None:
             self._docker = aiodocker.Docker(url=self.host, timeout=aiohttp.ClientTimeout(total=120))
         return self._docker
@@ -127,9 +141,14 @@ class Engine:
         self, path: str, method: str = "GET", params: Mapping[str, str] | None = None
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """A raw response, closed on the way out (aiodocker's ``_query`` leaves that to us)."""
-        response = await self.client()._do_query(
-            path, method, params=dict(params or {}), timeout=aiohttp.ClientTimeout()
-        )
+        try:
+            response = await self.client()._do_query(
+                path, method, params=dict(params or {}), timeout=aiohttp.ClientTimeout()
+            )
+        except RuntimeError as e:
+            if self._closed:  # closed under the request (its Supervisor is closing)
+                raise self.closed_error() from e
+            raise
         try:
             yield response
         finally:

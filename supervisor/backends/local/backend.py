@@ -260,9 +260,7 @@ class LocalRuntime(ReplicaRuntime):
         except anyio.get_cancelled_exc_class():
             for slot in self._slots.values():
                 if slot.proc is not None and slot.proc.watched:
-                    slot.proc.abandon()
-                    if slot.done is not None:
-                        slot.done.set()
+                    self._unfollowed(slot, slot.proc)
             raise
         for slot in self._slots.values():
             if slot.proc is not None:
@@ -276,10 +274,15 @@ class LocalRuntime(ReplicaRuntime):
             self._tasks.start_soon(self._follow, proc.key, slot, proc, slot.done, proc.attempt)
         except RuntimeError:
             # The app's task group has ended (the Supervisor's was cancelled under a
-            # launch): nobody will follow this attempt. Its pipes close and whoever
-            # waits for it is let go, rather than the error reaching the reaper's
-            # reader, which serves every app.
-            proc.release_pipes()
+            # launch): rather than the error reaching the reaper's reader, which
+            # serves every app.
+            self._unfollowed(slot, proc)
+
+    @staticmethod
+    def _unfollowed(slot: _Slot, proc: ReplicaProcess) -> None:
+        """Nobody will follow ``proc``: its pipes close and whoever waits for it is let go."""
+        proc.release_pipes()
+        if slot.done is not None:
             slot.done.set()
 
     def _hand_over_soon(self, proc: ReplicaProcess) -> None:

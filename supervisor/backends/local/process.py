@@ -83,7 +83,6 @@ class ReplicaProcess:
         self._waiter: asyncio.Future[None] | None = None
         self._paused = False
         self._failure: Exception | None = None
-        self._listening = False
         # Set by ``watch`` until the first wake: what starts the task that runs ``follow``.
         self._hand_over: Callable[[ReplicaProcess], None] | None = None
         self._hand_over_soon: Callable[[ReplicaProcess], None] | None = None
@@ -142,15 +141,14 @@ class ReplicaProcess:
         """Copy output until both pipes close and wait for the exit; return the code.
 
         None when the exit status is unknown (``unknown_reason`` says why).
-        Run by one task per attempt at most, once ``watch`` hands over (or from
-        the start, without ``watch``), and the only one: each pipe is read by a
-        callback that stays registered (``PipeReaders``) and reads a chunk when
-        the pipe is readable (no task switch, no registration per chunk). A
-        task per pipe cost more than its switches: a thousand running replicas
-        held two thousand of them, with their cancel scopes, events and
-        closures, and every full collection of the host's garbage collector
-        walked them all, a stall of the host's loop that grew with the
-        replicas. A replica outrunning the disk is paused (its readers
+        Run by one task per attempt at most, once ``watch`` hands over, and the
+        only one: each pipe is read by a callback that stays registered
+        (``PipeReaders``) and reads a chunk when the pipe is readable (no task
+        switch, no registration per chunk). A task per pipe cost more than its
+        switches: a thousand running replicas held two thousand of them, with
+        their cancel scopes, events and closures, and every full collection of
+        the host's garbage collector walked them all, a stall of the host's
+        loop that grew with the replicas. A replica outrunning the disk is paused (its readers
         removed) until the sink has room, so memory does not grow. Pipes left
         open by a process that escaped the group are abandoned
         ``DRAIN_TIMEOUT`` seconds after the exit.
@@ -161,8 +159,6 @@ class ReplicaProcess:
         drained_by = math.inf
         ended = False
         try:
-            if not (self._listening or self._paused or self._failure):  # else ``watch`` did
-                self._listen()
             while self._pipes or not self.exited.is_set():
                 self._woken = False
                 if self._failure is not None:
@@ -251,18 +247,12 @@ class ReplicaProcess:
         if hand_over is not None:
             hand_over(self)
 
-    def abandon(self) -> None:
-        """Stop watching a replica whose follower never started (its app's tasks were
-        cancelled): the readers go and the pipes close; no stream ends, no exit is told."""
-        if self._hand_over is not None:
-            self.release_pipes()
-
     def release_pipes(self) -> None:
-        """No follower will run: the readers go and the pipes close (no stream ends)."""
+        """No follower will run (its app's tasks are cancelled or over): the readers go
+        and the pipes close; no stream ends, no exit is told."""
         self._hand_over = self._hand_over_soon = None
         self._report.on_settle = None
-        if self._listening:
-            self._unlisten()
+        self._unlisten()
         for fd in self._pipes.values():
             os.close(fd)
         self._pipes.clear()
@@ -279,14 +269,14 @@ class ReplicaProcess:
             waiter.set_result(None)
 
     def _listen(self) -> None:
-        self._listening = True  # first: after a failed ``add``, ``_unlisten`` removes the rest
         for fd in self._pipes.values():
             self._readers.add(fd, self)
 
     def _unlisten(self) -> None:
+        """Every pipe off the readers; one not registered (paused, or a failed ``add``) is
+        skipped by ``PipeReaders.remove``."""
         for fd in self._pipes.values():
             self._readers.remove(fd)
-        self._listening = False
 
     def readable(self, fd: int) -> None:
         """The pipe reader's callback (``PipeReaders``): one chunk of one pipe to the sink."""

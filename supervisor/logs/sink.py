@@ -554,6 +554,13 @@ class LogSink:
             log.open_lines.discard(stream)
             log.content_through = self._submitted  # else it only closes files
 
+    def flush_now(self, log: ReplicaLog) -> bool:
+        """``flush(log)`` where it need not wait: False when it would wait for the writer."""
+        if self._writer.handled < log.content_through:
+            return False
+        self._raise_pending(log.directory)
+        return True
+
     async def flush(self, log: ReplicaLog | None = None) -> None:
         """Return once what was queued before the call is written (no fsync).
 

@@ -26,6 +26,7 @@ import pytest
 from supervisor import AppState, Supervisor
 from supervisor.backends.base import AppTasks, EventSink, Request
 from supervisor.backends.local.backend import LocalBackend, LocalRuntime
+from supervisor.backends.local.process import ReplicaProcess
 from supervisor.events import ReplicaKey
 from supervisor.logs.lines import MAX_LINE_BYTES
 
@@ -271,7 +272,7 @@ class _BreakFollows:
 
     def start_soon(self, func: Callable[..., Awaitable[object]], *args: Any) -> None:
         if getattr(func, "__name__", "") == "_follow":
-            proc = args[2]
+            proc: Any = next(arg for arg in args if isinstance(arg, ReplicaProcess))
 
             async def broken() -> int | None:
                 await anyio.sleep(0.2)

@@ -16,10 +16,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from supervisor import AppDef, AppState, ReplicaState, Role, Supervisor
+from supervisor.backends.local.backend import LocalRuntime
+from supervisor.backends.local.process import ReplicaProcess
 
 from .helpers import until
 
@@ -104,3 +107,32 @@ async def test_a_running_replica_has_no_task_and_closing_leaves_no_descriptor(
         assert (await sv.wait(handle)).state is AppState.CANCELLED
     assert added < 10, f"{added} tasks for an app of 50 running replicas"
     assert sorted(os.listdir("/proc/self/fd")) == fds_before
+
+
+async def test_a_replica_that_succeeded_quietly_is_told_with_no_task(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its pipes at their end and nothing left to write: its exit is told where the
+    reaper's report arrives. A follower task would cost a task start and a turn of the
+    loop on the way to every ``wait``; one still follows what does need to wait (a
+    failure's error file, output not yet written) and a replica that ended before it
+    was watched (its pipes not read yet), hence replicas that sleep a little here."""
+    followed: list[tuple[str, int]] = []
+    real = LocalRuntime._follow
+
+    async def counted(runtime: LocalRuntime, slot: Any, proc: ReplicaProcess, done: Any) -> None:
+        followed.append(proc.key)
+        await real(runtime, slot, proc, done)
+
+    monkeypatch.setattr(LocalRuntime, "_follow", counted)
+    async with Supervisor(session="svc") as sv:
+        quiet = Role(name="q", entrypoint="sleep", args=["0.3"], num_replicas=5)
+        handle = await sv.submit(AppDef(name="quiet", roles=[quiet]), "local")
+        assert (await sv.wait(handle, timeout=30)).state is AppState.SUCCEEDED
+        assert followed == []
+        failing = Role(name="f", entrypoint="sh", args=["-c", "sleep 0.3; exit 3"])
+        handle = await sv.submit(AppDef(name="failing", roles=[failing]), "local")
+        status = await sv.wait(handle, timeout=30)
+        assert status.state is AppState.FAILED
+        assert followed == [("f", 0)]
+        assert status.roles[0].replicas[0].exit_code == 3

@@ -270,8 +270,11 @@ class LocalRuntime(ReplicaRuntime):
         """Start the task that follows ``proc`` to its end (``ReplicaProcess.watch``)."""
         slot = self._slots[proc.key]
         assert slot.done is not None  # made with the attempt, before it was watched
+        if proc.at_end and self._tell_at_once(slot, proc):
+            slot.done.set()
+            return
         try:
-            self._tasks.start_soon(self._follow, proc.key, slot, proc, slot.done, proc.attempt)
+            self._tasks.start_soon(self._follow, slot, proc, slot.done)
         except RuntimeError:
             # The app's task group has ended (the Supervisor's was cancelled under a
             # launch): rather than the error reaching the reaper's reader, which
@@ -381,44 +384,23 @@ class LocalRuntime(ReplicaRuntime):
             # killed at once and its exit answers the stop.
             proc.kill_now()
 
-    async def _follow(
-        self, key: ReplicaKey, slot: _Slot, proc: ReplicaProcess, done: Flag, attempt: int
-    ) -> None:
+    async def _follow(self, slot: _Slot, proc: ReplicaProcess, done: Flag) -> None:
+        key = proc.key
         try:
             code = await proc.follow()
             lost = ""
             try:
                 await self._backend.log_sink.flush(self._logs[key])
             except BackendError as e:
-                # A log write failed (a full disk, a removed log dir): the replica says
-                # what was lost, and the app too; the exit is still reported, and no
-                # other app is taken down.
-                lost = str(e)
-                self.emit(AppNotice(message=f"{key[0]}/{key[1]}: {lost}"))
+                lost = self._output_lost(key, e)
             error = ""
-            unknown = ""
-            if code is None:
-                # Never a success: the app hears why the status is missing.
-                unknown = f"{key[0]}/{key[1]}: {proc.unknown_reason}"
             if code != 0:
                 # In the records' thread: a gang stopped at once reads a thousand of these,
                 # which through ``anyio.to_thread`` grew its pool to dozens of threads.
                 error = await self._backend.records.run(
                     self.store.read_error_file, Path(slot.launch.error_file)
                 )
-            if slot.proc is proc:
-                slot.proc = None
-            self.emit(
-                Exited(
-                    role=key[0],
-                    replica_id=key[1],
-                    attempt=attempt,
-                    exit_code=code,
-                    signal=signal_name(code),
-                    msg="; ".join(m for m in (unknown, lost) if m),
-                    structured_error_msg=error,
-                )
-            )
+            self._tell_exit(slot, proc, code, lost, error)
         except Exception:
             # The app's end (``AppTasks`` tells its actor, which stops the rest); this
             # replica's process must not outlive the one who followed it.
@@ -426,6 +408,51 @@ class LocalRuntime(ReplicaRuntime):
             raise
         finally:
             done.set()
+
+    def _tell_at_once(self, slot: _Slot, proc: ReplicaProcess) -> bool:
+        """``_follow``'s work, with no task, where none of it waits; False where some would.
+
+        For a replica that succeeded (no error file to read) with its output all
+        written: the usual end, and every ``wait`` waits for it.
+        """
+        if proc.exit_status != 0:
+            return False
+        key = proc.key
+        lost = ""
+        try:
+            if not self._backend.log_sink.flush_now(self._logs[key]):
+                return False
+        except BackendError as e:
+            lost = self._output_lost(key, e)
+        self._tell_exit(slot, proc, proc.take_exit(), lost, "")
+        return True
+
+    def _output_lost(self, key: ReplicaKey, error: BackendError) -> str:
+        """A log write failed (a full disk, a removed log dir): the replica says what was
+        lost, and the app too; the exit is still told, and no other app is taken down."""
+        lost = str(error)
+        self.emit(AppNotice(message=f"{key[0]}/{key[1]}: {lost}"))
+        return lost
+
+    def _tell_exit(
+        self, slot: _Slot, proc: ReplicaProcess, code: int | None, lost: str, error: str
+    ) -> None:
+        key = proc.key
+        # Never a success: the app hears why the status is missing.
+        unknown = "" if code is not None else f"{key[0]}/{key[1]}: {proc.unknown_reason}"
+        if slot.proc is proc:
+            slot.proc = None
+        self.emit(
+            Exited(
+                role=key[0],
+                replica_id=key[1],
+                attempt=proc.attempt,
+                exit_code=code,
+                signal=signal_name(code),
+                msg="; ".join(m for m in (unknown, lost) if m),
+                structured_error_msg=error,
+            )
+        )
 
     # The shared stop and restart protocol (``ReplicaRuntime``), for processes.
     def replica_slot(self, key: ReplicaKey) -> _Slot:

@@ -177,14 +177,45 @@ class ReplicaProcess:
                     break
             ended = True
         finally:
-            self._report.on_settle = None
-            self._waiter = None
-            self._unlisten()
-            for stream in list(self._pipes):
-                if ended:
-                    self._close_pipe(stream)
-                else:  # cut short (cancelled, failed): the descriptors go, no stream ends
-                    os.close(self._pipes.pop(stream))
+            self._let_go(ended)
+        return self._conclude()
+
+    @property
+    def at_end(self) -> bool:
+        """Exited, both pipes read to their end, nothing failed or paused: ``follow``
+        would return at once, and ``take_exit`` may stand in for it."""
+        return (
+            self.exited.is_set() and not self._pipes and self._failure is None and not self._paused
+        )
+
+    @property
+    def exit_status(self) -> int | None:
+        """What ``follow`` will return (the reaper's report; None while running)."""
+        return self._report.returncode
+
+    def take_exit(self) -> int | None:
+        """``follow``'s result, with no task, for a process ``at_end`` that was not handed over.
+
+        Its exit is told where the reaper's report arrives, a task start and a
+        turn of the loop sooner on the way to ``wait``.
+        """
+        self._hand_over = self._hand_over_soon = None
+        self._let_go(ended=True)
+        return self._conclude()
+
+    def _let_go(self, ended: bool) -> None:
+        """Nothing waits for this process any more: its pipes close (their streams end
+        only if ``ended``: not when cut short by a cancel or a failure)."""
+        self._report.on_settle = None
+        self._waiter = None
+        self._unlisten()
+        for stream in list(self._pipes):
+            if ended:
+                self._close_pipe(stream)
+            else:
+                os.close(self._pipes.pop(stream))
+
+    def _conclude(self) -> int | None:
         code = self.returncode = self._report.returncode
         self.unknown_reason = self._report.reason
         return code

@@ -264,6 +264,10 @@ class ReplicaProcess:
         self._report.on_settle = self._settled
         self._listen()
         if self.exited.is_set():  # it ended before it was watched: no settle will come
+            # A chunk of each pipe now: a replica that said nothing (or little) is then
+            # ``at_end`` already, and its exit told without a task.
+            for fd in list(self._pipes.values()):
+                self.readable(fd)
             self._settled()
 
     @property

@@ -267,7 +267,8 @@ class LocalRuntime(ReplicaRuntime):
                 slot.proc.hand_over()
 
     def _hand_over(self, proc: ReplicaProcess) -> None:
-        """Start the task that follows ``proc`` to its end (``ReplicaProcess.watch``)."""
+        """Start the task that follows ``proc`` to its end (``ReplicaProcess.watch``), or,
+        where none of that would wait, tell its end here (``_tell_at_once``)."""
         slot = self._slots[proc.key]
         assert slot.done is not None  # made with the attempt, before it was watched
         if proc.at_end and self._tell_at_once(slot, proc):

@@ -386,9 +386,8 @@ class AppActor:
             self.broken(f"{verb} replicas", e)
 
     def _finish(self) -> None:
-        if self._finished:
+        if self._finished:  # called at the final record, then again as ``_run`` ends
             return
-        self._finished = True
         self.done.set()
         self._publish()
         on_done, self._on_done = self._on_done, None
@@ -404,6 +403,7 @@ class AppActor:
                 item.reached.set()
         self._send.close()
         self._recv.close()
+        self._finished = True  # only now: a call cut short by an error is made again
 
     def _publish(self) -> None:
         history = self.fsm.history

@@ -121,7 +121,7 @@ def write_all(fd: int, data: bytes) -> None:
 
 
 def append_bytes(path: Path, data: bytes) -> None:
-    """``data`` at the end of the file at ``path`` (made if missing), in one write."""
+    """``data`` at the end of the file at ``path`` (made if missing), with no file object."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         write_all(fd, data)
@@ -545,9 +545,21 @@ class AppStore:
         write_json_atomic(self.app_dir / "app.json", app_record.to_json())
 
     def write_state(
-        self, status: AppStatus, transitions: Sequence[Transition], final: bool, owner: Owner
+        self,
+        status: AppStatus,
+        transitions: Sequence[Transition],
+        final: bool,
+        owner: Owner,
+        *,
+        ready_next: bool = False,
     ) -> None:
-        """Append the new transitions to the journal (O(what changed)), replace state.json."""
+        """Append the new transitions to the journal (O(what changed)), replace state.json.
+
+        ``ready_next``: a non-final write makes the file the next one goes into (see
+        below), for a writer that also writes the final record (``discard_spare``
+        otherwise). Apps that outlive their Supervisor get their final record from
+        another process, which would leave that file behind.
+        """
         if transitions:
             lines = "".join(t.to_json_line() + "\n" for t in transitions)
             append_bytes(self.app_dir / "transitions.jsonl", lines.encode())
@@ -560,13 +572,19 @@ class AppStore:
         path = self.app_dir / "state.json"
         spare, self._spare_state = self._spare_state, None
         write_json_atomic(path, record, spare=spare)
-        if not final:
+        if ready_next and not final:
             # Made now, while nobody waits: the next write may be the final one, which
             # every ``wait`` waits for. The final one leaves none behind. Without one
             # (no room for a file), the next write makes its own, or says why not.
             with contextlib.suppress(OSError):
                 fd, self._spare_state = create_beside(path)
                 os.close(fd)
+
+    def discard_spare(self) -> None:
+        """Remove the file ``write_state`` made for a next write that will not come."""
+        spare, self._spare_state = self._spare_state, None
+        if spare is not None:
+            spare.unlink(missing_ok=True)
 
     def read_app(self) -> AppRecord | None:
         """``app.json``, None when there is none.

@@ -115,8 +115,8 @@ async def test_a_replica_that_succeeded_quietly_is_told_with_no_task(
     """Its pipes at their end and nothing left to write: its exit is told where the
     reaper's report arrives. A follower task would cost a task start and a turn of the
     loop on the way to every ``wait``; one still follows what does need to wait (a
-    failure's error file, output not yet written) and a replica that ended before it
-    was watched (its pipes not read yet), hence replicas that sleep a little here."""
+    failure's error file, output not yet written). The replicas sleep a little, so
+    that each is watched before it ends (the usual case)."""
     followed: list[tuple[str, int]] = []
     real = LocalRuntime._follow
 

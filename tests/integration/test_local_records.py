@@ -34,9 +34,11 @@ class _Writes:
             transitions: Sequence[Transition],
             final: bool,
             owner: Owner,
+            *,
+            ready_next: bool = False,
         ) -> None:
             self.calls.append((store.app_dir.name, final, len(transitions)))
-            real(store, status, transitions, final, owner)
+            real(store, status, transitions, final, owner, ready_next=ready_next)
 
         monkeypatch.setattr(AppStore, "write_state", counted)
 

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from supervisor import AppState
 from supervisor.backends import swap
-from supervisor.backends.store import write_json_atomic
+from supervisor.backends.store import AppStore, Owner, write_json_atomic
+from supervisor.status import AppStatus
 
 
 @pytest.fixture(params=["exchange", "replace"])
@@ -113,3 +115,29 @@ def test_a_failed_write_removes_its_temporary_file(
     with pytest.raises(OSError, match="No space"):
         write_json_atomic(path, {"v": 1})
     assert os.listdir(tmp_path) == []
+
+
+def test_a_state_write_makes_the_next_ones_file_only_when_asked(how: str, tmp_path: Path) -> None:
+    """``ready_next``: a non-final state write makes the file the next write goes into
+    (the final one, on the path of ``wait``, then creates none) and the final write
+    leaves none; a writer that will not write the final record asks for none (an app
+    that outlives its Supervisor gets that record from another process); one that
+    stops before its final write removes it (``discard_spare``)."""
+    owner = Owner.current()
+    store = AppStore(tmp_path / "app")
+    store.app_dir.mkdir()
+    running, ended = AppStatus(AppState.RUNNING), AppStatus(AppState.SUCCEEDED)
+
+    store.write_state(running, [], False, owner)
+    assert _leftovers(store.app_dir, "state.json") == []
+    store.write_state(running, [], False, owner, ready_next=True)
+    [made] = _leftovers(store.app_dir, "state.json")
+    assert (store.app_dir / made).stat().st_size == 0
+    store.write_state(ended, [], True, owner, ready_next=True)
+    assert _leftovers(store.app_dir, "state.json") == []
+    assert json.loads((store.app_dir / "state.json").read_text())["final"] is True
+
+    store.write_state(running, [], False, owner, ready_next=True)
+    assert len(_leftovers(store.app_dir, "state.json")) == 1
+    store.discard_spare()
+    assert _leftovers(store.app_dir, "state.json") == []

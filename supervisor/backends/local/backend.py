@@ -133,7 +133,7 @@ class _Slot:
     launch: ReplicaLaunch
     attempt: int = 0
     proc: ReplicaProcess | None = None
-    done: Flag | None = None  # the attempt's follower ended (a Flag: see flag.py)
+    done: Flag | None = None  # the attempt's end was told (a Flag: see flag.py)
     stopped: bool = False
     _lock: anyio.Lock | None = None
 
@@ -155,6 +155,12 @@ class _Slot:
         lock = self._lock
         if lock is not None and not lock.locked() and not lock.statistics().tasks_waiting:
             self._lock = None
+
+
+async def _raise_untold(error: Exception) -> None:
+    """Raise ``error`` in a task of the app: telling a replica's exit failed (``AppTasks``
+    ends the app with the reason)."""
+    raise error
 
 
 class LocalRuntime(ReplicaRuntime):
@@ -271,10 +277,20 @@ class LocalRuntime(ReplicaRuntime):
         where none of that would wait, tell its end here (``_tell_at_once``)."""
         slot = self._slots[proc.key]
         assert slot.done is not None  # made with the attempt, before it was watched
-        if proc.at_end and self._tell_at_once(slot, proc):
-            slot.done.set()
-            return
         try:
+            if proc.at_end:
+                try:
+                    told = self._tell_at_once(slot, proc)
+                except Exception as exc:
+                    # What ``_follow`` would do with it: the app's end, never an error in
+                    # the reaper's reader (it serves every app) nor a waiter left waiting.
+                    proc.kill_now()
+                    slot.done.set()
+                    self._tasks.start_soon(_raise_untold, exc)
+                    return
+                if told:
+                    slot.done.set()
+                    return
             self._tasks.start_soon(self._follow, slot, proc, slot.done)
         except RuntimeError:
             # The app's task group has ended (the Supervisor's was cancelled under a
@@ -489,13 +505,13 @@ class LocalRuntime(ReplicaRuntime):
     def _record(self, status: AppStatus, transitions: list[Transition], final: bool) -> None:
         """Blocking: the state (and journal); the final one's index entry comes after."""
         try:
-            self.store.write_state(status, transitions, final, self._owner)
+            self.store.write_state(status, transitions, final, self._owner, ready_next=True)
         except OSError as e:
             # The replicas' output filled the disk: the space set aside at the start is
             # the final record's. Earlier records wait for space like everything else.
             if not final or e.errno not in _DISK_FULL or not self.store.release_reserve():
                 raise
-            self.store.write_state(status, transitions, final, self._owner)
+            self.store.write_state(status, transitions, final, self._owner, ready_next=True)
         if final:
             # The settle comes later (``_release_files``): what it vouches for is the
             # records as this wrote them, not as they may be by then.
@@ -524,6 +540,7 @@ class LocalRuntime(ReplicaRuntime):
                 self._final_identities,
             )
         self.store.release_reserve()
+        self.store.discard_spare()  # there when the final record could not be written
         if self.cancel_asked:
             self._backend.cancel_requests.withdraw(self.request.session, self.request.app_id)
 

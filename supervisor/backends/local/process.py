@@ -190,7 +190,8 @@ class ReplicaProcess:
 
     @property
     def exit_status(self) -> int | None:
-        """What ``follow`` will return (the reaper's report; None while running)."""
+        """What ``follow`` will return: the reaper's report (None while running, or when
+        the status is unknown)."""
         return self._report.returncode
 
     def take_exit(self) -> int | None:
@@ -252,7 +253,8 @@ class ReplicaProcess:
         that collection a stall of the host's loop several times as long. So
         the pipes are read by the loop's callbacks alone until something needs
         a task: the exit (then ``hand_over(self)`` starts the task that runs
-        ``follow``, which goes on from there), a pause for room or a failed
+        ``follow``, which goes on from there, unless the caller can tell the
+        end at once: see ``at_end``), a pause for room or a failed
         write. Those two are seen in a reader callback, where no task can be
         started (anyio tells its event loop from the current task), so they
         ask ``hand_over_soon(self)`` to hand this process over from a task.
@@ -264,9 +266,11 @@ class ReplicaProcess:
         self._report.on_settle = self._settled
         self._listen()
         if self.exited.is_set():  # it ended before it was watched: no settle will come
-            # A chunk of each pipe now: a replica that said nothing (or little) is then
-            # ``at_end`` already, and its exit told without a task.
+            # A chunk of each pipe now: one that said nothing is at its EOF, so a quiet
+            # replica is ``at_end`` already and its exit told without a task.
             for fd in list(self._pipes.values()):
+                if self._paused or self._failure is not None:
+                    break  # ``follow`` goes on from there
                 self.readable(fd)
             self._settled()
 
@@ -276,7 +280,8 @@ class ReplicaProcess:
         return self._hand_over is not None
 
     def hand_over(self) -> None:
-        """Start ``follow``'s task now, unless it was started already. From a task only."""
+        """Hand over to the caller's ``hand_over`` (which starts ``follow``'s task, or tells
+        the end at once), unless that was done already. From a task only."""
         hand_over, self._hand_over = self._hand_over, None
         self._hand_over_soon = None
         if hand_over is not None:

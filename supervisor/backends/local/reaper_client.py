@@ -68,7 +68,7 @@ class ExitReport:
     pid: int = 0
     pidfd: int | None = None  # kept until the exit, to stop the replica should the reaper die
     on_settle: Callable[[], None] | None = None
-    """Called once the exit is known: for a follower that waits on more than the exit."""
+    """Called once the exit is known: for whoever follows the replica (``ReplicaProcess``)."""
 
     def settle(self, status: int | None, reason: str = "") -> None:
         self.status, self.reason = status, reason

@@ -98,7 +98,14 @@ class ReplicaFiles:
         """Append a chunk of one stream, and to combined.log every line it completes."""
         stream_id = STREAM_IDS[stream]
         # The first output of an attempt must not continue the last one's line.
-        self.append(stream_id, data, at, separate=stream_id in self._fresh)
+        try:
+            self.append(stream_id, data, at, separate=stream_id in self._fresh)
+        except OSError:
+            # The chunk is lost, and with it the rest of the line whose start the
+            # splitter holds: that start must not reach combined.log at the stream's
+            # end, a second failure (on a full disk) after the exit was told.
+            self.splitters[stream].flush()
+            raise
         self._fresh.discard(stream_id)
         self.last_at[stream] = at
         for run in self.splitters[stream].feed_runs(data):

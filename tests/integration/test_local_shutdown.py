@@ -9,6 +9,8 @@ The bounds are ``fail_after`` limits far below the app's minute and the readers'
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -16,6 +18,8 @@ import anyio
 import pytest
 
 from supervisor import AppEvent, AppState, ShuttingDown, Supervisor, Transition
+from supervisor.backends.local.backend import LocalRuntime
+from supervisor.errors import BackendError
 
 from .helpers import app, pid_alive, py_role
 
@@ -169,3 +173,38 @@ async def test_begin_shutdown_ends_streams_of_an_app_another_supervisor_follows(
         assert status is not None and status.state is AppState.RUNNING
         await owner.cancel(handle)
         assert (await owner.wait(handle, timeout=BOUND_S)).state is AppState.CANCELLED
+
+
+def _children() -> set[int]:
+    found: set[int] = set()
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):
+            text = Path(f"/proc/self/task/{task}/children").read_text()
+            found.update(int(pid) for pid in text.split())
+    return found
+
+
+async def test_a_close_that_fails_still_closes_the_rest_then_says_so(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An app's close that raises (a log failure no exit told) is raised by the
+    Supervisor's close, once everything else is closed: the reaper process too, which
+    was left running (and its socket open) when the first failure cut the close short.
+    The failure is injected: no real fault makes it on demand."""
+    real = LocalRuntime.aclose
+
+    async def failing(runtime: LocalRuntime) -> None:
+        await real(runtime)
+        raise BackendError("injected close failure", transient=False)
+
+    before = _children()
+    monkeypatch.setattr(LocalRuntime, "aclose", failing)
+    sv = Supervisor(session="svc")
+    await sv.__aenter__()
+    handle = await sv.submit(app(py_role("a", "pass")), "local")
+    assert (await sv.wait(handle, timeout=30)).state is AppState.SUCCEEDED
+    reapers = _children() - before
+    assert reapers, "no reaper process was started"
+    with pytest.raises(BackendError, match="injected close failure"):
+        await sv.close()
+    assert not any(pid_alive(pid) for pid in reapers), reapers

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -14,6 +15,8 @@ import pytest
 
 from supervisor.errors import BackendError
 from supervisor.logs import LogSink, TimestampIndex
+from supervisor.logs import files as log_files
+from supervisor.logs.files import ReplicaFiles
 from supervisor.logs.lines import MAX_LINE_BYTES
 from supervisor.logs.sink import QUEUED_BYTES_HIGH, QUEUED_BYTES_LOW
 from supervisor.logs.timestamps import COMBINED_ID, INDEX_NAME, RECORD, STDERR_ID, STDOUT_ID
@@ -482,3 +485,27 @@ def test_a_sink_left_open_is_written_out_and_does_not_hold_the_exit(tmp_path: Pa
     assert _read(directory, "stdout.log") == b"last words\n"
     assert _read(directory, "stderr.log") == b"no newline"
     assert sorted(_read(directory, "combined.log").splitlines()) == [b"last words", b"no newline"]
+
+
+def test_a_chunk_lost_to_a_write_failure_leaves_no_line_start_for_the_streams_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The start of a line, then a chunk with its end that could not be written (a full
+    disk): at the stream's end the start is not written to combined.log on its own. On a
+    full disk that write failed again, after the replica's exit was told, and the error
+    reached nobody's app but the Supervisor's close. The failure is made by hand: the
+    disk cannot be filled between two chunks on demand."""
+    files = ReplicaFiles(tmp_path)
+    files.record("stdout", b"the start of a line", 1.0)
+
+    def full(fd: int, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(log_files, "write_all", full)
+    with pytest.raises(OSError, match="No space left"):
+        files.record("stdout", b" and its end\n", 2.0)
+    monkeypatch.undo()
+    files.flush_partial("stdout")
+    files.close_files()
+    assert _read(tmp_path, "stdout.log") == b"the start of a line"
+    assert not (tmp_path / "combined.log").exists()

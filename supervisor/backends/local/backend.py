@@ -842,9 +842,15 @@ class LocalBackend(Backend):
             runtime.kill_all()
         # Also those whose app already ended: a restart of theirs may still be under way,
         # and must be over before the reaper and the log sink close.
+        # A runtime's close may raise (its log failures): the rest still closes, the
+        # reaper included (a reaper left open outlived the Supervisor), then it is raised.
+        failures: list[Exception] = []
         try:
             for runtime in list(self._runtimes):
-                await runtime.aclose()
+                try:
+                    await runtime.aclose()
+                except Exception as e:
+                    failures.append(e)
         finally:
             self.pipe_readers.close()  # every replica was followed to its end, its pipes closed
         if self._inotify is not None:
@@ -858,3 +864,5 @@ class LocalBackend(Backend):
         await self.reaper.aclose()
         await self.records.aclose()
         await self.log_sink.aclose()
+        if failures:
+            raise failures[0]

@@ -114,7 +114,6 @@ class AppActor:
         self._version = 0  # bumped by every published change
         self._written = -1  # the version the last record written holds
         self._final_written = False
-        self._final_due = False
         self._finished = False
         self._persisted = 0
         # Fast: an uncontended acquire takes no turn of the loop (the final record's is
@@ -273,7 +272,6 @@ class AppActor:
             self._start_actions(owed, runtime, task_group)
             if not self.fsm.is_terminal:  # else it ended while nobody followed it
                 await self._follow_mail(runtime, task_group)
-            self._final_due = True  # the periodic writer writes nothing from here on
             await self._persist(runtime, final=True)
             # Waiters first, then the periodic writer's end: a cancel formats its
             # caller task's repr (anyio), 60-100 us no ``wait`` needs to wait for.
@@ -434,8 +432,10 @@ class AppActor:
         # Shielded: a write cut short would leave transitions recorded twice.
         with anyio.CancelScope(shield=True):
             async with self._persist_lock:
+                # Once the app ended only the final record is written (the periodic
+                # writer still runs while it is, see ``_loop``).
                 if self._final_written or (
-                    not final and (self._final_due or self._written == self._version)
+                    not final and (self.fsm.is_terminal or self._written == self._version)
                 ):
                     return
                 version = self._version

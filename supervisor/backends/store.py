@@ -43,6 +43,7 @@ from typing import Any
 from supervisor.backends.swap import create_beside, open_beside, swap_into_place
 from supervisor.errors import BackendError, DamagedRecordError, DuplicateAppError
 from supervisor.fsm.ingest import app_steps
+from supervisor.logs.timestamps import write_all
 from supervisor.specs import AppDef, Role
 from supervisor.states import TERMINAL, AppState, ReplicaState
 from supervisor.status import AppStatus, AppTimes, ReplicaStatus, RoleStatus, Transition
@@ -108,20 +109,13 @@ def lock_file(path: Path, wait: bool) -> int | None:
     return fd
 
 
-def write_all(fd: int, data: bytes) -> None:
-    """All of ``data`` to ``fd``, with no file object around it.
+def append_bytes(path: Path, data: bytes) -> None:
+    """``data`` at the end of the file at ``path`` (made if missing), with no file object.
 
     A file object (``open``, ``os.fdopen``) is a FileIO, a buffer and, for text,
     a codec, built and torn down for one write: 70-100 us of the final record,
     which every ``wait`` waits for, where the write itself takes 10.
     """
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def append_bytes(path: Path, data: bytes) -> None:
-    """``data`` at the end of the file at ``path`` (made if missing), with no file object."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         write_all(fd, data)
@@ -141,7 +135,8 @@ def write_json_atomic(
 
     One ``json.dumps`` and one write: ``json.dump`` to a file runs the
     pure-Python encoder and writes each fragment (11 ms against 2 ms for the
-    state of a 1,000-replica app). The new file takes the old one's place by
+    state of a 1,000-replica app), and with no file object (see ``append_bytes``).
+    The new file takes the old one's place by
     ``swap_into_place`` (see ``swap``: a third of ``os.replace``'s cost on ext4);
     ``only_over``: only where a file is already (none is created). ``spare``: an
     empty file made beforehand by ``create_beside`` for this content (``open_beside``).

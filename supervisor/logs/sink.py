@@ -554,11 +554,17 @@ class LogSink:
             log.open_lines.discard(stream)
             log.content_through = self._submitted  # else it only closes files
 
-    def flush_now(self, log: ReplicaLog) -> bool:
-        """``flush(log)`` where it need not wait: False when it would wait for the writer."""
-        if self._writer.handled < log.content_through:
+    def flush_now(self, log: ReplicaLog | None = None) -> bool:
+        """``flush(log)`` where it need not wait: False when it would wait for the writer.
+
+        Written already: a replica's last line usually is by the time its exit is
+        reported; its pipes' ends, queued at that moment, only close files unless
+        a line was left open. No round trip to the writer thread on the way to ``wait``.
+        """
+        through = self._submitted if log is None else log.content_through
+        if self._writer.handled < through:
             return False
-        self._raise_pending(log.directory)
+        self._raise_pending(None if log is None else log.directory)
         return True
 
     async def flush(self, log: ReplicaLog | None = None) -> None:
@@ -569,13 +575,9 @@ class LogSink:
         the kept write failure of ``log``'s directory, or, without ``log``, of
         any directory.
         """
-        directory = None if log is None else log.directory
-        if self._writer.handled >= (self._submitted if log is None else log.content_through):
-            # Written already (a replica's last line usually is by the time its exit is
-            # reported; its pipes' ends, queued at that moment, only close files unless a
-            # line was left open): no round trip to the writer thread on the way to ``wait``.
-            self._raise_pending(directory)
+        if self.flush_now(log):
             return
+        directory = None if log is None else log.directory
         loop = asyncio.get_running_loop()
         pending = self._barrier
         if pending is not None and pending[0] == self._submitted and not pending[1].done():

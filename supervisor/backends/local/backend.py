@@ -274,24 +274,12 @@ class LocalRuntime(ReplicaRuntime):
 
     def _hand_over(self, proc: ReplicaProcess) -> None:
         """Start the task that follows ``proc`` to its end (``ReplicaProcess.watch``), or,
-        where none of that would wait, tell its end here (``_tell_at_once``)."""
+        where none of that would wait, tell its end here (``_told_at_once``)."""
         slot = self._slots[proc.key]
         assert slot.done is not None  # made with the attempt, before it was watched
         try:
-            if proc.at_end:
-                try:
-                    told = self._tell_at_once(slot, proc)
-                except Exception as exc:
-                    # What ``_follow`` would do with it: the app's end, never an error in
-                    # the reaper's reader (it serves every app) nor a waiter left waiting.
-                    proc.kill_now()
-                    slot.done.set()
-                    self._tasks.start_soon(_raise_untold, exc)
-                    return
-                if told:
-                    slot.done.set()
-                    return
-            self._tasks.start_soon(self._follow, slot, proc, slot.done)
+            if not (proc.at_end and self._told_at_once(slot, proc, slot.done)):
+                self._tasks.start_soon(self._follow, slot, proc, slot.done)
         except RuntimeError:
             # The app's task group has ended (the Supervisor's was cancelled under a
             # launch): rather than the error reaching the reaper's reader, which
@@ -426,22 +414,28 @@ class LocalRuntime(ReplicaRuntime):
         finally:
             done.set()
 
-    def _tell_at_once(self, slot: _Slot, proc: ReplicaProcess) -> bool:
+    def _told_at_once(self, slot: _Slot, proc: ReplicaProcess, done: Flag) -> bool:
         """``_follow``'s work, with no task, where none of it waits; False where some would.
 
         For a replica that succeeded (no error file to read) with its output all
-        written: the usual end, and every ``wait`` waits for it.
+        written: the usual end, and every ``wait`` waits for it. An unexpected error
+        is what ``_follow`` makes of one, the app's end: never an error in the
+        reaper's reader (it serves every app), nor a waiter left waiting.
         """
-        if proc.exit_status != 0:
-            return False
         key = proc.key
         lost = ""
         try:
-            if not self._backend.log_sink.flush_now(self._logs[key]):
+            if proc.exit_status != 0 or not self._backend.log_sink.flush_now(self._logs[key]):
                 return False
         except BackendError as e:
             lost = self._output_lost(key, e)
-        self._tell_exit(slot, proc, proc.take_exit(), lost, "")
+        try:
+            self._tell_exit(slot, proc, proc.take_exit(), lost, "")
+        except Exception as exc:
+            proc.kill_now()
+            self._tasks.start_soon(_raise_untold, exc)
+        finally:
+            done.set()
         return True
 
     def _output_lost(self, key: ReplicaKey, error: BackendError) -> str:

@@ -182,3 +182,58 @@ r.stop_everything()
     if out["cgroup"] is None:
         pytest.skip("no writable cgroup v2 here (needs root): the reaper spawns without one")
     assert out["ways"] == ["clone", "move", "move", "clone", "move"]
+
+
+def test_the_replies_to_a_burst_go_out_together_after_its_spawns() -> None:
+    """Spawns queued together are answered together, after the last of them is started:
+    one wake-up of the supervisor per burst rather than one per replica. Every reply
+    still names its own replica, and a lone spawn is answered as soon as it is done."""
+    probe = (
+        REAPER_HERE
+        + r"""
+import array
+sent_at = []  # replicas started when each datagram went out
+class Counted:
+    # The reaper's socket, counting what it has started whenever it sends.
+    def __init__(self, sock):
+        self.sock = sock
+    def send(self, data, flags=0):
+        sent_at.append(len(r.live))
+        return self.sock.send(data, flags)
+    def __getattr__(self, name):
+        return getattr(self.sock, name)
+r.sock = Counted(ours)
+def queue(i):
+    read_end, write_end = os.pipe()
+    theirs.sendmsg([json.dumps({"op": "spawn", "id": i, "argv": ["true"], "cwd": "/",
+                                "env": {"PATH": os.defpath}}).encode()],
+                   [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [write_end] * 2))])
+    os.close(read_end)
+    os.close(write_end)
+for i in range(5):
+    queue(i)
+r.receive_batch()
+burst = list(sent_at)
+replies = [json.loads(theirs.recv(4096)) for _ in range(5)]
+sent_at.clear()
+queue(5)
+r.receive_batch()
+lone = list(sent_at)
+replies.append(json.loads(theirs.recv(4096)))
+print(json.dumps({"burst": burst, "lone": lone, "replies": replies}))
+r.stop_everything()
+"""
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", probe, str(REAPER)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    out = json.loads(done.stdout)
+    # Without holding them, the first reply left with one replica started: [1, 2, 3, 4, 5].
+    assert out["burst"] == [5, 5, 5, 5, 5]
+    assert out["lone"] == [6]
+    assert [(m["op"], m["id"]) for m in out["replies"]] == [("spawned", i) for i in range(6)]
+    assert len({m["pid"] for m in out["replies"]}) == 6

@@ -125,6 +125,19 @@ def row_cell(row: Json | None, fmt: Callable[[float | None], str], key: str = "s
 
 
 # ---------------------------------------------------------------------------- sections
+def _scratch_row(scratch: Any) -> list[list[str]]:
+    """Where the children wrote their records and logs (runs before this fact have none)."""
+    if not isinstance(scratch, dict):
+        return []
+    return [
+        [
+            "scratch directory",
+            f"{scratch.get('dir')} (`TMPDIR`; creating and writing a small file there:"
+            f" {scratch.get('file_create_us')} µs)",
+        ]
+    ]
+
+
 def machine_section(results: Json, source: str) -> list[str]:
     m = results["machine"]
     versions = m.get("versions", {})
@@ -149,6 +162,7 @@ def machine_section(results: Json, source: str) -> list[str]:
                     f"{dirty}), TorchX {versions.get('torchx')}, anyio {versions.get('anyio')}",
                 ],
                 ["load average (1, 5, 15 min)", f"at start {load_start}; at end {load_end}"],
+                *_scratch_row(m.get("scratch")),
                 [
                     "limits",
                     f"RLIMIT_NOFILE hard {m.get('nofile_hard_limit')} (each child raises its soft"

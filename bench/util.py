@@ -132,6 +132,27 @@ def _git(*args: str) -> str | None:
     return out.stdout.strip()
 
 
+def _scratch_info() -> Json:
+    """Where the children's temporary directories go, and what creating a file there costs.
+
+    Every record and log the library writes is a file in such a directory, and
+    a file system can get slow with age (on one long-lived VM, creating a file
+    under /tmp went from tens of microseconds to 280 while a fresh directory on
+    the same disk elsewhere stayed at 25): file-heavy figures are only
+    comparable between runs whose scratch costs the same.
+    """
+    where = tempfile.gettempdir()
+    samples: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="asv-bench-probe-") as probe:
+        for i in range(200):
+            started = time.perf_counter()
+            fd = os.open(os.path.join(probe, str(i)), os.O_CREAT | os.O_WRONLY, 0o644)
+            os.write(fd, b"x" * 100)
+            os.close(fd)
+            samples.append(time.perf_counter() - started)
+    return {"dir": where, "file_create_us": round(statistics.median(samples) * 1e6, 1)}
+
+
 def machine_info() -> Json:
     """Where and with what the figures were taken."""
     load = os.getloadavg()
@@ -148,6 +169,7 @@ def machine_info() -> Json:
         "loadavg_at_start": list(load),
         "nofile_hard_limit": resource.getrlimit(resource.RLIMIT_NOFILE)[1],
         "inotify_max_user_instances": _read_int("/proc/sys/fs/inotify/max_user_instances"),
+        "scratch": _scratch_info(),
         "versions": {
             "asupervisor": _version("asupervisor"),
             "torchx": _version("torchx"),

@@ -16,7 +16,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -140,8 +142,9 @@ def test_both_ways_start_the_replica_inside_its_cgroup_and_fail_alike(tmp_path: 
 def test_a_spawn_that_is_part_of_a_burst_moves_instead_of_forking_the_reaper(
     tmp_path: Path,
 ) -> None:
-    """With other replicas starting, another message queued, or a move moments ago,
-    the vfork way is taken (one move pays for the burst)."""
+    """With other replicas starting, another message queued, or a move moments ago
+    (a spawn's, or the ``warm`` that announces a burst), the vfork way is taken (one
+    move pays for the burst)."""
     probe = (
         REAPER_HERE
         + r"""
@@ -167,6 +170,9 @@ r.last_move = float("-inf")
 spawn(3)                        # quiet again
 r.last_move = float("-inf")
 spawn(4, alone=False)           # the supervisor starts others with it: one move pays for all
+r.last_move = float("-inf")
+r.warm()                        # a burst was announced: its slow first move is paid already
+spawn(5)
 print(json.dumps({"cgroup": r.cgroup, "ways": ways}))
 r.stop_everything()
 """
@@ -181,7 +187,7 @@ r.stop_everything()
     out = json.loads(done.stdout)
     if out["cgroup"] is None:
         pytest.skip("no writable cgroup v2 here (needs root): the reaper spawns without one")
-    assert out["ways"] == ["clone", "move", "move", "clone", "move"]
+    assert out["ways"] == ["clone", "move", "move", "clone", "move", "move"]
 
 
 def test_the_replies_to_a_burst_go_out_together_after_its_spawns() -> None:
@@ -237,3 +243,36 @@ r.stop_everything()
     assert out["lone"] == [6]
     assert [(m["op"], m["id"]) for m in out["replies"]] == [("spawned", i) for i in range(6)]
     assert len({m["pid"] for m in out["replies"]}) == 6
+
+
+@pytest.mark.anyio
+async def test_an_app_of_several_replicas_announces_its_burst_before_the_spawns(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The supervisor asks the reaper to ``warm`` before an app of several replicas is
+    spawned (once as it begins, once its records are written), never for a lone replica,
+    whose spawn takes the clone3 way instead."""
+    from supervisor import AppDef, Role, Supervisor
+    from supervisor.backends.local import reaper_client
+
+    ops: list[str] = []
+    send = reaper_client._Connection.send
+
+    def spy(self: Any, msg: Mapping[str, object], *args: Any, **kwargs: Any) -> None:
+        ops.append(str(msg["op"]))
+        send(self, msg, *args, **kwargs)
+
+    monkeypatch.setattr(reaper_client._Connection, "send", spy)
+
+    def app(replicas: int) -> AppDef:
+        return AppDef(name="a", roles=[Role(name="r", entrypoint="true", num_replicas=replicas)])
+
+    async with Supervisor(session="warm") as sv:
+        lone = await sv.submit(app(1), "local")
+        await sv.wait(lone)
+        lone_ops = [op for op in ops if op in ("warm", "spawn")]
+        ops.clear()
+        several = await sv.submit(app(3), "local")
+        await sv.wait(several)
+    assert lone_ops == ["spawn"]
+    assert [op for op in ops if op in ("warm", "spawn")] == ["warm", "warm", *["spawn"] * 3]

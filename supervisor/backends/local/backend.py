@@ -219,12 +219,21 @@ class LocalRuntime(ReplicaRuntime):
         self.store.reserve(_reserve_size(len(self._slots)))
 
     async def start(self) -> None:
+        # Several replicas: the reaper's first move into a cgroup after a quiet while
+        # waits for the kernel (5-15 ms); asked now, that wait overlaps the records being
+        # written. Asked again once they are, in case writing them took longer than the
+        # move stays cheap (a big app); the reaper ignores an ask while moves are cheap.
+        burst = len(self._slots) > 1
+        if burst:
+            self._backend.reaper.warm_up()
         try:
             # Before the app can be found (its index entry): a cancel asked from then on is seen.
             await self._backend.watch_cancel(self)
             await self._backend.records.run(self._create_store)
         except OSError as e:
             raise SubmitError(f"cannot create {self.store.app_dir}: {e}", transient=False) from e
+        if burst:
+            self._backend.reaper.warm_up()
         # Only now that the directories exist: the writer thread must not find them missing.
         self._logs = {
             key: self._backend.log_sink.open(Path(slot.launch.log_dir), made=True)

@@ -23,12 +23,12 @@ process cannot keep alone:
 
 Protocol: JSON, one message per SOCK_SEQPACKET datagram on fd 0. From the
 supervisor: ``spawn`` (with the output pipes as SCM_RIGHTS, and whether it comes
-``alone``: see ``Reaper.spawn``), ``kill``, ``release`` (an app ended),
-``shutdown``. To it: ``hello``, ``spawned`` or ``failed`` per spawn, ``exit``
-per replica. Sends never block this process:
-replies queue until the socket is writable, so it always keeps reading, and it
-reads every queued message (up to a batch) per wake-up, then sends their replies
-together. The supervisor's sends
+``alone``: see ``Reaper.spawn``), ``warm`` (spawns of a burst are coming: see
+``Reaper.warm``), ``kill``, ``release`` (an app ended), ``shutdown``. To it:
+``hello``, ``spawned`` or ``failed`` per spawn, ``exit`` per replica. Sends
+never block this process: replies queue until the socket is writable, so it
+always keeps reading, and it reads every queued message (up to a batch) per
+wake-up, then sends their replies together. The supervisor's sends
 never block either (see ``reaper_client.py``).
 
 This file runs as a script with ``python -I -S`` and imports nothing from the
@@ -383,6 +383,8 @@ class Reaper:
                     if pid in self.live:
                         with contextlib.suppress(OSError):
                             os.killpg(pid, msg["sig"])
+            elif op == "warm":
+                self.warm()
             elif op == "release":
                 self.release(str(msg["group"]))
             elif op == "shutdown":
@@ -447,6 +449,25 @@ class Reaper:
             return
         self.live.add(pid)
         self.send(op="spawned", id=msg["id"], pid=pid)
+
+    def warm(self) -> None:
+        """Pay now the wait of the first move after a quiet while (5-15 ms, see ``spawn``).
+
+        The supervisor says so when it begins to prepare an app of several
+        replicas, so this wait overlaps its preparation (the app's records,
+        O(replicas)) instead of delaying the first spawn; the burst's moves that
+        follow within ``MOVES_STAY_CHEAP_S`` are cheap. A move into the cgroup
+        this process is in already takes the same lock and changes nothing.
+        """
+        if self.cgroup is None or self.home is None:
+            return
+        if time.monotonic() - self.last_move <= MOVES_STAY_CHEAP_S:
+            return
+        try:
+            os.write(self.home, b"0")
+        except OSError:
+            return  # the spawns find out for themselves, as without this
+        self.last_move = time.monotonic()
 
     def _more_waiting(self) -> bool:
         """Another message is queued already: this spawn is part of a burst."""

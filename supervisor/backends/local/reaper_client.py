@@ -329,6 +329,18 @@ class Reaper:
         report: ExitReport = reply["report"]  # already settled if it exited meanwhile
         return report.pid, report
 
+    def warm_up(self) -> None:
+        """Spawns of several replicas follow soon: the reaper (started now if need be)
+        takes the kernel's slow first step now, while they are being prepared
+        (see ``Reaper.warm`` in ``reaper.py``). Only an advance: a reaper that
+        cannot be started or reached is reported by the spawns that follow."""
+        try:
+            conn = self._connection()
+        except OSError:
+            return
+        with contextlib.suppress(BackendError):
+            conn.send({"op": "warm"})
+
     def kill(self, pids: Sequence[int], sig: int) -> None:
         """Signal the process groups of replicas not yet reaped; others are left alone."""
         if self._conn is not None and not self._conn.dead and pids:

@@ -203,6 +203,27 @@ def _plan_json(plan: dict[str, dict[str, Any]]) -> Json:
     }
 
 
+SLOW_SCRATCH_US = 100.0
+"""Creating a small file in the scratch directory costs about 20 us on a file system at
+rest; past this, every figure that writes files is inflated (see ``_warn_if_scratch_is_slow``)."""
+
+
+def _warn_if_scratch_is_slow(scratch: Json) -> None:
+    """Say so before a run whose file-writing figures would not be comparable.
+
+    On ext4 without a journal, creating a file skips every inode freed in the last
+    30 s: after a test run or another bench run, it may cost 0.2-1 ms instead of 20 us
+    for a while (see "Running" in docs/benchmarks.md).
+    """
+    cost = float(scratch["file_create_us"])
+    if cost > SLOW_SCRATCH_US:
+        log(
+            f"warning: creating a file in {scratch['dir']} takes {cost:.0f} us (about 20 on a"
+            " file system at rest): the figures of cases that write files will be inflated;"
+            " see 'Running' in docs/benchmarks.md"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -235,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         "plan": _plan_json({c: plan[c] for c in selected}),
         "cases": {},
     }
+    _warn_if_scratch_is_slow(results["machine"]["scratch"])
     started = time.monotonic()
     for name in selected:
         log(f"case {name} ...")

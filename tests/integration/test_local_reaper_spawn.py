@@ -93,15 +93,21 @@ def _probe(tmp_path: Path) -> dict[str, object]:
     later = tmp_path / "later"  # a program of the same name, further along a PATH
     later.mkdir()
     (later / "plain-file").symlink_to("/bin/sh")
+    result: dict[str, object] = _run_probe(PROBE, str(plain), str(later))
+    return result
+
+
+def _run_probe(probe: str, *args: str) -> Any:
+    """Run ``probe`` in a child interpreter as the reaper runs (``-I -S``), with the reaper's
+    file as its first argument; what it printed, as JSON."""
     done = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", PROBE, str(REAPER), str(plain), str(later)],
+        [sys.executable, "-I", "-S", "-c", probe, str(REAPER), *args],
         capture_output=True,
         text=True,
         timeout=60,
         check=True,
     )
-    result: dict[str, object] = json.loads(done.stdout)
-    return result
+    return json.loads(done.stdout)
 
 
 def test_both_ways_start_the_replica_inside_its_cgroup_and_fail_alike(tmp_path: Path) -> None:
@@ -177,14 +183,7 @@ print(json.dumps({"cgroup": r.cgroup, "ways": ways}))
 r.stop_everything()
 """
     )
-    done = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", probe, str(REAPER)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    out = json.loads(done.stdout)
+    out = _run_probe(probe)
     if out["cgroup"] is None:
         pytest.skip("no writable cgroup v2 here (needs root): the reaper spawns without one")
     assert out["ways"] == ["clone", "move", "move", "clone", "move", "move"]
@@ -230,14 +229,7 @@ print(json.dumps({"burst": burst, "lone": lone, "replies": replies}))
 r.stop_everything()
 """
     )
-    done = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", probe, str(REAPER)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    out = json.loads(done.stdout)
+    out = _run_probe(probe)
     # Without holding them, the first reply left with one replica started: [1, 2, 3, 4, 5].
     assert out["burst"] == [5, 5, 5, 5, 5]
     assert out["lone"] == [6]

@@ -434,7 +434,7 @@ class Reaper:
                 group is not None
                 and msg.get("alone") is True
                 and self.clone_into
-                and time.monotonic() - self.last_move > MOVES_STAY_CHEAP_S
+                and not self._moves_are_cheap()
                 and not self._more_waiting()
             ):
                 pid = self._spawn_into(group, argv, msg["cwd"], msg["env"], fds)
@@ -459,15 +459,17 @@ class Reaper:
         follow within ``MOVES_STAY_CHEAP_S`` are cheap. A move into the cgroup
         this process is in already takes the same lock and changes nothing.
         """
-        if self.cgroup is None or self.home is None:
-            return
-        if time.monotonic() - self.last_move <= MOVES_STAY_CHEAP_S:
+        if self.cgroup is None or self.home is None or self._moves_are_cheap():
             return
         try:
             os.write(self.home, b"0")
         except OSError:
             return  # the spawns find out for themselves, as without this
         self.last_move = time.monotonic()
+
+    def _moves_are_cheap(self) -> bool:
+        """A move happened lately, so the next one waits for no grace period."""
+        return time.monotonic() - self.last_move <= MOVES_STAY_CHEAP_S
 
     def _more_waiting(self) -> bool:
         """Another message is queued already: this spawn is part of a burst."""

@@ -34,6 +34,9 @@ SUBMIT_POPEN_FROM_N = 100
 """The Popen target is set for N >= 100 only: below, the fixed cost of an app weighs most."""
 CPU_TARGET_PCT = 1.0
 LOG_TARGET_RATE = 1_000_000
+LOG_RATE_BEFORE_AIOFILES = 2_310_000
+"""Lines/s with the ``regex`` mode's pattern before the followers read through aiofiles
+(the run of 2026-11-23 19:24Z): issue 15 asks the rate to stay within 10 % of it."""
 SLURM_JOB_INFO_PER_TICK = 1.0
 SLURM_END_TARGET_S = 1.0
 DOCKER_WAIT_TARGET_S = 0.050
@@ -236,6 +239,16 @@ def targets_section(results: Json) -> list[str]:
                 verdict(rate, LOG_TARGET_RATE, lower_is_better=False, fmt=fmt_rate),
             ]
         )
+        if mode == "regex":
+            floor = 0.9 * LOG_RATE_BEFORE_AIOFILES
+            rows.append(
+                [
+                    f"log lines/s with a regex (`{row.get('regex')}`) within 10 % of the "
+                    f"{fmt_rate(LOG_RATE_BEFORE_AIOFILES)} before aiofiles (another run's figure)",
+                    fmt_rate(rate),
+                    verdict(rate, floor, lower_is_better=False, fmt=fmt_rate),
+                ]
+            )
     rows += slurm_targets(cases.get("slurm", {}))
     rows += docker_targets(cases.get("docker", {}))
     rows += fsm_targets(cases.get("fsm", {}))

@@ -16,7 +16,7 @@ starts to follow the app (``AppTasks``).
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import anyio
@@ -104,6 +104,7 @@ class AppActor:
         send, recv = anyio.create_memory_object_stream(math.inf)
         self._send, self._recv = send, recv
         self.runtime: AppRuntime | None = None
+        self._metadata: Mapping[str, str] = {}  # the runtime's, once it has gone
         # Set by ``begin`` (with the runtime) or ``discard``: the app's task group goes on.
         self._begun = anyio.Event()
         self._owed: Sequence[Action] = ()
@@ -175,6 +176,10 @@ class AppActor:
     def status(self) -> AppStatus:
         return self.fsm.snapshot()
 
+    def metadata(self) -> Mapping[str, str]:
+        """What the backend knows the app by (a Slurm job id), also once its runtime went."""
+        return self.runtime.metadata() if self.runtime is not None else self._metadata
+
     def has_replica(self, role: str, replica_id: int) -> bool:
         """Without a snapshot: N followers starting while N replicas start stay O(N), not O(N²)."""
         return (role, replica_id) in self.fsm.replicas
@@ -241,6 +246,13 @@ class AppActor:
             await self._begun.wait()
             if self.runtime is not None:
                 await self._run(self.runtime, group, self._owed)
+        # The app's work is over: the runtime goes (it holds this actor through its event
+        # sink, a cycle that kept an ended app in memory until the garbage collector's next
+        # full pass), and what it told about the app stays.
+        if self.runtime is not None:
+            self._metadata = self.runtime.metadata()
+        self.runtime = None
+        self._owed = ()
 
     async def _run(
         self, runtime: AppRuntime, task_group: TaskGroup, owed: Sequence[Action]
@@ -267,8 +279,9 @@ class AppActor:
     async def _loop(
         self, runtime: AppRuntime, task_group: TaskGroup, owed: Sequence[Action]
     ) -> None:
+        writer = anyio.CancelScope()
         async with anyio.create_task_group() as own:
-            own.start_soon(self._persist_loop, runtime)
+            own.start_soon(self._persist_loop, runtime, writer)
             self._start_actions(owed, runtime, task_group)
             if not self.fsm.is_terminal:  # else it ended while nobody followed it
                 await self._follow_mail(runtime, task_group)
@@ -277,7 +290,10 @@ class AppActor:
             # caller task's repr (anyio), 60-100 us no ``wait`` needs to wait for.
             self._finish()
             await anyio.lowlevel.cancel_shielded_checkpoint()
-            own.cancel_scope.cancel()
+            # Ended inside its own scope, not by cancelling its task: anyio keeps the
+            # cancel of a task in a reference cycle with the task's frames, and so this
+            # app in memory until the garbage collector's next full pass.
+            writer.cancel()
 
     async def _follow_mail(self, runtime: AppRuntime, task_group: TaskGroup) -> None:
         """Apply the mailbox, batch by batch, until the app's state is terminal."""
@@ -413,13 +429,15 @@ class AppActor:
         self._changed = anyio.Event()
         self._dirty.set()
 
-    async def _persist_loop(self, runtime: AppRuntime) -> None:
-        while True:
-            await self._dirty.wait()
-            # Trailing edge: the rest of the burst comes in meanwhile and goes in this write.
-            await anyio.sleep(PERSIST_INTERVAL)
-            self._dirty = anyio.Event()
-            await self._persist(runtime, final=False)
+    async def _persist_loop(self, runtime: AppRuntime, scope: anyio.CancelScope) -> None:
+        """The coalesced writes, until ``scope`` is cancelled (the final record is written)."""
+        with scope:
+            while True:
+                await self._dirty.wait()
+                # Trailing edge: the rest of the burst comes in meanwhile and goes in this write.
+                await anyio.sleep(PERSIST_INTERVAL)
+                self._dirty = anyio.Event()
+                await self._persist(runtime, final=False)
 
     async def _persist(self, runtime: AppRuntime, final: bool) -> None:
         """Write the state for other processes; a failure is this app's notice, never a crash.

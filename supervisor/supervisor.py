@@ -244,7 +244,7 @@ class _ListQuery:
 def _with_metadata(actor: AppActor) -> AppStatus:
     """The actor's snapshot with what its backend knows the app by (a Slurm job id)."""
     status = actor.status()
-    extra = actor.runtime.metadata() if actor.runtime is not None else {}
+    extra = actor.metadata()
     return dataclasses.replace(status, metadata={**status.metadata, **extra}) if extra else status
 
 

@@ -568,6 +568,10 @@ class LocalRuntime(ReplicaRuntime):
         # the loop, it held the GIL while the loop was still on the way to ``wait``.
         await self._backend.records.run(self._release_files)
         self._backend.forget(self)
+        # Nothing is handed over from now on: the two bound methods held here hold this
+        # runtime too, and such a cycle keeps an ended app in memory until the garbage
+        # collector's next full pass.
+        self._start_follower = self._ask_for_follower = _nobody
         # Log failures no exit reported (a replica that never started): this app's
         # to show, not left for the Supervisor's close to raise at everyone.
         failures: list[BackendError] = []
@@ -578,6 +582,10 @@ class LocalRuntime(ReplicaRuntime):
                 failures.append(e)
         if failures:
             raise failures[0]
+
+
+def _nobody(proc: ReplicaProcess) -> None:
+    """What an ended runtime hands its processes over to: none is left to hand over."""
 
 
 async def _first_of(*waits: Callable[[], Awaitable[object]]) -> None:

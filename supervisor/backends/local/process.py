@@ -266,12 +266,6 @@ class ReplicaProcess:
         self._report.on_settle = self._settled
         self._listen()
         if self.exited.is_set():  # it ended before it was watched: no settle will come
-            # A chunk of each pipe now: one that said nothing is at its EOF, so a quiet
-            # replica is ``at_end`` already and its exit told without a task.
-            for fd in list(self._pipes.values()):
-                if self._paused or self._failure is not None:
-                    break  # ``follow`` goes on from there
-                self.readable(fd)
             self._settled()
 
     @property
@@ -298,7 +292,18 @@ class ReplicaProcess:
         self._pipes.clear()
 
     def _settled(self) -> None:
-        """The exit is known (told from the reaper's reader task)."""
+        """The exit is known (told from the reaper's reader task, or by ``watch``).
+
+        A chunk of each pipe is read first. The replica's own ends closed as it
+        exited, before the reaper could reap it, yet the host may hear the reaper
+        before its pipes' readers run (several exits come in one wake-up): one that
+        said nothing is at its EOF, so a quiet replica is ``at_end`` here already
+        and its exit told without a task.
+        """
+        for fd in list(self._pipes.values()):
+            if self._paused or self._failure is not None:
+                break  # ``follow`` goes on from there
+            self.readable(fd)
         self._wake()
         self.hand_over()
 

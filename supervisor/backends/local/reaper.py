@@ -48,16 +48,17 @@ import select
 import signal
 import socket
 import struct
-import subprocess
 import sys
 import time
-from typing import Any, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
 
 GRACE_SECONDS = 1.0
 PR_SET_CHILD_SUBREAPER = 36
 MAX_MESSAGE = 1 << 20
 RECEIVE_BATCH = 64
 _FD_ITEM = array.array("i").itemsize
+_T = TypeVar("_T")
 
 
 def _prctl(option: int, value: int) -> bool:
@@ -83,6 +84,10 @@ period the kernel keeps the lock's slow mode on); past that a move costs 5-15 ms
 
 
 _syscall: Any = None  # libc's syscall(2), through PyDLL, once the first clone needs it
+
+
+class _SetupFailed(Exception):
+    """A cloned child failed before its exec, with no errno to tell (``step`` in the message)."""
 
 
 class _NoClone(Exception):
@@ -119,9 +124,9 @@ _NOT_THERE = frozenset({errno.ENOENT, errno.ENOTDIR})
 """The errors of a place along PATH where the program is not: Popen goes on to the next."""
 
 
-def _executables(file: str, env: dict[str, str]) -> list[str]:
-    """Where ``file`` may be, searched as Popen does (in the child's own PATH), less
-    the places where it is not.
+def _executables(file: str, env: dict[str, str], cwd: str) -> list[str]:
+    """Where ``file`` may be, searched as Popen does (in the child's own PATH, from
+    the child's ``cwd``), less the places where it is not.
 
     Run in the parent, before the fork: each ``execve`` that fails in the
     forked child costs a copy of the pages it touches on the way (eight such
@@ -133,7 +138,8 @@ def _executables(file: str, env: dict[str, str]) -> list[str]:
     if os.path.dirname(file):
         return [file]
     places = [os.path.join(d, file) for d in os.get_exec_path(env)]
-    return [place for place in places[:-1] if _may_be_there(place)] + places[-1:]
+    kept = [place for place in places[:-1] if _may_be_there(os.path.join(cwd, place))]
+    return kept + places[-1:]
 
 
 def _may_be_there(path: str) -> bool:
@@ -186,23 +192,41 @@ def _exec_child(
         os.closerange(3, errpipe)
         os.closerange(errpipe + 1, 2**31 - 1)
         step = "exec"
-        first: OSError | None = None
-        last: OSError = FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT))
-        for executable in executables:
-            try:
-                os.execve(executable, argv, env)
-            except OSError as e:
-                # As Popen: the first error that is not "not there", else the last one.
-                if first is None and e.errno not in _NOT_THERE:
-                    first = e
-                last = e
-        raise first or last
+        _first_that_starts(executables, lambda place: os.execve(place, argv, env))
     except BaseException as e:
         code = e.errno if isinstance(e, OSError) and e.errno else 0
         with contextlib.suppress(BaseException):
             os.write(errpipe, f"{step}:{code}".encode())
     finally:
         os._exit(255)
+
+
+def _first_that_starts(places: list[str], start: Callable[[str], _T]) -> _T:
+    """``start`` each place in turn until one does; else raise as Popen does: the first
+    error that is not "not there", else the last one."""
+    first: OSError | None = None
+    last: OSError = FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT))
+    for place in places:
+        try:
+            return start(place)
+        except OSError as e:
+            if first is None and e.errno not in _NOT_THERE:
+                first = e
+            last = e
+    raise first or last
+
+
+def _close_on_exec_above_stdio() -> None:
+    """Mark every descriptor above 2 close-on-exec: ``posix_spawn`` closes none.
+
+    Python opens its own that way; this covers any this process was started
+    with, so a replica only ever gets the stdio it is given.
+    """
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2:
+            with contextlib.suppress(OSError):  # the listing's own descriptor, closed since
+                os.set_inheritable(fd, False)
 
 
 def _cgroup_base() -> str | None:
@@ -260,7 +284,12 @@ class Reaper:
         self.outbox: list[bytes] = []
         self.holding_replies = False  # while one wake-up's messages are handled
         self.subreaper = _prctl(PR_SET_CHILD_SUBREAPER, 1)
-        self.popens: dict[int, subprocess.Popen[bytes]] = {}
+        # The app's cgroup this process stepped into for the spawns of one batch, if any.
+        self.inside: str | None = None
+        # Where each program was found along PATH, for the rest of one batch (its replicas
+        # share their command): (program, PATH, cwd) -> the places to exec, in order.
+        self.found: dict[tuple[str, str | None, str], list[str]] = {}
+        self.last_way = ""  # "clone" or "move": how the last replica was started (for tests)
         self.cgroup = _cgroup_base()
         self.home: int | None = None  # cgroup.procs of this process's own leaf
         if self.cgroup is not None:
@@ -273,6 +302,9 @@ class Reaper:
         self.clone_into = True  # until the kernel refuses clone3(CLONE_INTO_CGROUP)
         self.last_move = -math.inf  # when this process last moved between cgroups (monotonic)
         self.devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        _close_on_exec_above_stdio()
+        # No directory of the supervisor's is held busy (an unmount); spawns chdir and back.
+        os.chdir("/")
         self.emptying: list[str] = []  # cgroups of ended apps, removed once empty
         self.closing = False
         wake_r, wake_w = os.pipe()
@@ -345,6 +377,8 @@ class Reaper:
                 if not self.receive() or self.closing:
                     break
         finally:
+            self.leave()
+            self.found.clear()
             self.holding_replies = False
             self.flush()
 
@@ -376,6 +410,8 @@ class Reaper:
         msg = json.loads(data)
         try:
             op = msg["op"]
+            if op != "spawn":
+                self.leave()  # a kill or release never runs from inside an app's cgroup
             if op == "spawn":
                 self.spawn(msg, fds)
             elif op == "kill":
@@ -414,9 +450,9 @@ class Reaper:
 
         The child is born inside the cgroup, so nothing it forks can be missed,
         in one of two ways, each the cheaper one when it is chosen. This process
-        steps into the cgroup for a vfork (0.3-0.5 ms) while moves are cheap: within
-        ``MOVES_STAY_CHEAP_S`` of the last move, or for a burst, whose first move
-        pays once for all. A spawn that comes alone (``alone``: the supervisor
+        steps into the cgroup for a vfork (``posix_spawn``, 0.3-0.5 ms) while moves
+        are cheap: within ``MOVES_STAY_CHEAP_S`` of the last move, or for a burst,
+        whose first move pays once for all. A spawn that comes alone (``alone``: the supervisor
         starts no other replica with it, and no other message waits) after a quiet
         while, where that first move would cost 5-15 ms (every submit of a
         one-replica app by a service that submits now and then), forks straight
@@ -439,12 +475,12 @@ class Reaper:
             ):
                 pid = self._spawn_into(group, argv, msg["cwd"], msg["env"], fds)
             if pid is None:
-                pid = self._spawn_by_moving(group, argv, msg["cwd"], msg["env"], fds)
+                pid = self._spawn_inside(group, argv, msg["cwd"], msg["env"], fds)
         except OSError as e:
             where = f": {e.filename}" if e.filename not in (None, argv[0]) else ""
             self.send(op="failed", id=msg["id"], errno=e.errno or 0, error=f"{e.strerror}{where}")
             return
-        except (ValueError, subprocess.SubprocessError) as e:
+        except (ValueError, _SetupFailed) as e:
             self.send(op="failed", id=msg["id"], errno=0, error=str(e))
             return
         self.live.add(pid)
@@ -489,7 +525,7 @@ class Reaper:
         filename for a failed chdir, argv[0] else).
         """
         _checked(argv, env)
-        executables = _executables(argv[0], env)
+        executables = _executables(argv[0], env, cwd)
         try:
             cgroup_fd = os.open(group, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
@@ -504,6 +540,7 @@ class Reaper:
             if pid == 0:
                 stdio = (self.devnull, fds[0], fds[1])
                 _exec_child(argv, executables, cwd, env, stdio, errpipe_write)
+            self.last_way = "clone"
         finally:
             os.close(errpipe_write)
             os.close(cgroup_fd)
@@ -519,10 +556,10 @@ class Reaper:
         step, _, code = report.decode().partition(":")
         number = int(code) if code.isdigit() else 0
         if number == 0:
-            raise subprocess.SubprocessError(f"the child failed before exec ({step})")
+            raise _SetupFailed(f"the child failed before exec ({step})")
         raise OSError(number, os.strerror(number), cwd if step == "chdir" else argv[0])
 
-    def _spawn_by_moving(
+    def _spawn_inside(
         self,
         group: str | None,
         argv: list[str],
@@ -530,43 +567,76 @@ class Reaper:
         env: dict[str, str],
         fds: list[int],
     ) -> int:
-        """Popen, with this process inside the app's cgroup for the spawn (no clone3 here).
+        """``posix_spawn`` (a vfork), with this process inside the app's cgroup (no clone3).
 
-        It steps back out after; Popen can still use vfork (no Python code runs
-        in the child). A cgroup that refuses it (a pids limit) is done without:
-        the subreaper still holds the replica.
+        It stays inside for the rest of the batch (``leave`` at its end, or before
+        anything else): a burst's replicas come together, and each move is a write
+        to ``cgroup.procs`` (about 40 us here; two per replica cost the reaper a
+        fifth of its CPU in a burst). A cgroup that refuses it (a pids limit) is
+        done without: the subreaper still holds the replica.
         """
-        procs = None
-        if group is not None:
-            with contextlib.suppress(OSError):
-                procs = os.open(os.path.join(group, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+        if group is None:
+            self.leave()
+        elif self.inside != group:
+            self.leave()
+            self._enter(group)
+        self.last_way = "move"
+        return self._posix_spawn(argv, cwd, env, fds)
+
+    def _enter(self, group: str) -> None:
         try:
-            if procs is not None:
-                try:
-                    os.write(procs, b"0")
-                except OSError:
-                    os.close(procs)
-                    procs = None
-                else:
-                    self.last_move = time.monotonic()
-            try:
-                popen = subprocess.Popen(
-                    argv,
-                    cwd=cwd,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=fds[0],
-                    stderr=fds[1],
-                    start_new_session=True,
-                )
-            finally:
-                if procs is not None:
-                    self._go_home()
+            procs = os.open(os.path.join(group, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+        except OSError:
+            return
+        try:
+            os.write(procs, b"0")
+        except OSError:
+            return
         finally:
-            if procs is not None:
-                os.close(procs)
-        self.popens[popen.pid] = popen
-        return popen.pid
+            os.close(procs)
+        self.inside = group
+        self.last_move = time.monotonic()
+
+    def leave(self) -> None:
+        """Back to this process's own cgroup, if spawns took it into an app's."""
+        if self.inside is not None:
+            self.inside = None
+            self._go_home()
+
+    def _posix_spawn(self, argv: list[str], cwd: str, env: dict[str, str], fds: list[int]) -> int:
+        """Start ``argv`` as ``Popen(start_new_session=True)`` would, by vfork, with less work.
+
+        Popen's own setup (its file objects, the environment encoded each time,
+        its errpipe) was most of this process's CPU per spawn after the moves.
+        ``posix_spawn`` closes no descriptor: every one of this process above
+        stdio is close-on-exec (``_close_on_exec_above_stdio``). It has no
+        ``chdir`` either (not in Python's), so this process is in ``cwd`` for the
+        moment of the spawn: a bad one fails here, in a child's words.
+        """
+        _checked(argv, env)
+        os.chdir(cwd)
+        try:
+            key = (argv[0], env.get("PATH"), cwd)
+            places = self.found.get(key)
+            if places is None:
+                places = self.found[key] = _executables(argv[0], env, cwd)
+            stdio = [(os.POSIX_SPAWN_DUP2, fd, n) for n, fd in enumerate((self.devnull, *fds))]
+            try:
+                return _first_that_starts(
+                    places,
+                    lambda place: os.posix_spawn(
+                        place,
+                        argv,
+                        env,
+                        file_actions=stdio,
+                        setsid=True,
+                        setsigdef=_SIGNALS_RESTORED,
+                    ),
+                )
+            except OSError as e:
+                raise OSError(e.errno, e.strerror, argv[0]) from None  # Popen's filename
+        finally:
+            os.chdir("/")
 
     def _go_home(self) -> None:
         """Leave the app's cgroup after a spawn; if that fails, never kill a cgroup again.
@@ -577,6 +647,7 @@ class Reaper:
             if self.home is None:
                 raise OSError("no home cgroup")
             os.write(self.home, b"0")
+            self.last_move = time.monotonic()
         except OSError:
             self.cgroup = None
             self.groups.clear()
@@ -601,10 +672,6 @@ class Reaper:
                 _, status = os.waitpid(pid, 0)
             except ChildProcessError:
                 continue
-            popen = self.popens.pop(pid, None)
-            if popen is not None:
-                # Known to be reaped: the Popen object never waits for it again.
-                popen.returncode = os.waitstatus_to_exitcode(status)
             if pid in self.live:
                 self.live.discard(pid)
                 self.send(op="exit", pid=pid, status=status)
@@ -637,6 +704,7 @@ class Reaper:
     # --------------------------------------------------------------- stopping
     def stop_everything(self) -> None:
         """SIGTERM every replica group, SIGKILL after the grace, then every descendant."""
+        self.leave()  # never inside a cgroup it kills
         self.flush()
         if self.live:
             for pid in self.live:

@@ -220,9 +220,15 @@ def _close_on_exec_above_stdio() -> None:
     """Mark every descriptor above 2 close-on-exec: ``posix_spawn`` closes none.
 
     Python opens its own that way; this covers any this process was started
-    with, so a replica only ever gets the stdio it is given.
+    with, so a replica only ever gets the stdio it is given. (The supervisor
+    starts it with none: this is the second guard, kept where ``/proc`` is
+    mounted, as the reaper's other scans.)
     """
-    for name in os.listdir("/proc/self/fd"):
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return
+    for name in names:
         fd = int(name)
         if fd > 2:
             with contextlib.suppress(OSError):  # the listing's own descriptor, closed since
@@ -377,10 +383,10 @@ class Reaper:
                 if not self.receive() or self.closing:
                     break
         finally:
-            self.leave()
-            self.found.clear()
             self.holding_replies = False
             self.flush()
+            self.leave()  # after the replies: the supervisor need not wait for this move
+            self.found.clear()
 
     def drain_wake(self) -> None:
         with contextlib.suppress(BlockingIOError):
@@ -450,14 +456,15 @@ class Reaper:
 
         The child is born inside the cgroup, so nothing it forks can be missed,
         in one of two ways, each the cheaper one when it is chosen. This process
-        steps into the cgroup for a vfork (``posix_spawn``, 0.3-0.5 ms) while moves
-        are cheap: within ``MOVES_STAY_CHEAP_S`` of the last move, or for a burst,
-        whose first move pays once for all. A spawn that comes alone (``alone``: the supervisor
-        starts no other replica with it, and no other message waits) after a quiet
-        while, where that first move would cost 5-15 ms (every submit of a
-        one-replica app by a service that submits now and then), forks straight
-        into the cgroup with clone3 instead (4.5-5 ms measured on 2026-11-27: a full
-        fork of this process, its child's setup in Python, then the exec).
+        steps into the cgroup for a vfork (``posix_spawn``, 0.3-0.5 ms) while
+        moves are cheap: within ``MOVES_STAY_CHEAP_S`` of the last move, or for a
+        burst, whose first move pays once for all. A spawn that comes alone
+        (``alone``: the supervisor starts no other replica with it, and no other
+        message waits) after a quiet while, where that first move would cost
+        5-15 ms (every submit of a one-replica app by a service that submits now
+        and then), forks straight into the cgroup with clone3 instead (4.5-5 ms
+        measured on 2026-11-27: a full fork of this process, its child's setup in
+        Python, then the exec).
         """
         if len(fds) != 2:
             self.send(op="failed", id=msg["id"], errno=0, error="no output pipes were passed")

@@ -646,7 +646,7 @@ class Reaper:
             os.chdir("/")
 
     def _go_home(self) -> None:
-        """Leave the app's cgroup after a spawn; if that fails, never kill a cgroup again.
+        """Leave the app's cgroup after its spawns; if that fails, never kill a cgroup again.
 
         (This process would be inside the one it kills.)
         """

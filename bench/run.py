@@ -79,9 +79,11 @@ FULL: dict[str, dict[str, Any]] = {
         # 15 repetitions up to 100 replicas (a second or two each): the medians of 5 moved
         # by 10 % from run to run at 100, across a target's line.
         "runs": [
-            *(("popen", n, 15 if n <= 100 else 5) for n in (1, 10, 100, 1000)),
-            *(("anyio-open-process", n, 15 if n <= 100 else 5) for n in (1, 10, 100, 1000)),
-            *(("asupervisor", n, 15 if n <= 100 else 5) for n in (1, 10, 100, 1000)),
+            *(
+                (impl, n, 15 if n <= 100 else 5)
+                for impl in ("popen", "anyio-open-process", "asupervisor")
+                for n in (1, 10, 100, 1000)
+            ),
             # One Supervisor, 0.3 s quiet before each submit: a service's submits.
             *(("asupervisor-service", n, 15) for n in (1, 10)),
             *(("torchx", n, 15) for n in (1, 10, 100)),

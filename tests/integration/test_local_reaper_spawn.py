@@ -39,6 +39,18 @@ leaky = os.open(os.devnull, os.O_RDONLY)
 os.set_inheritable(leaky, True)
 ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 r = reaper.Reaper(ours, None)
+# Which way started each replica: "clone" (clone3 into the cgroup) or "move" (posix_spawn).
+taken = []
+_into, _inside = r._spawn_into, r._spawn_inside
+def _spy_into(*args):
+    pid = _into(*args)
+    if pid is not None:
+        taken.append("clone")
+    return pid
+def _spy_inside(*args):
+    taken.append("move")
+    return _inside(*args)
+r._spawn_into, r._spawn_inside = _spy_into, _spy_inside
 """
 
 # Spawns replicas through the real reaper code, one way forced each time, and prints
@@ -85,8 +97,9 @@ for way in ("clone", "move"):
             r.live.discard(reply["pid"])
         os.close(read_end)
         out["runs"].append({"way": way, "case": name, "reply": reply, "line": line,
-                            "group": r.groups.get(f"{way}-{i}"), "taken": r.last_way})
-        r.last_way = ""
+                            "group": r.groups.get(f"{way}-{i}"),
+                            "taken": taken[-1] if taken else ""})
+        taken.clear()
         r.leave()  # as at the end of a batch
 r.stop_everything()
 print(json.dumps(out))
@@ -173,7 +186,7 @@ def spawn(i, alone=True):
              "env": {"PATH": os.defpath}}, [write_end, os.dup(write_end)])
     r.leave()  # as at the end of a batch
     os.close(read_end)
-    ways.append(r.last_way)
+    ways.append(taken.pop())
 # The quiet while is set, not slept: a loaded machine must not decide the way taken.
 spawn(0)                        # alone, after a quiet while: forked into the cgroup
 theirs.send(b"{}")              # another message waits: a burst

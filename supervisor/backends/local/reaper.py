@@ -295,7 +295,6 @@ class Reaper:
         # Where each program was found along PATH, for the rest of one batch (its replicas
         # share their command): (program, PATH, cwd) -> the places to exec, in order.
         self.found: dict[tuple[str, str | None, str], list[str]] = {}
-        self.last_way = ""  # "clone" or "move": how the last replica was started (for tests)
         self.cgroup = _cgroup_base()
         self.home: int | None = None  # cgroup.procs of this process's own leaf
         if self.cgroup is not None:
@@ -532,7 +531,7 @@ class Reaper:
         filename for a failed chdir, argv[0] else).
         """
         _checked(argv, env)
-        executables = _executables(argv[0], env, cwd)
+        executables = self._places(argv[0], env, cwd)
         try:
             cgroup_fd = os.open(group, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
@@ -547,7 +546,6 @@ class Reaper:
             if pid == 0:
                 stdio = (self.devnull, fds[0], fds[1])
                 _exec_child(argv, executables, cwd, env, stdio, errpipe_write)
-            self.last_way = "clone"
         finally:
             os.close(errpipe_write)
             os.close(cgroup_fd)
@@ -587,7 +585,6 @@ class Reaper:
         elif self.inside != group:
             self.leave()
             self._enter(group)
-        self.last_way = "move"
         return self._posix_spawn(argv, cwd, env, fds)
 
     def _enter(self, group: str) -> None:
@@ -623,10 +620,7 @@ class Reaper:
         _checked(argv, env)
         os.chdir(cwd)
         try:
-            key = (argv[0], env.get("PATH"), cwd)
-            places = self.found.get(key)
-            if places is None:
-                places = self.found[key] = _executables(argv[0], env, cwd)
+            places = self._places(argv[0], env, cwd)
             stdio = [(os.POSIX_SPAWN_DUP2, fd, n) for n, fd in enumerate((self.devnull, *fds))]
             try:
                 return _first_that_starts(
@@ -644,6 +638,14 @@ class Reaper:
                 raise OSError(e.errno, e.strerror, argv[0]) from None  # Popen's filename
         finally:
             os.chdir("/")
+
+    def _places(self, file: str, env: dict[str, str], cwd: str) -> list[str]:
+        """``_executables``, searched once per batch: a burst's replicas share their command."""
+        key = (file, env.get("PATH"), cwd)
+        places = self.found.get(key)
+        if places is None:
+            places = self.found[key] = _executables(file, env, cwd)
+        return places
 
     def _go_home(self) -> None:
         """Leave the app's cgroup after its spawns; if that fails, never kill a cgroup again.

@@ -26,7 +26,12 @@ out of the figures):
   ``runner.wait(handle, wait_interval=1)`` (what ``torchx run`` uses);
 * ``docker-py`` (baseline): a loop of ``client.containers.run(detach=True)``
   on one internal network, then ``container.wait()`` for each, one after the
-  other (blocking calls; the last exit is what counts).
+  other (blocking calls; the last exit is what counts);
+* ``asupervisor-log-f``: a Supervisor submits the app and closes (the
+  containers run on), then ``asupervisor log -f`` in another process follows
+  the replica; ``latency_s`` is from the ``die`` event to that process's exit,
+  what issue 16 bounds at 1 s (its re-check comes every 30 s). A repetition
+  whose follower was not yet following when the container died is an error.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ import secrets
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -52,11 +57,15 @@ from bench.util import (
     write_json,
 )
 
+if TYPE_CHECKING:  # imported in the child only, as every case does
+    from supervisor import Role
+
 BASELINE = "docker-py"
 IMPLS = {
     "asupervisor": "asupervisor `sv.submit(app, 'docker')`, `await sv.wait(h)`",
     "torchx": "TorchX `local_docker`: `runner.run`, `runner.wait(wait_interval=1)`",
     "docker-py": "baseline: docker-py `containers.run(detach=True)` loop, `container.wait()`",
+    "asupervisor-log-f": "`asupervisor log -f` of an app whose Supervisor closed",
 }
 FACTS = Path("/run/asupervisor-docker.json")
 IMAGE = "localhost/sv-test:py"
@@ -66,6 +75,9 @@ STAMP = (
     "time.sleep(max(0.0, int(sys.argv[1]) / 1e6 - time.time()));"
     "open('/stamps/' + socket.gethostname() + '-' + str(os.getpid()), 'w').write(repr(time.time()))"
 )
+FOLLOW_LEAD_S = 5.0
+"""``asupervisor-log-f``: from the submit to the exit, time for the Supervisor to close and
+the CLI to start following (about 1 s here)."""
 
 
 def engine_host() -> str:
@@ -107,6 +119,22 @@ def _sample(done_at: float, stamps: list[float], died_at: float, submit_s: float
         "exit_spread_s": max(stamps) - min(stamps),
         "submit_s": submit_s,
     }
+
+
+def _stamping_role(stamps: Path, n: int, lead_s: float, first: str = "") -> Role:
+    """N replicas that run ``first``, then ``STAMP`` into ``stamps`` (made here) at the
+    deadline ``lead_s`` from now."""
+    from supervisor import BindMount, Role
+
+    stamps.mkdir()
+    return Role(
+        name="r",
+        image=IMAGE,
+        entrypoint="python3",
+        args=["-c", first + STAMP, _deadline_us(lead_s)],
+        num_replicas=n,
+        mounts=[BindMount(str(stamps), "/stamps")],
+    )
 
 
 class DieClock:
@@ -152,7 +180,7 @@ class DieClock:
 
 
 async def _asupervisor(n: int, reps: int, tmp: Path) -> list[Json]:
-    from supervisor import AppDef, BindMount, Role, Supervisor
+    from supervisor import AppDef, Supervisor
 
     cfg = {"host": engine_host()}
     lead = _Lead(n)
@@ -161,15 +189,7 @@ async def _asupervisor(n: int, reps: int, tmp: Path) -> list[Json]:
     async with Supervisor(session=f"bench{secrets.token_hex(3)}", state_dir=tmp / "state") as sv:
         for rep in range(-1, reps):
             stamps = tmp / f"stamps-{rep}"
-            stamps.mkdir()
-            role = Role(
-                name="r",
-                image=IMAGE,
-                entrypoint="python3",
-                args=["-c", STAMP, _deadline_us(lead.seconds)],
-                num_replicas=n if rep >= 0 else 1,
-                mounts=[BindMount(str(stamps), "/stamps")],
-            )
+            role = _stamping_role(stamps, n if rep >= 0 else 1, lead.seconds)
             started = time.perf_counter()
             handle = await sv.submit(AppDef(name="wait", roles=[role]), "docker", cfg)
             submit_s = time.perf_counter() - started
@@ -181,6 +201,47 @@ async def _asupervisor(n: int, reps: int, tmp: Path) -> list[Json]:
                 died = clock.died(handle.rsplit("/", 1)[1], n)
                 out.append(_sample(done_at, _read_stamps(stamps, n), died, submit_s))
                 lead.update(submit_s)
+    clock.close()
+    return out
+
+
+async def _cli_follower(n: int, reps: int, tmp: Path) -> list[Json]:
+    """``asupervisor log -f`` of an app whose Supervisor closed: ``die`` -> its exit."""
+    import subprocess
+    import sys
+
+    from supervisor import AppDef, Supervisor
+
+    host = engine_host()
+    state = tmp / "state"
+    session = f"bench{secrets.token_hex(3)}"
+    out: list[Json] = []
+    clock = DieClock("io.asupervisor.app_id")
+    for rep in range(-1, reps):
+        stamps = tmp / f"stamps-{rep}"
+        role = _stamping_role(stamps, n, FOLLOW_LEAD_S, first="print('started', flush=True);")
+        started = time.perf_counter()
+        async with Supervisor(session=session, state_dir=state) as sv:
+            handle = await sv.submit(AppDef(name="follow", roles=[role]), "docker", {"host": host})
+        submit_s = time.perf_counter() - started
+        argv = [sys.executable, "-m", "supervisor.cli.main", "--state-dir", str(state)]
+        argv += ["log", "-f", handle, "r/0"]
+        env = {**os.environ, "DOCKER_HOST": host}
+        async with await anyio.open_process(argv, env=env, stderr=subprocess.DEVNULL) as cli:
+            assert cli.stdout is not None
+            first = await cli.stdout.receive()
+            following_at = time.time()
+            async for _ in cli.stdout:
+                pass
+            code = await cli.wait()
+        done_at = time.time()
+        if not first.startswith(b"started") or code != 0:
+            raise RuntimeError(f"log -f printed {first!r} and exited {code}")
+        died = clock.died(handle.rsplit("/", 1)[1], n)
+        if following_at >= died:
+            raise RuntimeError("the follower started after the app ended: raise FOLLOW_LEAD_S")
+        if rep >= 0:
+            out.append(_sample(done_at, _read_stamps(stamps, n), died, submit_s))
     clock.close()
     return out
 
@@ -293,6 +354,8 @@ def child() -> None:
             samples = _torchx(args.n, args.reps, tmp)
         elif args.impl == "docker-py":
             samples = _docker_py(args.n, args.reps, tmp)
+        elif args.impl == "asupervisor-log-f":
+            samples = anyio.run(_cli_follower, args.n, args.reps, tmp)
         else:
             parser.error(f"unknown --impl {args.impl}")
     write_json(args.out, {"samples": samples})

@@ -40,6 +40,8 @@ LOG_RATE_BEFORE_AIOFILES = 2_310_000
 SLURM_JOB_INFO_PER_TICK = 1.0
 SLURM_END_TARGET_S = 1.0
 DOCKER_WAIT_TARGET_S = 0.050
+DOCKER_FOLLOW_TARGET_S = 1.0
+"""Issue 16: ``log -f`` of an app another process launched ends within 1 s of its end."""
 FSM_EVENT_TARGET_S = 20e-6
 FSM_BUILD_TARGET_S = 0.060
 LOOP_LAG_TARGET_S = 0.020
@@ -664,6 +666,16 @@ def docker_targets(case: Json) -> list[list[str]]:
     rows: list[list[str]] = []
     found = case.get("rows", [])
     for row in found:
+        if row.get("impl") == "asupervisor-log-f":
+            med = median_of(row)
+            rows.append(
+                [
+                    "docker: `asupervisor log -f` of an app whose Supervisor closed ends within"
+                    f" {fmt_s(DOCKER_FOLLOW_TARGET_S)} of the engine's `die`",
+                    fmt_s(med),
+                    verdict(med, DOCKER_FOLLOW_TARGET_S, lower_is_better=True, fmt=fmt_s),
+                ]
+            )
         if row.get("impl") != "asupervisor":
             continue
         med = median_of(row)
@@ -718,6 +730,18 @@ def docker_section(case: Json) -> list[str]:
         " a blocking `container.wait()` per container.",
         "",
         *table(header, body),
+        *_follower_line(find(rows, impl="asupervisor-log-f", n=1)),
+    ]
+
+
+def _follower_line(row: Json | None) -> list[str]:
+    if row is None:
+        return []
+    return [
+        "",
+        "`asupervisor log -f` in another process, of one container whose Supervisor"
+        " closed after submitting it: from the `die` event to the follower's exit,"
+        f" {fmt_s(median_of(row))} (median of {row.get('reps')}).",
     ]
 
 

@@ -118,7 +118,10 @@ FULL: dict[str, dict[str, Any]] = {
     "slurm": {"ns": [1, 10, 50], "window_s": 60.0, "idle_s": 20.0, "delay_reps": 5},
     # Needs dockerd of scripts/docker-engines (as root). About 3 minutes.
     "docker": {
-        "runs": [(impl, n, 5) for impl in ("asupervisor", "torchx", "docker-py") for n in (1, 10)],
+        "runs": [
+            *((impl, n, 5) for impl in ("asupervisor", "torchx", "docker-py") for n in (1, 10)),
+            ("asupervisor-log-f", 1, 5),
+        ],
     },
     # No process started: the decision core alone, about 1 minute.
     "fsm": {
@@ -183,7 +186,10 @@ QUICK: dict[str, dict[str, Any]] = {
     },
     "slurm": {"ns": [1, 10], "window_s": 10.0, "idle_s": 5.0, "delay_reps": 2},
     "docker": {
-        "runs": [(impl, n, 2) for impl in ("asupervisor", "torchx", "docker-py") for n in (1, 10)],
+        "runs": [
+            *((impl, n, 2) for impl in ("asupervisor", "torchx", "docker-py") for n in (1, 10)),
+            ("asupervisor-log-f", 1, 2),
+        ],
     },
     "fsm": {
         "runs": [(impl, n, 3) for impl in case_fsm.IMPLS for n in (1, 10, 100, 1000)],

@@ -82,10 +82,12 @@ async def test_gang_failure_stops_the_other_replicas(engine: EngineUnderTest) ->
             assert sleeper is not None and sleeper.state is ReplicaState.CANCELLED, status
 
 
+# The line goes out in one write(2): replicas run with PYTHONUNBUFFERED, where print() writes
+# each of its pieces apart, so a restart's SIGTERM could cut it ('attempt' alone, seen in CI).
 FLAKY = (
     "import os, sys;"
     "a = int(os.environ['ASUPERVISOR_ATTEMPT']);"
-    "print('attempt', a, os.environ['ASUPERVISOR_REPLICA_ID']);"
+    "os.write(1, f\"attempt {a} {os.environ['ASUPERVISOR_REPLICA_ID']}\\n\".encode());"
     "sys.exit(0 if a >= 2 or os.environ['ASUPERVISOR_REPLICA_ID'] != '0' else 5)"
 )
 
@@ -107,8 +109,8 @@ async def test_retries_follow_the_policy(engine: EngineUnderTest, policy: RetryP
         else:
             # ROLE and APPLICATION restart replica 1 with replica 0 while it still runs (a
             # replica that succeeded stays so). Under load replica 0 may fail before replica
-            # 1's Python printed: that attempt leaves no line. Every line is whole, one per
-            # attempt, in order, and the attempt that succeeded printed its line.
+            # 1's Python wrote: that attempt leaves no line. Every line is whole (one write),
+            # one per attempt, in order, and the attempt that succeeded wrote its line.
             assert other and all(re.fullmatch(r"attempt [012] 1\n", x) for x in other), other
             attempts = [int(line.split()[1]) for line in other]
             assert attempts == sorted(set(attempts)), other

@@ -468,9 +468,12 @@ class Reaper:
         if len(fds) != 2:
             self.send(op="failed", id=msg["id"], errno=0, error="no output pipes were passed")
             return
-        argv = msg["argv"]
+        argv, cwd, env = msg["argv"], msg["cwd"], msg["env"]
         group = self._group_dir(str(msg.get("group", "")))
         try:
+            # Refused and searched here, once for either way (and for a fallback between).
+            _checked(argv, env)
+            places = self._places(argv[0], env, cwd)
             pid = None
             if (
                 group is not None
@@ -479,9 +482,9 @@ class Reaper:
                 and not self._moves_are_cheap()
                 and not self._more_waiting()
             ):
-                pid = self._spawn_into(group, argv, msg["cwd"], msg["env"], fds)
+                pid = self._spawn_into(group, argv, places, cwd, env, fds)
             if pid is None:
-                pid = self._spawn_inside(group, argv, msg["cwd"], msg["env"], fds)
+                pid = self._spawn_inside(group, argv, places, cwd, env, fds)
         except OSError as e:
             where = f": {e.filename}" if e.filename not in (None, argv[0]) else ""
             self.send(op="failed", id=msg["id"], errno=e.errno or 0, error=f"{e.strerror}{where}")
@@ -521,7 +524,13 @@ class Reaper:
             return False
 
     def _spawn_into(
-        self, group: str, argv: list[str], cwd: str, env: dict[str, str], fds: list[int]
+        self,
+        group: str,
+        argv: list[str],
+        places: list[str],
+        cwd: str,
+        env: dict[str, str],
+        fds: list[int],
     ) -> int | None:
         """clone3 straight into the app's cgroup and exec; the pid, or None if not done.
 
@@ -530,8 +539,6 @@ class Reaper:
         meanwhile (see ``spawn``). Errors are Popen's (OSError with the cwd as
         filename for a failed chdir, argv[0] else).
         """
-        _checked(argv, env)
-        executables = self._places(argv[0], env, cwd)
         try:
             cgroup_fd = os.open(group, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
@@ -545,7 +552,7 @@ class Reaper:
                 return None
             if pid == 0:
                 stdio = (self.devnull, fds[0], fds[1])
-                _exec_child(argv, executables, cwd, env, stdio, errpipe_write)
+                _exec_child(argv, places, cwd, env, stdio, errpipe_write)
         finally:
             os.close(errpipe_write)
             os.close(cgroup_fd)
@@ -568,6 +575,7 @@ class Reaper:
         self,
         group: str | None,
         argv: list[str],
+        places: list[str],
         cwd: str,
         env: dict[str, str],
         fds: list[int],
@@ -580,12 +588,11 @@ class Reaper:
         fifth of its CPU in a burst). A cgroup that refuses it (a pids limit) is
         done without: the subreaper still holds the replica.
         """
-        if group is None:
+        if self.inside != group:
             self.leave()
-        elif self.inside != group:
-            self.leave()
-            self._enter(group)
-        return self._posix_spawn(argv, cwd, env, fds)
+            if group is not None:
+                self._enter(group)
+        return self._posix_spawn(argv, places, cwd, env, fds)
 
     def _enter(self, group: str) -> None:
         try:
@@ -607,7 +614,9 @@ class Reaper:
             self.inside = None
             self._go_home()
 
-    def _posix_spawn(self, argv: list[str], cwd: str, env: dict[str, str], fds: list[int]) -> int:
+    def _posix_spawn(
+        self, argv: list[str], places: list[str], cwd: str, env: dict[str, str], fds: list[int]
+    ) -> int:
         """Start ``argv`` as ``Popen(start_new_session=True)`` would, by vfork, with less work.
 
         Popen's own setup (its file objects, the environment encoded each time,
@@ -617,10 +626,8 @@ class Reaper:
         ``chdir`` either (not in Python's), so this process is in ``cwd`` for the
         moment of the spawn: a bad one fails here, in a child's words.
         """
-        _checked(argv, env)
         os.chdir(cwd)
         try:
-            places = self._places(argv[0], env, cwd)
             stdio = [(os.POSIX_SPAWN_DUP2, fd, n) for n, fd in enumerate((self.devnull, *fds))]
             try:
                 return _first_that_starts(

@@ -8,13 +8,14 @@ work): it only counts.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from supervisor import AppState, Supervisor
+from supervisor import AppState, Role, Supervisor
 from supervisor.backends.store import AppStore, Owner
 from supervisor.status import AppStatus, Transition
 
@@ -121,3 +122,31 @@ async def test_exits_that_come_together_are_recorded_together(
     # 50 exits (150 transitions): the final write, and at most a few coalesced ones before it.
     assert 1 <= len(made) <= 4, made
     assert made[-1][0] is True
+
+
+async def test_a_replicas_times_are_when_it_ran_not_when_a_busy_host_heard(
+    state_dir: Path,
+) -> None:
+    """The host's loop is held (a service busy elsewhere) while its replica ends: the
+    replica's start and end are recorded as the reaper saw them, not when the loop got to them.
+
+    Stamped where the host heard of them, a replica that slept 0.2 s once read as
+    running for 0.196 s on a loaded machine (its start heard late, its end on time).
+    """
+    async with Supervisor(session="svc") as sv:
+        before = time.time()
+        role = Role(name="a", entrypoint="sleep", args=["0.5"])
+        handle = await sv.submit(app(role), "local")
+        submitted = time.time()
+        time.sleep(2.0)  # noqa: ASYNC251 (holds the loop on purpose: the replica ends meanwhile)
+        held_until = time.time()
+        status = await sv.wait(handle, timeout=30)
+        assert status.state is AppState.SUCCEEDED
+        described = await sv.describe(handle)
+    assert described is not None
+    times = described.times
+    assert times.started is not None and times.ended is not None
+    assert before <= times.started <= submitted
+    assert times.started + 0.5 <= times.ended < held_until - 1.0, (times, held_until)
+    (ended,) = [t for t in described.transitions if t.role == "a" and t.dest == "SUCCEEDED"]
+    assert ended.at == times.ended

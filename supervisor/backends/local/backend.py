@@ -389,6 +389,7 @@ class LocalRuntime(ReplicaRuntime):
                 attempt=slot.attempt,
                 hostname=socket.gethostname(),
                 pid=proc.pid,
+                at=proc.started_at,
             )
         )
         # No task until the replica needs one (see ``ReplicaProcess.watch``).
@@ -471,6 +472,7 @@ class LocalRuntime(ReplicaRuntime):
                 signal=signal_name(code),
                 msg="; ".join(m for m in (unknown, lost) if m),
                 structured_error_msg=error,
+                at=time.time() if proc.ended_at is None else proc.ended_at,
             )
         )
 

@@ -189,6 +189,16 @@ class ReplicaProcess:
         )
 
     @property
+    def started_at(self) -> float:
+        """Wall-clock time the reaper saw it start: when it began, not when this process heard."""
+        return self._report.started_at
+
+    @property
+    def ended_at(self) -> float | None:
+        """Wall-clock time the reaper saw it end (None while it runs), as ``started_at``."""
+        return self._report.ended_at
+
+    @property
     def exit_status(self) -> int | None:
         """What ``follow`` will return: the reaper's report (None while running, or when
         the status is unknown)."""

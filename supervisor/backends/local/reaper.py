@@ -25,7 +25,8 @@ Protocol: JSON, one message per SOCK_SEQPACKET datagram on fd 0. From the
 supervisor: ``spawn`` (with the output pipes as SCM_RIGHTS, and whether it comes
 ``alone``: see ``Reaper.spawn``), ``warm`` (spawns of a burst are coming: see
 ``Reaper.warm``), ``kill``, ``release`` (an app ended), ``shutdown``. To it:
-``hello``, ``spawned`` or ``failed`` per spawn, ``exit`` per replica. Sends
+``hello``, ``spawned`` or ``failed`` per spawn, ``exit`` per replica (``spawned``
+and ``exit`` with the wall-clock time this process saw it happen). Sends
 never block this process: replies queue until the socket is writable, so it
 always keeps reading, and it reads every queued message (up to a batch) per
 wake-up, then sends their replies together. The supervisor's sends
@@ -493,7 +494,9 @@ class Reaper:
             self.send(op="failed", id=msg["id"], errno=0, error=str(e))
             return
         self.live.add(pid)
-        self.send(op="spawned", id=msg["id"], pid=pid)
+        # Stamped here, as the replica runs: the supervisor hears of it later, more so
+        # when its loop is busy, and the replica's recorded times are its own.
+        self.send(op="spawned", id=msg["id"], pid=pid, at=time.time())
 
     def warm(self) -> None:
         """Pay now the wait of the first move after a quiet while (5-15 ms, see ``spawn``).
@@ -690,7 +693,7 @@ class Reaper:
                 continue
             if pid in self.live:
                 self.live.discard(pid)
-                self.send(op="exit", pid=pid, status=status)
+                self.send(op="exit", pid=pid, status=status, at=time.time())
 
     def release(self, group: str) -> None:
         """An app ended: kill whatever its replicas left behind."""

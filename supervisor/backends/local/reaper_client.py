@@ -31,6 +31,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -69,9 +70,15 @@ class ExitReport:
     pidfd: int | None = None  # kept until the exit, to stop the replica should the reaper die
     on_settle: Callable[[], None] | None = None
     """Called once the exit is known: for whoever follows the replica (``ReplicaProcess``)."""
+    started_at: float = field(default_factory=time.time)
+    """Wall-clock time the reaper saw the replica start; ``ended_at``: saw it end (or, for
+    an unknown status, when that became known). The replica's own times: this process hears
+    of them later, the later the busier its loop (an app's times come from these)."""
+    ended_at: float | None = None
 
-    def settle(self, status: int | None, reason: str = "") -> None:
+    def settle(self, status: int | None, reason: str = "", at: float | None = None) -> None:
         self.status, self.reason = status, reason
+        self.ended_at = time.time() if at is None else at
         if self.pidfd is not None:
             os.close(self.pidfd)
             self.pidfd = None
@@ -213,7 +220,7 @@ class _Connection:
             if op == "spawned":
                 # Registered before the spawner resumes: its exit may be the very next message.
                 pid = msg["pid"]
-                report = self.exits[pid] = msg["report"] = ExitReport(pid=pid)
+                report = self.exits[pid] = msg["report"] = ExitReport(pid=pid, started_at=msg["at"])
                 with contextlib.suppress(OSError):
                     report.pidfd = os.pidfd_open(pid)
             self.replies[msg["id"]] = msg
@@ -223,7 +230,7 @@ class _Connection:
         elif op == "exit":
             ended = self.exits.pop(msg["pid"], None)
             if ended is not None:
-                ended.settle(msg["status"])
+                ended.settle(msg["status"], at=msg["at"])
 
     def _end(self) -> None:
         """The reaper is gone: whatever waits on it is answered, nothing hangs."""

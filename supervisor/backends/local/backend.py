@@ -472,7 +472,7 @@ class LocalRuntime(ReplicaRuntime):
                 signal=signal_name(code),
                 msg="; ".join(m for m in (unknown, lost) if m),
                 structured_error_msg=error,
-                at=time.time() if proc.ended_at is None else proc.ended_at,
+                at=proc.ended_at,  # told only once it exited (``follow``, ``at_end``)
             )
         )
 

@@ -194,8 +194,9 @@ class ReplicaProcess:
         return self._report.started_at
 
     @property
-    def ended_at(self) -> float | None:
-        """Wall-clock time the reaper saw it end (None while it runs), as ``started_at``."""
+    def ended_at(self) -> float:
+        """Wall-clock time the reaper saw it end, as ``started_at``; asked once it ``exited``."""
+        assert self._report.ended_at is not None, "a running process has no end yet"
         return self._report.ended_at
 
     @property

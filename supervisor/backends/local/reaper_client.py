@@ -70,7 +70,7 @@ class ExitReport:
     pidfd: int | None = None  # kept until the exit, to stop the replica should the reaper die
     on_settle: Callable[[], None] | None = None
     """Called once the exit is known: for whoever follows the replica (``ReplicaProcess``)."""
-    started_at: float = field(default_factory=time.time)
+    started_at: float = field(kw_only=True)
     """Wall-clock time the reaper saw the replica start; ``ended_at``: saw it end (or, for
     an unknown status, when that became known). The replica's own times: this process hears
     of them later, the later the busier its loop (an app's times come from these)."""

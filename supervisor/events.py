@@ -20,10 +20,26 @@ __all__ = [
     "Requeued",
     "Started",
     "Submitted",
+    "recorded_time",
 ]
 
 ReplicaKey = tuple[str, int]
 """(role name, replica index within the role)."""
+
+
+def recorded_time(source_at: float | None, not_before: float = 0.0) -> float:
+    """The time to record for what a replica's engine or node says happened at ``source_at``.
+
+    Its own time, not when the host heard of it: a busy loop, a Slurm poll, or the
+    inspect and error file read an exit may need would move the event by that much.
+    Kept within what the host knows, as a container engine reached over TCP or a node
+    may run on a clock of its own: never before ``not_before`` (what the host recorded
+    of the replica before, as its start), never after now. None: now.
+    """
+    now = time.time()
+    if source_at is None:
+        return now
+    return min(max(source_at, not_before), now)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import select
 import sys
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
 
-from supervisor import AppDef, RetryPolicy, Role
+from supervisor import AppDef, AppState, RetryPolicy, Role, Supervisor
 
 PY = sys.executable
 
@@ -92,3 +94,37 @@ async def until(check: Callable[[], bool], seconds: float) -> None:
     with anyio.fail_after(seconds):
         while not check():  # noqa: ASYNC110 - nothing to wait on but the check
             await anyio.sleep(0.01)
+
+
+@dataclass(frozen=True)
+class HeldRun:
+    """When a replica said "up" and the loop was let go, and what was recorded of it."""
+
+    up: float
+    held_until: float
+    started: float
+    ended: float
+
+
+async def hold_while_it_ends(
+    sv: Supervisor, handle: str, role: str, hold_s: float, final: AppState
+) -> HeldRun:
+    """Once replica 0 of ``role`` printed "up", hold the loop ``hold_s`` (a service busy
+    elsewhere) while it ends; the app must end ``final``. Its recorded start and end
+    (replica 0 is the app's only one) are returned with when the hold began and ended.
+    """
+    async for line in sv.log_iter(handle, role, 0, should_tail=True):
+        assert line == "up\n"
+        break
+    up = time.time()
+    time.sleep(hold_s)  # noqa: ASYNC251 (holds the loop on purpose: the replica ends)
+    held_until = time.time()
+    status = await sv.wait(handle, timeout=90)
+    assert status.state is final, status
+    described = await sv.describe(handle)
+    assert described is not None
+    times = described.times
+    assert times.started is not None and times.ended is not None
+    (ended,) = [t for t in described.transitions if t.role == role and t.dest == final.name]
+    assert ended.at == times.ended
+    return HeldRun(up, held_until, times.started, times.ended)

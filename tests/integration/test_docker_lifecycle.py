@@ -25,6 +25,7 @@ from supervisor import (
 )
 
 from .docker_engines import IMAGE, EngineUnderTest
+from .helpers import hold_while_it_ends
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.docker]
 
@@ -263,3 +264,19 @@ async def test_a_running_container_removed_by_force_from_outside_is_killed_137(
     replica = status.replica("w", 0)
     assert status.state is AppState.FAILED, status
     assert replica is not None and replica.exit_code == 137, replica
+
+
+async def test_a_containers_end_is_recorded_when_it_died_not_when_a_busy_host_heard(
+    engine: EngineUnderTest,
+) -> None:
+    """The host's loop is held (a service busy elsewhere) while its container ends: the end
+    recorded is the engine's time of the exit, not when the loop got to the event (with the
+    host's stamp it read as the end of the hold, and an exit that needs an inspect or the
+    error file read later still)."""
+    code = "import sys, time; print('up', flush=True); time.sleep(1); sys.exit(3)"
+    with anyio.fail_after(120):
+        async with Supervisor(session=engine.session) as sv:
+            handle = await sv.submit(AppDef("held", [py("w", code)]), "docker", engine.cfg)
+            run = await hold_while_it_ends(sv, handle, "w", 3.0, AppState.FAILED)
+    assert run.up + 0.5 <= run.ended < run.held_until - 1.0, run
+    assert run.started <= run.up

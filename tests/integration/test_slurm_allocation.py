@@ -30,6 +30,7 @@ from supervisor import (
     Supervisor,
 )
 
+from .helpers import hold_while_it_ends
 from .slurm_cluster import ensure_cluster, until, until_running
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slurm]
@@ -196,6 +197,22 @@ async def test_exit_codes_gang_and_retries_inside_the_allocation(
         "the app's steps end",
     )
     assert await _alive(allocation)
+
+
+async def test_a_steps_end_is_recorded_when_it_ended_not_when_a_busy_host_heard(
+    allocation: str, state_dir: Path
+) -> None:
+    """As for a batch job: the loop held while the replica ends, the end recorded is the
+    one its pump saw on the node, not when a look after the hold saw it."""
+    code = "import sys, time; print('up', flush=True); time.sleep(2); sys.exit(3)"
+    role = Role(name="r", entrypoint=PY, args=["-c", code])
+    with anyio.fail_after(150):
+        async with Supervisor(session="svc") as sv:
+            cfg = {"allocation": allocation}
+            handle = await sv.submit(AppDef(name="held", roles=[role]), "slurm", cfg)
+            run = await hold_while_it_ends(sv, handle, "r", 4.0, AppState.FAILED)
+    assert run.up + 1.0 <= run.ended < run.held_until - 1.0, run
+    assert run.ended - run.started >= 1.0, run  # it ran 2 s
 
 
 async def test_cancel_stops_the_steps_only_and_the_allocation_is_reused(

@@ -21,6 +21,7 @@ from supervisor import (
     WaitTimeout,
 )
 
+from .helpers import hold_while_it_ends
 from .slurm_cluster import ensure_cluster
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slurm]
@@ -211,3 +212,20 @@ async def test_logs_follow_streams_and_times_like_local_ones(
         assert late == ["late without newline"]
         loud = [line async for line in sv.log_iter(handle, "t", 0, regex="oops|early")]
         assert loud == ["early\n", "oops\n"]
+
+
+async def test_a_replicas_end_is_recorded_when_it_ended_not_when_a_busy_host_heard(
+    cluster: dict[str, object], state_dir: Path
+) -> None:
+    """The host's loop is held (a service busy elsewhere) while its replica ends: the end
+    recorded is the one its pump saw on the node, not when a look after the hold saw it
+    (up to a poll interval after the end, even with the loop free)."""
+    code = "import time; print('up', flush=True); time.sleep(2)"
+    role = Role(name="r", entrypoint=PY, args=["-c", code])
+    with anyio.fail_after(150):
+        async with Supervisor(session="svc") as sv:
+            handle = await sv.submit(AppDef(name="held", roles=[role]), "slurm")
+            run = await hold_while_it_ends(sv, handle, "r", 4.0, AppState.SUCCEEDED)
+    assert run.up + 1.0 <= run.ended < run.held_until - 1.0, run
+    # It ran 2 s: seen starting and ending in one look, both at the look's time read as 6 us.
+    assert run.ended - run.started >= 1.0, run

@@ -46,6 +46,7 @@ from supervisor.backends.docker.engine import (
     Engine,
     event_action,
     event_container,
+    event_time,
 )
 from supervisor.backends.docker.foreign import ForeignApps
 from supervisor.backends.docker.options import DOCKER_CAPABILITIES, default_host, docker_run_opts
@@ -208,7 +209,7 @@ class DockerBackend(Backend):
                                 runtime.emit_notice("")
                                 runtime.reconcile()
                     async for event in ev:
-                        since = float(event.get("timeNano", 0)) / 1e9 or since
+                        since = event_time(event) or since
                         self._dispatch(event)
             except (BackendError, OSError) as e:
                 if not ready.is_set():
@@ -225,8 +226,9 @@ class DockerBackend(Backend):
             return
         cid = event_container(event)
         attributes = (event.get("Actor") or {}).get("Attributes") or {}
+        at = event_time(event)
         for runtime in list(self._runtimes):
-            runtime.on_event(cid, action, attributes)
+            runtime.on_event(cid, action, attributes, at)
 
     # ------------------------------------------------------ apps of other processes
     async def describe(self, handle: AppHandle) -> DescribeAppResponse | None:

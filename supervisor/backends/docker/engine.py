@@ -433,3 +433,15 @@ def event_container(event: Mapping[str, Any]) -> str:
 
 def event_action(event: Mapping[str, Any]) -> str:
     return str(event.get("Action") or event.get("status") or "")
+
+
+def event_time(event: Mapping[str, Any]) -> float | None:
+    """When the engine says the event happened, in epoch seconds; None when it does not say.
+
+    Both engines send ``timeNano`` (and ``time``, in whole seconds) with every event.
+    """
+    for field, scale in (("timeNano", 1e-9), ("time", 1.0)):
+        value = event.get(field)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+            return value * scale
+    return None

@@ -29,6 +29,7 @@ from supervisor.backends.docker.engine import (
     engine_time,
     event_action,
     event_container,
+    event_time,
 )
 from supervisor.backends.docker.request import LABEL
 from supervisor.backends.docker.resume import LogResumer
@@ -373,7 +374,7 @@ class ForeignApps:
             async def consume(stream: AsyncIterator[dict[str, Any]]) -> None:
                 nonlocal since
                 async for event in stream:
-                    since = float(event.get("timeNano", 0)) / 1e9 or since
+                    since = event_time(event) or since
                     action = event_action(event)
                     if action in EXIT_ACTIONS:
                         # The engine announces the death before its listing says so.

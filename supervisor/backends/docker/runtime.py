@@ -36,7 +36,7 @@ from supervisor.backends.base import (
     EventSink,
     LogTarget,
 )
-from supervisor.backends.docker.engine import Engine
+from supervisor.backends.docker.engine import Engine, engine_time
 from supervisor.backends.docker.request import LABEL, ContainerSpec, DockerRequest
 from supervisor.backends.docker.services import BackendServices
 from supervisor.backends.replicas import ReplicaRuntime
@@ -48,7 +48,7 @@ from supervisor.backends.store import (
     write_json_atomic,
 )
 from supervisor.errors import BackendError, SubmitError
-from supervisor.events import Exited, Lost, ReplicaKey, Started, Submitted
+from supervisor.events import Exited, Lost, ReplicaKey, Started, Submitted, recorded_time
 from supervisor.logs import ReplicaLog
 from supervisor.logs.inotify_close import open_inotify
 from supervisor.logs.sink import attempt_marks
@@ -235,6 +235,18 @@ class _Copy:
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
 
 
+@dataclass(frozen=True)
+class _Death:
+    """What the engine told of a container's end: its ``die`` event, or a look at it."""
+
+    cid: str
+    attempt: int
+    """The attempt its replica ran when the end was heard (its label says which it ran)."""
+    attributes: Mapping[str, str]
+    at: float | None
+    """When the engine says it died (None: it does not say)."""
+
+
 @dataclass
 class _Slot:
     spec: ContainerSpec
@@ -242,6 +254,8 @@ class _Slot:
     cid: str | None = None
     running: bool = False
     started_sent: bool = False
+    started_at: float = 0.0
+    """When this process recorded the current container's start (0: it did not)."""
     exited: anyio.Event = field(default_factory=anyio.Event)
     handled: set[str] = field(default_factory=set)
     copy: _Copy | None = None
@@ -545,12 +559,14 @@ class DockerRuntime(ReplicaRuntime):
     def _send_started(self, key: ReplicaKey, slot: _Slot) -> None:
         if not slot.started_sent:
             slot.started_sent = True
+            slot.started_at = time.time()
             self.emit(
                 Started(
                     role=key[0],
                     replica_id=key[1],
                     attempt=slot.attempt,
                     hostname=slot.spec.name,
+                    at=slot.started_at,
                 )
             )
 
@@ -701,8 +717,13 @@ class DockerRuntime(ReplicaRuntime):
         return check.whole()
 
     # ----------------------------------------------------------------- events
-    def on_event(self, cid: str, action: str, attributes: Mapping[str, str]) -> None:
-        """The backend's event stream: runs on the loop, never blocks."""
+    def on_event(
+        self, cid: str, action: str, attributes: Mapping[str, str], at: float | None = None
+    ) -> None:
+        """The backend's event stream: runs on the loop, never blocks.
+
+        ``at``: when the engine says it happened (None: it does not say).
+        """
         key = self._by_cid.get(cid)
         if key is None or self._closed:
             return
@@ -714,24 +735,24 @@ class DockerRuntime(ReplicaRuntime):
             ending = self._copies_ending[cid] = anyio.Event()
             copy = slot.copy if slot.cid == cid else None
             self._tasks.start_soon(self._end_copy, key, cid, copy, ending)
-            self._tasks.start_soon(self._on_exit, key, slot, cid, slot.attempt, dict(attributes))
+            death = _Death(cid, slot.attempt, dict(attributes), at)
+            self._tasks.start_soon(self._on_exit, key, slot, death)
 
-    async def _on_exit(
-        self, key: ReplicaKey, slot: _Slot, cid: str, attempt: int, attributes: dict[str, str]
-    ) -> None:
+    async def _on_exit(self, key: ReplicaKey, slot: _Slot, death: _Death) -> None:
         async with self._backend.tracked():
             try:
-                await self._report_exit(key, slot, cid, attempt, attributes)
+                await self._report_exit(key, slot, death)
             except BackendError as e:
-                if slot.cid == cid:
+                if slot.cid == death.cid:
                     slot.running = False
                 slot.exited.set()
                 reason = f"cannot learn how its container ended: {e}"
-                self.emit(Lost(role=key[0], replica_id=key[1], attempt=attempt, reason=reason))
+                self.emit(
+                    Lost(role=key[0], replica_id=key[1], attempt=death.attempt, reason=reason)
+                )
 
-    async def _report_exit(
-        self, key: ReplicaKey, slot: _Slot, cid: str, attempt: int, attributes: dict[str, str]
-    ) -> None:
+    async def _report_exit(self, key: ReplicaKey, slot: _Slot, death: _Death) -> None:
+        cid, attributes, died_at = death.cid, death.attributes, death.at
         # The event carries the container's labels and (dockerd: exitCode, Podman:
         # containerExitCode) its exit code; the engine is asked only when it does not,
         # or when the code may mean an OOM kill, whose flag only inspect shows.
@@ -744,9 +765,10 @@ class DockerRuntime(ReplicaRuntime):
                 state = info.get("State") or {}
                 labels = (info.get("Config") or {}).get("Labels") or labels
                 code = _int(state.get("ExitCode"))
+                died_at = died_at or engine_time(state.get("FinishedAt"))
             # else removed already (``docker rm -f``): the event's code is all there is
         # The container knows which attempt it ran, whatever the slot moved on to since.
-        attempt = int(labels.get(LABEL.ATTEMPT, attempt))
+        attempt = int(labels.get(LABEL.ATTEMPT, death.attempt))
         msg = ""
         if state.get("OOMKilled"):
             msg = f"{key[0]}/{key[1]}: killed for exceeding its memory limit"
@@ -757,7 +779,8 @@ class DockerRuntime(ReplicaRuntime):
             error = await anyio.to_thread.run_sync(
                 self.store.read_error_file, Path(slot.spec.error_file)
             )
-        if slot.cid == cid:
+        current = slot.cid == cid
+        if current:
             slot.running = False
         self._send_started(key, slot)
         self.emit(
@@ -769,6 +792,7 @@ class DockerRuntime(ReplicaRuntime):
                 signal=exit_signal(code),
                 msg=msg,
                 structured_error_msg=error,
+                at=recorded_time(died_at, slot.started_at if current else 0.0),
             )
         )
         slot.exited.set()
@@ -844,7 +868,7 @@ class DockerRuntime(ReplicaRuntime):
             attributes = {}
             if state.get("Status") in ("exited", "stopped"):
                 attributes = {"exitCode": str(state.get("ExitCode"))}
-        self.on_event(cid, "die", attributes)
+        self.on_event(cid, "die", attributes, engine_time(state.get("FinishedAt")))
 
     async def stop(self, keys: Sequence[ReplicaKey], reason: str) -> None:
         self.stopping += 1

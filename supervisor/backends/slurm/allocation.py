@@ -58,6 +58,7 @@ from supervisor.backends.slurm.script import (
     owner_comment,
     pump_path,
 )
+from supervisor.backends.slurm.times import PumpTimes, ReplicaTimes
 from supervisor.backends.slurm.translate import signal_name
 from supervisor.backends.slurm.transport import SlurmTransport
 from supervisor.backends.store import CANCEL_REQUEST, AppRecord, AppStore, Owner, read_json_or_none
@@ -414,6 +415,7 @@ class Progress:
     cancel_requested: bool = False  # someone recorded a cancel (this process or another)
     nodes: Mapping[int, str] = field(default_factory=dict)  # the nodes each group was given
     exit_hosts: Mapping[ReplicaKey, str] = field(default_factory=dict)  # where each exit ran
+    exit_times: Mapping[ReplicaKey, PumpTimes] = field(default_factory=dict)  # of each exit
 
 
 def _int_file(path: Path) -> int | None:
@@ -453,6 +455,7 @@ def read_progress(app_dir: str, groups: Sequence[Sequence[ReplicaKey]]) -> Progr
                 nodes[int(given.group(1))] = (state / name).read_text().strip()
     exits: dict[ReplicaKey, tuple[int, int]] = {}
     exit_hosts: dict[ReplicaKey, str] = {}
+    exit_times: dict[ReplicaKey, PumpTimes] = {}
     for group in groups:
         for role, k in group:
             record = read_json_or_none(Path(app_dir) / role / str(k) / EXIT_FILE)
@@ -461,6 +464,11 @@ def read_progress(app_dir: str, groups: Sequence[Sequence[ReplicaKey]]) -> Progr
                     exits[(role, k)] = (int(record["attempt"]), int(record["returncode"]))
                     if isinstance(record.get("host"), str):
                         exit_hosts[(role, k)] = record["host"]
+                    started = record.get("started")
+                    exit_times[(role, k)] = (
+                        float(started) if isinstance(started, int | float) else None,
+                        float(record["ended"]),
+                    )
     alive: bool | None = None
     try:
         pid_text, host = (state / "pid").read_text().split()
@@ -473,7 +481,16 @@ def read_progress(app_dir: str, groups: Sequence[Sequence[ReplicaKey]]) -> Progr
         alive = None
     cancelled = (Path(app_dir) / CANCEL_REQUEST).exists()
     return Progress(
-        _int_file(state / "attempt"), done, why, rcs, exits, alive, cancelled, nodes, exit_hosts
+        _int_file(state / "attempt"),
+        done,
+        why,
+        rcs,
+        exits,
+        alive,
+        cancelled,
+        nodes,
+        exit_hosts,
+        exit_times,
     )
 
 
@@ -579,6 +596,7 @@ class AllocationRuntime(AppRuntime):
         self._started: set[tuple[ReplicaKey, int]] = set()
         self._exited: set[tuple[ReplicaKey, int]] = set()
         self._lost: set[tuple[ReplicaKey, int]] = set()
+        self._times = ReplicaTimes()
         self._steps: dict[tuple[int, int], StepRecord] = {}
         self._progress = Progress()
         self._notice = ""
@@ -653,18 +671,20 @@ class AllocationRuntime(AppRuntime):
         # A replica seen for the first time already exited (its step started and ended
         # between two looks) gets its Started, which carries its host, right before its
         # Exited: after it, the FSM would take the Started for news of an ended attempt.
+        # Both at the times the replica's pump recorded, where it recorded this attempt's end.
         starts = {(m.role, m.replica_id, m.attempt): m for m in later if isinstance(m, Started)}
         for exited in exits:
+            pump = self._pump_times(exited, progress)
             start = starts.pop((exited.role, exited.replica_id, exited.attempt), None)
             if start is not None:
-                self.emit(start)
-            self.emit(exited)
+                self.emit(self._times.stamped(start, pump))
+            self.emit(self._times.stamped(exited, pump))
         for event in later:
             if (
                 not isinstance(event, Started)
                 or starts.get((event.role, event.replica_id, event.attempt)) is event
             ):
-                self.emit(event)
+                self.emit(self._times.stamped(event, None))
         lost = [m.reason for m in later if isinstance(m, Lost)]
         if lost and not self._gave_up:
             # Nothing will run these replicas any more (the allocation ended, the driver
@@ -673,6 +693,14 @@ class AllocationRuntime(AppRuntime):
             self.emit(AppNotice(message=lost[0], fatal=True))
         if progress.done is not None or progress.driver_alive is False:
             self._over.set()
+
+    @staticmethod
+    def _pump_times(exited: Exited, progress: Progress) -> PumpTimes | None:
+        """When the pump recorded the attempt that ``exited`` tells of; None if it did not."""
+        recorded = progress.exits.get(exited.key)
+        if recorded is None or recorded[0] != exited.attempt:
+            return None  # its srun ended with no record, or the record is another attempt's
+        return progress.exit_times.get(exited.key)
 
     def _observe_one(
         self,

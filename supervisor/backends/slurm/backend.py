@@ -67,6 +67,7 @@ from supervisor.backends.slurm.script import (
 )
 from supervisor.backends.slurm.ship import ship_pump
 from supervisor.backends.slurm.states import Meaning, meaning_of
+from supervisor.backends.slurm.times import ReplicaTimes
 from supervisor.backends.slurm.translate import Mail, ViewTranslator, signal_name
 from supervisor.backends.slurm.transport import AccountingDisabled, CliTransport, SlurmTransport
 from supervisor.backends.store import (
@@ -80,7 +81,13 @@ from supervisor.backends.store import (
 )
 from supervisor.cluster import ClusterInfo, ClusterJob
 from supervisor.errors import BackendError, DamagedRecordError, Problem, SpecError, SubmitError
-from supervisor.events import Exited, Lost, ReplicaKey, Submitted
+from supervisor.events import (
+    Exited,
+    Lost,
+    ReplicaEvent,
+    ReplicaKey,
+    Submitted,
+)
 from supervisor.fsm.app import describe_exit
 from supervisor.fsm.rules import derive_app_state
 from supervisor.logs.pump import EXIT_FILE
@@ -152,6 +159,7 @@ class SlurmRuntime(AppRuntime):
         # (read off the loop): a queue keeps the events in the order Slurm gave them.
         self._mail, self._mailbox = anyio.create_memory_object_stream[list[Mail]](1000)
         tasks.start_soon(self._deliver)
+        self._times = ReplicaTimes()
         self._completing = 0  # the requeue (restart count) whose completion was asked for
         self._over = anyio.Event()  # a view showed the job over (or gone): a cancel is confirmed
         self._final = False  # the final record is written
@@ -175,11 +183,15 @@ class SlurmRuntime(AppRuntime):
         if requeued_to > self._completing and not self.translator.stopping:
             self._completing = requeued_to
             self._tasks.start_soon(self._complete_requeue, requeued_to)
-        if any(_failed(m) for m in mail):
+        if any(isinstance(m, Exited) for m in mail):
+            # Each exit waits for its replica's own record (read off the loop): its
+            # status and error file, and when it ended.
             self._mail.send_nowait(mail)
             return
         for event in mail:
-            self.emit(event)
+            self.emit(
+                self._times.stamped(event, None) if isinstance(event, ReplicaEvent) else event
+            )
 
     async def _complete_requeue(self, requeued_to: int) -> None:
         """Finish the requeue Slurm left half done, so the job can run again (never cancel it).
@@ -209,7 +221,8 @@ class SlurmRuntime(AppRuntime):
             delay = min(delay * 2, _COMPLETE_RECHECK_S)
 
     async def _deliver(self) -> None:
-        """Failures of a view, with the error file each replica wrote (as locally).
+        """Exits of a view, as each replica's own record tells them, with the error file
+        each replica wrote (as locally).
 
         Runs until the runtime closes its sending end or the backend's task group
         ends (a durable app left running at close): both ends are closed then.
@@ -218,9 +231,10 @@ class SlurmRuntime(AppRuntime):
             async for mail in self._mailbox:
                 mail = await self._settle_lost(mail)
                 exits = [m for m in mail if isinstance(m, Exited)]
-                ended = await anyio.to_thread.run_sync(self._read_exits, exits)
-                in_order = sorted(zip(ended, exits, strict=True), key=lambda pair: pair[0][0])
-                exits = [m if code is None else _with_code(m, code) for (_, code), m in in_order]
+                records = await anyio.to_thread.run_sync(self._read_exits, exits)
+                in_order = sorted(zip(records, exits, strict=True), key=_ended_first)
+                exits = [m if r is None else _with_code(m, r.returncode) for r, m in in_order]
+                pumps = {(m.key, m.attempt): (r.started, r.ended) for r, m in in_order if r}
                 failed = [m for m in exits if _failed(m)]
                 if any(_LAUNCH_FAILURE in m.msg for m in failed):
                     hint = await self._backend.transport.launch_failure_hint(
@@ -237,6 +251,8 @@ class SlurmRuntime(AppRuntime):
                     error = found.get(id(m), "")
                     if isinstance(m, Exited) and error:
                         m = dataclasses.replace(m, structured_error_msg=error)
+                    if isinstance(m, ReplicaEvent):
+                        m = self._times.stamped(m, pumps.get((m.key, m.attempt)))
                     self.emit(m)
 
     async def _settle_lost(self, mail: list[Mail]) -> list[Mail]:
@@ -246,32 +262,25 @@ class SlurmRuntime(AppRuntime):
             return mail
         probes = [Exited(role=m.role, replica_id=m.replica_id, attempt=m.attempt, exit_code=None)
                   for m in lost]  # fmt: skip
-        ended = await anyio.to_thread.run_sync(self._read_exits, probes)
+        records = await anyio.to_thread.run_sync(self._read_exits, probes)
         known: dict[int, Mail] = {
-            id(m): _with_code(dataclasses.replace(p, msg=m.reason), code)
-            for m, p, (_, code) in zip(lost, probes, ended, strict=True)
-            if code is not None
+            id(m): _with_code(dataclasses.replace(p, msg=m.reason), record.returncode)
+            for m, p, record in zip(lost, probes, records, strict=True)
+            if record is not None
         }
         return [known.get(id(m), m) for m in mail]
 
-    def _read_exits(self, exits: list[Exited]) -> list[tuple[float, int | None]]:
-        """(when it ended, its exit code) per replica, from its pump's record of this attempt.
+    def _read_exits(self, exits: list[Exited]) -> list[_ExitRecord | None]:
+        """Each replica's pump's record of this attempt's end; None where there is none.
 
         A replica killed with its pump (the gang stopped after another's failure)
-        has no record: it sorts last and keeps what Slurm said.
+        has no record: it keeps what Slurm said.
         """
-        out: list[tuple[float, int | None]] = []
+        out: list[_ExitRecord | None] = []
         for m in exits:
-            record = (
-                read_json_or_none(self._exit_files[m.key]) if m.key in self._exit_files else None
-            )
-            if not isinstance(record, dict) or record.get("attempt") != m.attempt:
-                out.append((float("inf"), None))
-                continue
-            try:
-                out.append((float(record["ended"]), int(record["returncode"])))
-            except (KeyError, TypeError, ValueError):
-                out.append((float("inf"), None))
+            path = self._exit_files.get(m.key)
+            record = _read_exit_record(path) if path is not None else None
+            out.append(record if record is not None and record.attempt == m.attempt else None)
         return out
 
     def _read_errors(self, exits: list[Exited]) -> list[str]:
@@ -899,6 +908,11 @@ def _hinted(event: Exited, hint: str) -> Exited:
     return dataclasses.replace(event, msg=f"{event.msg}: {hint}")
 
 
+def _ended_first(pair: tuple[_ExitRecord | None, Exited]) -> float:
+    """The order exits are told in: as their pumps saw them end; those with no record last."""
+    return pair[0].ended if pair[0] is not None else float("inf")
+
+
 def _failed(mail: Mail) -> bool:
     return isinstance(mail, Exited) and (bool(mail.exit_code) or mail.signal is not None)
 
@@ -1006,18 +1020,25 @@ def _exit_records(
     """Blocking: each replica's exit record that can be read, and whether a cancel is recorded."""
     found: dict[ReplicaKey, _ExitRecord] = {}
     for role, k in keys:
-        record = read_json_or_none(app_dir / role / str(k) / EXIT_FILE)
-        if not isinstance(record, dict):
-            continue
-        try:
-            started = record.get("started")
-            found[(role, k)] = _ExitRecord(
-                attempt=int(record["attempt"]),
-                returncode=int(record["returncode"]),
-                ended=float(record["ended"]),
-                started=float(started) if isinstance(started, int | float) else None,
-                host=str(record.get("host") or ""),
-            )
-        except (KeyError, TypeError, ValueError):
-            continue
+        record = _read_exit_record(app_dir / role / str(k) / EXIT_FILE)
+        if record is not None:
+            found[(role, k)] = record
     return found, AppStore(app_dir).cancel_path.exists()
+
+
+def _read_exit_record(path: Path) -> _ExitRecord | None:
+    """Blocking: the ``exit.json`` at ``path``; None when there is none, or it cannot be one."""
+    record = read_json_or_none(path)
+    if not isinstance(record, dict):
+        return None
+    try:
+        started = record.get("started")
+        return _ExitRecord(
+            attempt=int(record["attempt"]),
+            returncode=int(record["returncode"]),
+            ended=float(record["ended"]),
+            started=float(started) if isinstance(started, int | float) else None,
+            host=str(record.get("host") or ""),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None

@@ -82,6 +82,8 @@ def run(log_dir: Path, argv: list[str]) -> int:
     # learns who sent each one. Blocked only now: the command was started with none blocked.
     signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
     threading.Thread(target=_forward, args=(child,), name="forward", daemon=True).start()
+    # Only now: a signal the step gets while this is written must not end the pump first.
+    _record(log_dir, START_FILE, {"attempt": _attempt(), "started": started})
     selector = selectors.DefaultSelector()
     assert child.stdout is not None
     assert child.stderr is not None
@@ -127,12 +129,26 @@ def _forward(child: subprocess.Popen[bytes]) -> None:
 
 EXIT_FILE = "exit.json"
 """The pump's record of how its command ended: the launcher sees only a whole job's end."""
+START_FILE = "start.json"
+"""The pump's record of when it started its command: a poll sees a start up to its interval
+late (longer after a long wait in the queue)."""
+
+
+def _attempt() -> int:
+    return int(os.environ.get("ASUPERVISOR_ATTEMPT") or 0)
+
+
+def _record(log_dir: Path, name: str, record: dict[str, object]) -> None:
+    """Written atomically (a reader never sees half of it)."""
+    temp = log_dir / f".{name}.{os.getpid()}"
+    temp.write_text(json.dumps(record))
+    os.replace(temp, log_dir / name)
 
 
 def _record_exit(log_dir: Path, code: int, started: float) -> None:
-    """Written atomically (a reader never sees half of it), for this attempt."""
-    record = {
-        "attempt": int(os.environ.get("ASUPERVISOR_ATTEMPT") or 0),
+    """How this attempt ended (its start again, for a reader that never saw it start)."""
+    record: dict[str, object] = {
+        "attempt": _attempt(),
         "returncode": code,
         "started": started,
         "ended": time.time(),
@@ -140,9 +156,7 @@ def _record_exit(log_dir: Path, code: int, started: float) -> None:
         # ended between two looks of the poller): Slurm's node name, else the host's.
         "host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
     }
-    temp = log_dir / f".{EXIT_FILE}.{os.getpid()}"
-    temp.write_text(json.dumps(record))
-    os.replace(temp, log_dir / EXIT_FILE)
+    _record(log_dir, EXIT_FILE, record)
 
 
 def main(args: list[str]) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import select
 import sys
@@ -9,10 +11,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import anyio
 
-from supervisor import AppDef, AppState, RetryPolicy, Role, Supervisor
+from supervisor import AppDef, AppState, RetryPolicy, Role, Supervisor, Transition
 
 PY = sys.executable
 
@@ -128,3 +131,38 @@ async def hold_while_it_ends(
     (ended,) = [t for t in described.transitions if t.role == role and t.dest == final.name]
     assert ended.at == times.ended
     return HeldRun(up, held_until, times.started, times.ended)
+
+
+def _hold_until_started(state_dir: Path, role: str) -> tuple[dict[str, Any], float]:
+    """Blocking (holds the loop on purpose): until 2 s after the pump of Slurm replica 0 of
+    ``role`` recorded its start (``start.json``): (its record, when the hold ended)."""
+    deadline = time.time() + 90
+    record: object = None
+    while not isinstance(record, dict):
+        assert time.time() < deadline, f"no start.json of {role}/0 within 90 s"
+        time.sleep(0.05)
+        for path in state_dir.glob(f"**/{role}/0/start.json"):
+            with contextlib.suppress(OSError, ValueError):  # being written
+                record = json.loads(path.read_text())
+    time.sleep(2.0)
+    return record, time.time()
+
+
+async def start_seen_after_a_hold(
+    sv: Supervisor, cfg: dict[str, str], state_dir: Path
+) -> tuple[Transition, dict[str, Any], float]:
+    """Submit a Slurm app of one replica (``r``, sleeping), hold the loop from then until
+    2 s after its pump recorded its start (no look runs meanwhile), then cancel it:
+    (the replica's move to RUNNING, the pump's record, when the hold ended)."""
+    role = Role(name="r", entrypoint="sleep", args=["60"])
+    handle = await sv.submit(AppDef(name="late", roles=[role]), "slurm", cfg)
+    record, held_until = _hold_until_started(state_dir, "r")
+    running = None
+    async for t in sv.watch(handle):
+        if t.role == "r" and t.replica_id == 0 and t.dest == "RUNNING":
+            running = t
+            break
+    assert running is not None, f"{handle} ended with no start of r/0"
+    await sv.cancel(handle)
+    assert (await sv.wait(handle, timeout=90)).state is AppState.CANCELLED
+    return running, record, held_until

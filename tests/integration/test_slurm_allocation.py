@@ -30,7 +30,7 @@ from supervisor import (
     Supervisor,
 )
 
-from .helpers import hold_while_it_ends
+from .helpers import hold_while_it_ends, start_seen_after_a_hold
 from .slurm_cluster import ensure_cluster, until, until_running
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slurm]
@@ -213,6 +213,19 @@ async def test_a_steps_end_is_recorded_when_it_ended_not_when_a_busy_host_heard(
             run = await hold_while_it_ends(sv, handle, "r", 4.0, AppState.FAILED)
     assert run.up + 1.0 <= run.ended < run.held_until - 1.0, run
     assert run.ended - run.started >= 1.0, run  # it ran 2 s
+
+
+async def test_a_steps_start_is_recorded_when_it_started_not_when_a_busy_host_saw_it(
+    allocation: str, state_dir: Path
+) -> None:
+    """As for a batch job: the start recorded is the one the step's pump recorded, not the
+    time of the first look after a hold that lasted until well after it."""
+    cfg = {"allocation": allocation}
+    with anyio.fail_after(150):
+        async with Supervisor(session="svc") as sv:
+            running, record, held_until = await start_seen_after_a_hold(sv, cfg, state_dir)
+    assert record["attempt"] == 0, record
+    assert running.at == record["started"] < held_until - 1.5, (running, held_until)
 
 
 async def test_cancel_stops_the_steps_only_and_the_allocation_is_reused(

@@ -21,7 +21,7 @@ from supervisor import (
     WaitTimeout,
 )
 
-from .helpers import hold_while_it_ends
+from .helpers import hold_while_it_ends, start_seen_after_a_hold
 from .slurm_cluster import ensure_cluster
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slurm]
@@ -229,3 +229,17 @@ async def test_a_replicas_end_is_recorded_when_it_ended_not_when_a_busy_host_hea
     assert run.up + 1.0 <= run.ended < run.held_until - 1.0, run
     # It ran 2 s: seen starting and ending in one look, both at the look's time read as 6 us.
     assert run.ended - run.started >= 1.0, run
+
+
+async def test_a_replicas_start_is_recorded_when_it_started_not_when_a_busy_host_saw_it(
+    cluster: dict[str, object], state_dir: Path
+) -> None:
+    """The loop is held from the submit until a while after the replica's pump recorded
+    its start: no look sees it start before. The start recorded is the pump's, not the
+    time of the first look after the hold (nor, on a free loop, of the first look after
+    a long wait in the queue)."""
+    with anyio.fail_after(150):
+        async with Supervisor(session="svc") as sv:
+            running, record, held_until = await start_seen_after_a_hold(sv, {}, state_dir)
+    assert record["attempt"] == 0, record
+    assert running.at == record["started"] < held_until - 1.5, (running, held_until)

@@ -31,7 +31,9 @@ async def main():
     async with Supervisor(session="owner") as sv:
         app = AppDef(name="pair", roles=[
             Role(name="bad", entrypoint="sh", args=["-c", "sleep 1; exit 7"]),
-            Role(name="good", entrypoint="sh", args=["-c", "sleep 20; exit 0"]),
+            # One process: Slurm's stop signals every process of the step in turn, and a
+            # shell whose sleep died first could still run its "exit 0" (seen once).
+            Role(name="good", entrypoint="sleep", args=["20"]),
         ])
         print(await sv.submit(app, "slurm"), flush=True)
 

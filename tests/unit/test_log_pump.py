@@ -50,6 +50,11 @@ def test_output_lands_in_the_local_layout_and_the_exit_code_is_kept(
     record = json.loads((logs / "exit.json").read_text())
     assert (record["attempt"], record["returncode"]) == (0, 3)  # whose failure, and when
     assert abs(record["ended"] - time.time()) < 60
+    # Its start, recorded as it started the command: what a late look at Slurm takes.
+    assert json.loads((logs / "start.json").read_text()) == {
+        "attempt": 0,
+        "started": record["started"],
+    }
 
 
 def test_signals_sent_to_the_pump_alone_are_forwarded_and_a_death_by_signal_is_reproduced(

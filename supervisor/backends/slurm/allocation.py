@@ -58,7 +58,7 @@ from supervisor.backends.slurm.script import (
     owner_comment,
     pump_path,
 )
-from supervisor.backends.slurm.times import PumpTimes, ReplicaTimes
+from supervisor.backends.slurm.times import ReplicaTimes, read_pump_starts
 from supervisor.backends.slurm.translate import signal_name
 from supervisor.backends.slurm.transport import SlurmTransport
 from supervisor.backends.store import CANCEL_REQUEST, AppRecord, AppStore, Owner, read_json_or_none
@@ -402,6 +402,10 @@ async def check_allocation(transport: SlurmTransport, allocation: int) -> JobRec
 # ---------------------------------------------------------------- observation
 
 
+_ExitTimes = tuple[float | None, float | None]
+"""(started, ended) as a pump recorded them in its exit record."""
+
+
 @dataclass(frozen=True)
 class Progress:
     """What the driver and the pumps wrote (read off the loop)."""
@@ -415,7 +419,7 @@ class Progress:
     cancel_requested: bool = False  # someone recorded a cancel (this process or another)
     nodes: Mapping[int, str] = field(default_factory=dict)  # the nodes each group was given
     exit_hosts: Mapping[ReplicaKey, str] = field(default_factory=dict)  # where each exit ran
-    exit_times: Mapping[ReplicaKey, PumpTimes] = field(default_factory=dict)  # of each exit
+    exit_times: Mapping[ReplicaKey, _ExitTimes] = field(default_factory=dict)  # of each exit
 
 
 def _int_file(path: Path) -> int | None:
@@ -455,7 +459,7 @@ def read_progress(app_dir: str, groups: Sequence[Sequence[ReplicaKey]]) -> Progr
                 nodes[int(given.group(1))] = (state / name).read_text().strip()
     exits: dict[ReplicaKey, tuple[int, int]] = {}
     exit_hosts: dict[ReplicaKey, str] = {}
-    exit_times: dict[ReplicaKey, PumpTimes] = {}
+    exit_times: dict[ReplicaKey, _ExitTimes] = {}
     for group in groups:
         for role, k in group:
             record = read_json_or_none(Path(app_dir) / role / str(k) / EXIT_FILE)
@@ -597,6 +601,7 @@ class AllocationRuntime(AppRuntime):
         self._exited: set[tuple[ReplicaKey, int]] = set()
         self._lost: set[tuple[ReplicaKey, int]] = set()
         self._times = ReplicaTimes()
+        self._log_dirs = {(r.role, r.replica_id): r.log_dir for r in request.replicas}
         self._steps: dict[tuple[int, int], StepRecord] = {}
         self._progress = Progress()
         self._notice = ""
@@ -671,20 +676,30 @@ class AllocationRuntime(AppRuntime):
         # A replica seen for the first time already exited (its step started and ended
         # between two looks) gets its Started, which carries its host, right before its
         # Exited: after it, the FSM would take the Started for news of an ended attempt.
-        # Both at the times the replica's pump recorded, where it recorded this attempt's end.
-        starts = {(m.role, m.replica_id, m.attempt): m for m in later if isinstance(m, Started)}
+        # Each at the time the replica's pump recorded, where it recorded it: a start seen
+        # with its end, as the exit record says; one seen alone, as its start record says.
+        starts = {(m.key, m.attempt): m for m in later if isinstance(m, Started)}
+        paired = {
+            (m.key, m.attempt): starts.pop((m.key, m.attempt))
+            for m in exits
+            if (m.key, m.attempt) in starts
+        }
+        alone = list(starts.values())
+        started = (
+            await anyio.to_thread.run_sync(read_pump_starts, alone, self._log_dirs) if alone else {}
+        )
         for exited in exits:
-            pump = self._pump_times(exited, progress)
-            start = starts.pop((exited.role, exited.replica_id, exited.attempt), None)
+            times = self._exit_times(exited, progress)
+            start = paired.get((exited.key, exited.attempt))
             if start is not None:
-                self.emit(self._times.stamped(start, pump))
-            self.emit(self._times.stamped(exited, pump))
+                self.emit(self._times.stamped(start, *times))
+            self.emit(self._times.stamped(exited, *times))
         for event in later:
-            if (
-                not isinstance(event, Started)
-                or starts.get((event.role, event.replica_id, event.attempt)) is event
-            ):
-                self.emit(self._times.stamped(event, None))
+            if isinstance(event, Started):
+                if starts.get((event.key, event.attempt)) is not event:
+                    continue  # told with its exit, above
+                event = self._times.stamped(event, started.get((event.key, event.attempt)))
+            self.emit(event)
         lost = [m.reason for m in later if isinstance(m, Lost)]
         if lost and not self._gave_up:
             # Nothing will run these replicas any more (the allocation ended, the driver
@@ -695,12 +710,13 @@ class AllocationRuntime(AppRuntime):
             self._over.set()
 
     @staticmethod
-    def _pump_times(exited: Exited, progress: Progress) -> PumpTimes | None:
-        """When the pump recorded the attempt that ``exited`` tells of; None if it did not."""
+    def _exit_times(exited: Exited, progress: Progress) -> _ExitTimes:
+        """(started, ended) as the pump recorded the attempt ``exited`` tells of (Nones
+        where it did not: its srun ended with no record, or the record is another attempt's)."""
         recorded = progress.exits.get(exited.key)
         if recorded is None or recorded[0] != exited.attempt:
-            return None  # its srun ended with no record, or the record is another attempt's
-        return progress.exit_times.get(exited.key)
+            return (None, None)
+        return progress.exit_times.get(exited.key, (None, None))
 
     def _observe_one(
         self,

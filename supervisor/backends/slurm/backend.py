@@ -67,7 +67,7 @@ from supervisor.backends.slurm.script import (
 )
 from supervisor.backends.slurm.ship import ship_pump
 from supervisor.backends.slurm.states import Meaning, meaning_of
-from supervisor.backends.slurm.times import ReplicaTimes
+from supervisor.backends.slurm.times import ReplicaTimes, read_pump_starts
 from supervisor.backends.slurm.translate import Mail, ViewTranslator, signal_name
 from supervisor.backends.slurm.transport import AccountingDisabled, CliTransport, SlurmTransport
 from supervisor.backends.store import (
@@ -86,6 +86,7 @@ from supervisor.events import (
     Lost,
     ReplicaEvent,
     ReplicaKey,
+    Started,
     Submitted,
 )
 from supervisor.fsm.app import describe_exit
@@ -149,14 +150,15 @@ class SlurmRuntime(AppRuntime):
             [(r.role, r.replica_id) for r in request.replicas],
             [[(r.role, r.replica_id) for r in g.replicas] for g in request.groups],
         )
+        self._log_dirs = {(r.role, r.replica_id): r.log_dir for r in request.replicas}
         self._exit_files = {
             (r.role, r.replica_id): Path(r.log_dir) / EXIT_FILE for r in request.replicas
         }
         self._error_files = {
             (r.role, r.replica_id): Path(r.error_file(request.workdir)) for r in request.replicas
         }
-        # Views are translated in order, but failures wait for their error files
-        # (read off the loop): a queue keeps the events in the order Slurm gave them.
+        # Views are translated in order, but their events wait for the replicas' records
+        # (read off the loop): a queue keeps them in the order Slurm gave them.
         self._mail, self._mailbox = anyio.create_memory_object_stream[list[Mail]](1000)
         tasks.start_soon(self._deliver)
         self._times = ReplicaTimes()
@@ -183,15 +185,8 @@ class SlurmRuntime(AppRuntime):
         if requeued_to > self._completing and not self.translator.stopping:
             self._completing = requeued_to
             self._tasks.start_soon(self._complete_requeue, requeued_to)
-        if any(isinstance(m, Exited) for m in mail):
-            # Each exit waits for its replica's own record (read off the loop): its
-            # status and error file, and when it ended.
+        if mail:
             self._mail.send_nowait(mail)
-            return
-        for event in mail:
-            self.emit(
-                self._times.stamped(event, None) if isinstance(event, ReplicaEvent) else event
-            )
 
     async def _complete_requeue(self, requeued_to: int) -> None:
         """Finish the requeue Slurm left half done, so the job can run again (never cancel it).
@@ -221,39 +216,55 @@ class SlurmRuntime(AppRuntime):
             delay = min(delay * 2, _COMPLETE_RECHECK_S)
 
     async def _deliver(self) -> None:
-        """Exits of a view, as each replica's own record tells them, with the error file
-        each replica wrote (as locally).
+        """Each view's events, in the order of the views, as the replicas' own records
+        tell them (their exit status and error file, when they started and ended).
 
         Runs until the runtime closes its sending end or the backend's task group
         ends (a durable app left running at close): both ends are closed then.
         """
         async with self._mail, self._mailbox:
             async for mail in self._mailbox:
-                mail = await self._settle_lost(mail)
-                exits = [m for m in mail if isinstance(m, Exited)]
-                records = await anyio.to_thread.run_sync(self._read_exits, exits)
-                in_order = sorted(zip(records, exits, strict=True), key=_ended_first)
-                exits = [m if r is None else _with_code(m, r.returncode) for r, m in in_order]
-                pumps = {(m.key, m.attempt): (r.started, r.ended) for r, m in in_order if r}
+                await self._tell(mail)
+
+    async def _tell(self, mail: list[Mail]) -> None:
+        """One view's events, once the records they need are read (off the loop)."""
+        mail = await self._settle_lost(mail)
+        exits = [m for m in mail if isinstance(m, Exited)]
+        records = await anyio.to_thread.run_sync(self._read_exits, exits) if exits else []
+        in_order = sorted(zip(records, exits, strict=True), key=_ended_first)
+        exits = [m if r is None else _with_code(m, r.returncode) for r, m in in_order]
+        ended = {(m.key, m.attempt): r for r, m in in_order if r is not None}
+        # A start seen in the same view as its end has its time in the exit record.
+        starts = [m for m in mail if isinstance(m, Started) and (m.key, m.attempt) not in ended]
+        started = (
+            await anyio.to_thread.run_sync(read_pump_starts, starts, self._log_dirs)
+            if starts
+            else {}
+        )
+        failed = [m for m in exits if _failed(m)]
+        if any(_LAUNCH_FAILURE in m.msg for m in failed):
+            hint = await self._backend.transport.launch_failure_hint(
+                self.request.workdir, self.request.app_dir
+            )
+            if hint:
+                exits = [_hinted(m, hint) for m in exits]
                 failed = [m for m in exits if _failed(m)]
-                if any(_LAUNCH_FAILURE in m.msg for m in failed):
-                    hint = await self._backend.transport.launch_failure_hint(
-                        self.request.workdir, self.request.app_dir
-                    )
-                    if hint:
-                        exits = [_hinted(m, hint) for m in exits]
-                        failed = [m for m in exits if _failed(m)]
-                errors = await anyio.to_thread.run_sync(self._read_errors, failed)
-                found = dict(zip([id(m) for m in failed], errors, strict=True))
-                # Exits last, the first to end first: the FSM takes the first failure
-                # it hears of for the root cause and stops the rest of the gang.
-                for m in [*(m for m in mail if not isinstance(m, Exited)), *exits]:
-                    error = found.get(id(m), "")
-                    if isinstance(m, Exited) and error:
-                        m = dataclasses.replace(m, structured_error_msg=error)
-                    if isinstance(m, ReplicaEvent):
-                        m = self._times.stamped(m, pumps.get((m.key, m.attempt)))
-                    self.emit(m)
+        errors = await anyio.to_thread.run_sync(self._read_errors, failed) if failed else []
+        found = dict(zip([id(m) for m in failed], errors, strict=True))
+        # Exits last, the first to end first: the FSM takes the first failure
+        # it hears of for the root cause and stops the rest of the gang.
+        for m in [*(m for m in mail if not isinstance(m, Exited)), *exits]:
+            error = found.get(id(m), "")
+            if isinstance(m, Exited) and error:
+                m = dataclasses.replace(m, structured_error_msg=error)
+            if isinstance(m, ReplicaEvent):
+                key = (m.key, m.attempt)
+                record = ended.get(key)
+                if record is not None:
+                    m = self._times.stamped(m, record.started, record.ended)
+                else:
+                    m = self._times.stamped(m, started.get(key))
+            self.emit(m)
 
     async def _settle_lost(self, mail: list[Mail]) -> list[Mail]:
         """A replica Slurm lost that recorded its own exit for this attempt ended so."""

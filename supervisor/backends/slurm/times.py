@@ -1,25 +1,46 @@
 """When a Slurm replica started and ended, as recorded: where it can be, as its pump saw it.
 
 Slurm is polled: a look sees a replica start and end up to a poll interval late
-(and a busy loop later still). Each replica's pump records on the node when it
-started the command and when the command ended (``exit.json``), to the
+(a start after a long wait in the queue, up to the longest pause), and a busy
+loop later still. Each replica's pump records on the node when it started the
+command (``start.json``) and when the command ended (``exit.json``), to the
 microsecond; both Slurm runtimes (a batch job, steps in an allocation) tell
-events at those times where the record is there.
+events at those times where the records are there.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TypeVar
 
+from supervisor.backends.store import read_json_or_none
 from supervisor.events import Exited, ReplicaEvent, ReplicaKey, Started, recorded_time
+from supervisor.logs.pump import START_FILE
 
-__all__ = ["PumpTimes", "ReplicaTimes"]
-
-PumpTimes = tuple[float | None, float]
-"""(started, ended) as a replica's pump recorded an attempt (started: None in older records)."""
+__all__ = ["ReplicaTimes", "read_pump_starts"]
 
 _Event = TypeVar("_Event", bound=ReplicaEvent)
+
+
+def read_pump_starts(
+    starts: Sequence[Started], log_dirs: Mapping[ReplicaKey, str]
+) -> dict[tuple[ReplicaKey, int], float]:
+    """Blocking: when each pump started the attempt a start tells of, where it recorded it.
+
+    A record of another attempt (the next one's, by the time it is read) says nothing.
+    """
+    out: dict[tuple[ReplicaKey, int], float] = {}
+    for m in starts:
+        log_dir = log_dirs.get(m.key)
+        record = read_json_or_none(Path(log_dir) / START_FILE) if log_dir else None
+        if not isinstance(record, dict) or record.get("attempt") != m.attempt:
+            continue
+        started = record.get("started")
+        if isinstance(started, int | float) and not isinstance(started, bool):
+            out[(m.key, m.attempt)] = float(started)
+    return out
 
 
 class ReplicaTimes:
@@ -28,19 +49,22 @@ class ReplicaTimes:
     def __init__(self) -> None:
         self._started_at: dict[tuple[ReplicaKey, int], float] = {}
 
-    def stamped(self, event: _Event, pump: PumpTimes | None) -> _Event:
-        """``event`` at the time its pump recorded (``pump``: None where it recorded nothing).
+    def stamped(
+        self, event: _Event, started: float | None = None, ended: float | None = None
+    ) -> _Event:
+        """``event`` at the time its pump recorded: ``started`` and ``ended`` (None where it
+        recorded nothing) are its attempt's, as read from its records.
 
-        A start seen in the same look as its end (it ran between two looks) takes the
-        pump's start too; one seen earlier keeps the time it was seen, and no end is
-        recorded before it.
+        A start takes the pump's time; one told with no record keeps the time it was
+        seen. No end is recorded before the start told of its attempt.
         """
         key = (event.key, event.attempt)
         if isinstance(event, Started):
-            if pump is not None and pump[0] is not None:
-                event = dataclasses.replace(event, at=recorded_time(min(pump[0], pump[1])))
+            if started is not None:
+                at = min(started, ended) if ended is not None else started
+                event = dataclasses.replace(event, at=recorded_time(at))
             self._started_at[key] = event.at
-        elif isinstance(event, Exited) and pump is not None:
-            ended = recorded_time(pump[1], self._started_at.get(key, 0.0))
-            event = dataclasses.replace(event, at=ended)
+        elif isinstance(event, Exited) and ended is not None:
+            at = recorded_time(ended, self._started_at.get(key, 0.0))
+            event = dataclasses.replace(event, at=at)
         return event

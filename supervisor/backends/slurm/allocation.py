@@ -58,7 +58,12 @@ from supervisor.backends.slurm.script import (
     owner_comment,
     pump_path,
 )
-from supervisor.backends.slurm.times import ReplicaTimes, read_pump_starts
+from supervisor.backends.slurm.times import (
+    PumpExit,
+    ReplicaTimes,
+    read_pump_exit,
+    read_pump_starts,
+)
 from supervisor.backends.slurm.translate import signal_name
 from supervisor.backends.slurm.transport import SlurmTransport
 from supervisor.backends.store import CANCEL_REQUEST, AppRecord, AppStore, Owner, read_json_or_none
@@ -402,10 +407,6 @@ async def check_allocation(transport: SlurmTransport, allocation: int) -> JobRec
 # ---------------------------------------------------------------- observation
 
 
-_ExitTimes = tuple[float | None, float | None]
-"""(started, ended) as a pump recorded them in its exit record."""
-
-
 @dataclass(frozen=True)
 class Progress:
     """What the driver and the pumps wrote (read off the loop)."""
@@ -418,8 +419,8 @@ class Progress:
     driver_alive: bool | None = None  # None: cannot tell (another host, no pid yet)
     cancel_requested: bool = False  # someone recorded a cancel (this process or another)
     nodes: Mapping[int, str] = field(default_factory=dict)  # the nodes each group was given
-    exit_hosts: Mapping[ReplicaKey, str] = field(default_factory=dict)  # where each exit ran
-    exit_times: Mapping[ReplicaKey, _ExitTimes] = field(default_factory=dict)  # of each exit
+    # Each replica's whole exit record (where it ran, when it started and ended).
+    exit_records: Mapping[ReplicaKey, PumpExit] = field(default_factory=dict)
 
 
 def _int_file(path: Path) -> int | None:
@@ -458,21 +459,13 @@ def read_progress(app_dir: str, groups: Sequence[Sequence[ReplicaKey]]) -> Progr
             with contextlib.suppress(OSError):
                 nodes[int(given.group(1))] = (state / name).read_text().strip()
     exits: dict[ReplicaKey, tuple[int, int]] = {}
-    exit_hosts: dict[ReplicaKey, str] = {}
-    exit_times: dict[ReplicaKey, _ExitTimes] = {}
+    exit_records: dict[ReplicaKey, PumpExit] = {}
     for group in groups:
         for role, k in group:
-            record = read_json_or_none(Path(app_dir) / role / str(k) / EXIT_FILE)
-            if isinstance(record, dict):
-                with contextlib.suppress(KeyError, TypeError, ValueError):
-                    exits[(role, k)] = (int(record["attempt"]), int(record["returncode"]))
-                    if isinstance(record.get("host"), str):
-                        exit_hosts[(role, k)] = record["host"]
-                    started = record.get("started")
-                    exit_times[(role, k)] = (
-                        float(started) if isinstance(started, int | float) else None,
-                        float(record["ended"]),
-                    )
+            record = read_pump_exit(Path(app_dir) / role / str(k) / EXIT_FILE)
+            if record is not None:
+                exits[(role, k)] = (record.attempt, record.returncode)
+                exit_records[(role, k)] = record
     alive: bool | None = None
     try:
         pid_text, host = (state / "pid").read_text().split()
@@ -493,8 +486,7 @@ def read_progress(app_dir: str, groups: Sequence[Sequence[ReplicaKey]]) -> Progr
         alive,
         cancelled,
         nodes,
-        exit_hosts,
-        exit_times,
+        exit_records,
     )
 
 
@@ -533,7 +525,8 @@ def observe(
     if recorded is not None and recorded[0] == attempt:
         # A step that ended before any look saw it, and before the driver wrote its
         # group's nodes (seen under load): the replica's own record says where it ran.
-        host = host or progress.exit_hosts.get(key, "")
+        own = progress.exit_records.get(key)
+        host = host or (own.host if own is not None else "")
         code = recorded[1]
         if code < 0:
             return Seen("exited", host, None, signal_name(-code))
@@ -689,7 +682,7 @@ class AllocationRuntime(AppRuntime):
             await anyio.to_thread.run_sync(read_pump_starts, alone, self._log_dirs) if alone else {}
         )
         for exited in exits:
-            times = self._exit_times(exited, progress)
+            times = self._exit_times(exited, progress)  # (started, ended), Nones: no record
             start = paired.get((exited.key, exited.attempt))
             if start is not None:
                 self.emit(self._times.stamped(start, *times))
@@ -710,13 +703,13 @@ class AllocationRuntime(AppRuntime):
             self._over.set()
 
     @staticmethod
-    def _exit_times(exited: Exited, progress: Progress) -> _ExitTimes:
+    def _exit_times(exited: Exited, progress: Progress) -> tuple[float | None, float | None]:
         """(started, ended) as the pump recorded the attempt ``exited`` tells of (Nones
         where it did not: its srun ended with no record, or the record is another attempt's)."""
-        recorded = progress.exits.get(exited.key)
-        if recorded is None or recorded[0] != exited.attempt:
+        record = progress.exit_records.get(exited.key)
+        if record is None or record.attempt != exited.attempt:
             return (None, None)
-        return progress.exit_times.get(exited.key, (None, None))
+        return (record.started, record.ended)
 
     def _observe_one(
         self,

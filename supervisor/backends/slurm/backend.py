@@ -67,7 +67,7 @@ from supervisor.backends.slurm.script import (
 )
 from supervisor.backends.slurm.ship import ship_pump
 from supervisor.backends.slurm.states import Meaning, meaning_of
-from supervisor.backends.slurm.times import ReplicaTimes, read_pump_starts
+from supervisor.backends.slurm.times import PumpExit, ReplicaTimes, read_pump_exit, read_pump_starts
 from supervisor.backends.slurm.translate import Mail, ViewTranslator, signal_name
 from supervisor.backends.slurm.transport import AccountingDisabled, CliTransport, SlurmTransport
 from supervisor.backends.store import (
@@ -77,7 +77,6 @@ from supervisor.backends.store import (
     IndexEntry,
     Owner,
     damaged_status,
-    read_json_or_none,
 )
 from supervisor.cluster import ClusterInfo, ClusterJob
 from supervisor.errors import BackendError, DamagedRecordError, Problem, SpecError, SubmitError
@@ -151,9 +150,6 @@ class SlurmRuntime(AppRuntime):
             [[(r.role, r.replica_id) for r in g.replicas] for g in request.groups],
         )
         self._log_dirs = {(r.role, r.replica_id): r.log_dir for r in request.replicas}
-        self._exit_files = {
-            (r.role, r.replica_id): Path(r.log_dir) / EXIT_FILE for r in request.replicas
-        }
         self._error_files = {
             (r.role, r.replica_id): Path(r.error_file(request.workdir)) for r in request.replicas
         }
@@ -281,16 +277,16 @@ class SlurmRuntime(AppRuntime):
         }
         return [known.get(id(m), m) for m in mail]
 
-    def _read_exits(self, exits: list[Exited]) -> list[_ExitRecord | None]:
+    def _read_exits(self, exits: list[Exited]) -> list[PumpExit | None]:
         """Each replica's pump's record of this attempt's end; None where there is none.
 
         A replica killed with its pump (the gang stopped after another's failure)
         has no record: it keeps what Slurm said.
         """
-        out: list[_ExitRecord | None] = []
+        out: list[PumpExit | None] = []
         for m in exits:
-            path = self._exit_files.get(m.key)
-            record = _read_exit_record(path) if path is not None else None
+            log_dir = self._log_dirs.get(m.key)
+            record = read_pump_exit(Path(log_dir) / EXIT_FILE) if log_dir else None
             out.append(record if record is not None and record.attempt == m.attempt else None)
         return out
 
@@ -620,13 +616,13 @@ class SlurmBackend(Backend):
         app_dir = Path(str(app.request.get("app_dir", "")))
         keys = [key for keys in grouping for key in keys]
         group_states = [_replica_state(by_offset.get(i)) for i in range(len(grouping))]
-        own: dict[ReplicaKey, _ExitRecord] = {}
+        own: dict[ReplicaKey, PumpExit] = {}
         cancelled = False
         # The records only speak for a group Slurm shows ended or no longer shows: a live
         # app (every status read of a follower, every look of a log tail) reads no files.
         if any(s is ReplicaState.UNKNOWN or is_terminal(s) for s in group_states):
             own, cancelled = await anyio.to_thread.run_sync(_exit_records, app_dir, keys)
-        applied: dict[ReplicaKey, _ExitRecord] = {}
+        applied: dict[ReplicaKey, PumpExit] = {}
         ends: list[float] = []
         starts: list[float] = []  # the pumps' own, to the microsecond; else Slurm's seconds
         for offset, keys in enumerate(grouping):
@@ -649,7 +645,9 @@ class SlurmBackend(Backend):
                 if ended is not None and (
                     rec is None or (is_terminal(state) and ended.attempt == rec.restart_cnt)
                 ):
-                    replica = ended.apply(replica, cancelled or state is ReplicaState.CANCELLED)
+                    replica = _ended_as_recorded(
+                        replica, ended, cancelled or state is ReplicaState.CANCELLED
+                    )
                     applied[(role, k)] = ended
                     ends.append(ended.ended)
                     if ended.started is not None:
@@ -919,7 +917,7 @@ def _hinted(event: Exited, hint: str) -> Exited:
     return dataclasses.replace(event, msg=f"{event.msg}: {hint}")
 
 
-def _ended_first(pair: tuple[_ExitRecord | None, Exited]) -> float:
+def _ended_first(pair: tuple[PumpExit | None, Exited]) -> float:
     """The order exits are told in: as their pumps saw them end; those with no record last."""
     return pair[0].ended if pair[0] is not None else float("inf")
 
@@ -991,32 +989,22 @@ class _Observed:
     ended: float | None
 
 
-@dataclasses.dataclass(frozen=True)
-class _ExitRecord:
-    """One replica's ``exit.json``: how its pump saw the command end, in which attempt."""
-
-    attempt: int
-    returncode: int
-    ended: float
-    started: float | None
-    host: str
-
-    def apply(self, replica: ReplicaStatus, cancelled: bool) -> ReplicaStatus:
-        """The replica as its own record says it ended (a cancel made a failure CANCELLED)."""
-        code = self.returncode
-        if code == 0:
-            state = ReplicaState.SUCCEEDED
-        else:
-            state = ReplicaState.CANCELLED if cancelled else ReplicaState.FAILED
-        return dataclasses.replace(
-            replica,
-            state=state,
-            exit_code=code,
-            signal=signal_name(-code) if code < 0 else None,
-            hostname=replica.hostname or self.host,
-            restarts=max(replica.restarts, self.attempt),
-            msg="",
-        )
+def _ended_as_recorded(replica: ReplicaStatus, record: PumpExit, cancelled: bool) -> ReplicaStatus:
+    """The replica as its own record says it ended (a cancel made a failure CANCELLED)."""
+    code = record.returncode
+    if code == 0:
+        state = ReplicaState.SUCCEEDED
+    else:
+        state = ReplicaState.CANCELLED if cancelled else ReplicaState.FAILED
+    return dataclasses.replace(
+        replica,
+        state=state,
+        exit_code=code,
+        signal=signal_name(-code) if code < 0 else None,
+        hostname=replica.hostname or record.host,
+        restarts=max(replica.restarts, record.attempt),
+        msg="",
+    )
 
 
 def _replica_state(rec: JobRecord | None) -> ReplicaState:
@@ -1027,29 +1015,11 @@ def _replica_state(rec: JobRecord | None) -> ReplicaState:
 
 def _exit_records(
     app_dir: Path, keys: Sequence[ReplicaKey]
-) -> tuple[dict[ReplicaKey, _ExitRecord], bool]:
+) -> tuple[dict[ReplicaKey, PumpExit], bool]:
     """Blocking: each replica's exit record that can be read, and whether a cancel is recorded."""
-    found: dict[ReplicaKey, _ExitRecord] = {}
+    found: dict[ReplicaKey, PumpExit] = {}
     for role, k in keys:
-        record = _read_exit_record(app_dir / role / str(k) / EXIT_FILE)
+        record = read_pump_exit(app_dir / role / str(k) / EXIT_FILE)
         if record is not None:
             found[(role, k)] = record
     return found, AppStore(app_dir).cancel_path.exists()
-
-
-def _read_exit_record(path: Path) -> _ExitRecord | None:
-    """Blocking: the ``exit.json`` at ``path``; None when there is none, or it cannot be one."""
-    record = read_json_or_none(path)
-    if not isinstance(record, dict):
-        return None
-    try:
-        started = record.get("started")
-        return _ExitRecord(
-            attempt=int(record["attempt"]),
-            returncode=int(record["returncode"]),
-            ended=float(record["ended"]),
-            started=float(started) if isinstance(started, int | float) else None,
-            host=str(record.get("host") or ""),
-        )
-    except (KeyError, TypeError, ValueError):
-        return None

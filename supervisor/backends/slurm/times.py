@@ -1,4 +1,4 @@
-"""When a Slurm replica started and ended, as recorded: where it can be, as its pump saw it.
+"""A Slurm replica's own records (its pump's), and the times told from them.
 
 Slurm is polled: a look sees a replica start and end up to a poll interval late
 (a start after a long wait in the queue, up to the longest pause), and a busy
@@ -19,9 +19,38 @@ from supervisor.backends.store import read_json_or_none
 from supervisor.events import Exited, ReplicaEvent, ReplicaKey, Started, recorded_time
 from supervisor.logs.pump import START_FILE
 
-__all__ = ["ReplicaTimes", "read_pump_starts"]
+__all__ = ["PumpExit", "ReplicaTimes", "read_pump_exit", "read_pump_starts"]
 
 _Event = TypeVar("_Event", bound=ReplicaEvent)
+
+
+@dataclasses.dataclass(frozen=True)
+class PumpExit:
+    """One replica's ``exit.json``: how its pump saw the command end, in which attempt."""
+
+    attempt: int
+    returncode: int
+    ended: float
+    started: float | None
+    host: str
+
+
+def read_pump_exit(path: Path) -> PumpExit | None:
+    """Blocking: the ``exit.json`` at ``path``; None when there is none, or it cannot be one."""
+    record = read_json_or_none(path)
+    if not isinstance(record, dict):
+        return None
+    try:
+        started = record.get("started")
+        return PumpExit(
+            attempt=int(record["attempt"]),
+            returncode=int(record["returncode"]),
+            ended=float(record["ended"]),
+            started=float(started) if isinstance(started, int | float) else None,
+            host=str(record.get("host") or ""),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def read_pump_starts(

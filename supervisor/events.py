@@ -34,7 +34,8 @@ def recorded_time(source_at: float | None, not_before: float = 0.0) -> float:
     inspect and error file read an exit may need would move the event by that much.
     Kept within what the host knows, as a container engine reached over TCP or a node
     may run on a clock of its own: never before ``not_before`` (what the host recorded
-    of the replica before, as its start), never after now. None: now.
+    of the replica before: its start, or when it asked for the start), never after now.
+    None: now.
     """
     now = time.time()
     if source_at is None:

@@ -280,3 +280,42 @@ async def test_a_containers_end_is_recorded_when_it_died_not_when_a_busy_host_he
             run = await hold_while_it_ends(sv, handle, "w", 3.0, AppState.FAILED)
     assert run.up + 0.5 <= run.ended < run.held_until - 1.0, run
     assert run.started <= run.up
+
+
+async def test_a_containers_start_is_recorded_when_it_started_not_when_a_busy_host_heard(
+    engine: EngineUnderTest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host's loop is held (a service busy elsewhere) just as the engine answers the
+    start: the start recorded is the engine's, not when the loop got to the answer (with
+    the host's stamp, the container's 1 s run read as none: its end, recorded when it
+    happened, came before the late start and was kept at it).
+
+    A held loop at that exact moment cannot be had on demand: the real start is wrapped
+    only to hold the loop once the engine has answered it.
+    """
+    from supervisor.backends.docker.engine import Engine
+
+    real_start = Engine.start
+    holds: list[tuple[float, float]] = []
+
+    async def start_then_busy(self: Engine, cid: str) -> None:
+        await real_start(self, cid)
+        began = time.time()
+        time.sleep(3.0)  # noqa: ASYNC251 (holds the loop on purpose: the answer waits)
+        holds.append((began, time.time()))
+
+    monkeypatch.setattr(Engine, "start", start_then_busy)
+    code = "import time; time.sleep(1)"
+    with anyio.fail_after(120):
+        async with Supervisor(session=engine.session) as sv:
+            handle = await sv.submit(AppDef("held", [py("w", code)]), "docker", engine.cfg)
+            status = await sv.wait(handle, timeout=90)
+            described = await sv.describe(handle)
+    assert status.state is AppState.SUCCEEDED, status
+    assert described is not None
+    ((began, held_until),) = holds
+    started, ended = described.times.started, described.times.ended
+    assert started is not None and ended is not None
+    # The engine answered once the container ran: it started before the hold began.
+    assert started <= began + 0.1 < held_until - 2.5, (started, began, held_until)
+    assert ended - started >= 0.8, (started, ended)

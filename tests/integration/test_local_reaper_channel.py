@@ -15,8 +15,10 @@ import os
 import signal
 import threading
 import time
+from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from supervisor.backends.local.reaper_client import Reaper
@@ -136,3 +138,86 @@ async def test_a_message_the_reaper_cannot_take_fails_only_its_own_spawn() -> No
             os.close(r)
             os.close(w)
             await reaper.aclose()
+
+
+async def test_the_reaper_is_started_off_the_loop_once_for_concurrent_first_spawns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Starting the reaper forks and execs (milliseconds): done in a worker thread,
+    never on the event loop's, and once however many spawns ask for it together.
+
+    The real start is wrapped, only to see which thread ran it and how often.
+    """
+    from supervisor.backends.local import reaper_client
+
+    real_start = reaper_client._start_reaper
+    starts: list[int] = []
+
+    def watched_start() -> object:
+        starts.append(threading.get_ident())
+        return real_start()
+
+    monkeypatch.setattr(reaper_client, "_start_reaper", watched_start)
+    loop_thread = threading.get_ident()
+    reports = []
+    pipes = [os.pipe() for _ in range(3)]
+    try:
+        async with anyio.create_task_group() as tg:
+            reaper = Reaper(tg)
+            try:
+                reaper.warm_up()  # a burst about to come: the start begins in the background
+
+                async def spawn(k: int) -> None:
+                    _, w = pipes[k]
+                    _, report = await reaper.spawn(
+                        ["sh", "-c", f"echo {k}"], cwd="/", env={"PATH": os.defpath},
+                        group="g", stdout=w, stderr=w,
+                    )  # fmt: skip
+                    reports.append(report)
+                    await report.done.wait()
+
+                async with anyio.create_task_group() as spawns:
+                    for k in range(len(pipes)):
+                        spawns.start_soon(spawn, k)
+            finally:
+                await reaper.aclose()
+    finally:
+        outputs = [os.read(r, 100) for r, _ in pipes]
+        for r, w in pipes:
+            os.close(r)
+            os.close(w)
+    assert len(starts) == 1, f"{len(starts)} reapers were started for one Reaper"
+    assert starts[0] != loop_thread, "the reaper was started on the event loop's thread"
+    assert [rep.returncode for rep in reports] == [0, 0, 0]
+    assert outputs == [b"0\n", b"1\n", b"2\n"]
+
+
+async def test_no_reaper_is_left_running_when_a_warm_up_meets_the_close(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A burst's warm-up starts the reaper in a task of its own: a close that comes first
+    leaves no reaper process behind (none is started after it; one under way is closed).
+
+    The real start is wrapped, only to keep the processes it started.
+    """
+    from supervisor.backends.local import reaper_client
+
+    real_start = reaper_client._start_reaper
+    started: list[Any] = []
+
+    def watched_start() -> object:
+        sock, popen = real_start()
+        started.append(popen)
+        return sock, popen
+
+    monkeypatch.setattr(reaper_client, "_start_reaper", watched_start)
+    for pause in (False, True):  # the close before the start, then during it
+        async with anyio.create_task_group() as tg:
+            reaper = Reaper(tg)
+            reaper.warm_up()
+            if pause:
+                await anyio.lowlevel.checkpoint()  # the warm-up's task begins the start
+            await reaper.aclose()
+            assert reaper.containment == "not started"
+    # Closed means waited for: each reaper started has exited and was reaped.
+    assert [popen.poll() is not None for popen in started] == [True] * len(started)

@@ -80,6 +80,21 @@ def _container_state(c: Mapping[str, Any]) -> tuple[ReplicaState, int | None]:
     return ReplicaState.UNKNOWN, None
 
 
+def _end_recorded(store: AppStore) -> AppStatus | None:
+    """Blocking: the final status recorded by whoever finished the app; None if nobody did.
+
+    Under the finalize lock: a reader finishing the app holds it while it removes the
+    containers and network, so what it recorded is read once they are gone (a reader
+    that returned earlier could end its process, and cut that removal short).
+    """
+    fd = lock_file(store.app_dir / FINALIZE_LOCK, True)
+    assert fd is not None  # a waiting lock is always taken
+    try:
+        return store.read_final_status()
+    finally:
+        os.close(fd)
+
+
 async def _run_times(
     engine: Engine, containers: Sequence[dict[str, Any]]
 ) -> tuple[float | None, float]:
@@ -150,6 +165,13 @@ class ForeignApps:
             # A cancel its owner did not carry out (it closed or died first).
             return await self._stop_unfollowed(store, app)
         containers = await self.containers(app)
+        if not containers:
+            # Gone, or finished meanwhile by another reader (``finalize`` records the end
+            # before it removes them): the record read above may predate that end.
+            with contextlib.suppress(DamagedRecordError):
+                ended = await anyio.to_thread.run_sync(_end_recorded, store)
+                if ended is not None:
+                    return ended
         derived = self._from_containers(app, containers, recorded)
         if derived.is_terminal and containers:
             # Everything ended and nobody follows the app: whoever sees it finishes it.

@@ -256,6 +256,8 @@ class _Slot:
     started_sent: bool = False
     started_at: float = 0.0
     """When this process recorded the current container's start (0: it did not)."""
+    start_asked: float = 0.0
+    """When this process last asked the engine to start a container of this slot (0: never)."""
     exited: anyio.Event = field(default_factory=anyio.Event)
     handled: set[str] = field(default_factory=set)
     copy: _Copy | None = None
@@ -537,6 +539,7 @@ class DockerRuntime(ReplicaRuntime):
         # Where this attempt's output starts in the files: a copy found wrong at its end
         # is written again from there.
         self._backend.log_sink.mark_attempt(self._logs[key])
+        slot.start_asked = time.time()
         try:
             await self.engine.start(cid)
         except BackendError as e:
@@ -544,8 +547,22 @@ class DockerRuntime(ReplicaRuntime):
             copy.done.set()
             self._report_failed_start(key, slot, str(e))
             return
-        self._send_started(key, slot)
         self._tasks.start_soon(self._copy_logs, key, cid, copy, True)
+        if not slot.started_sent:
+            # The engine's time of the start, not when this loop got to the answer (late
+            # by as long as the loop was busy): its ``start`` event, if it came meanwhile,
+            # or the container's own record.
+            at = await self._start_time(cid)
+            if slot.cid == cid:  # not a later attempt's (this one ended meanwhile)
+                self._send_started(key, slot, at)
+
+    async def _start_time(self, cid: str) -> float | None:
+        """When the engine says ``cid`` started; None when it cannot say (gone, unreachable)."""
+        try:
+            info = await self.engine.inspect(cid)
+        except BackendError:
+            return None
+        return engine_time(((info or {}).get("State") or {}).get("StartedAt"))
 
     def _mark_attempt(self, slot: _Slot) -> None:
         """Where this attempt's output starts in the files: lets another process resume copying."""
@@ -556,10 +573,12 @@ class DockerRuntime(ReplicaRuntime):
             {"container": slot.cid, "attempt": slot.attempt, **attempt_marks(directory)},
         )
 
-    def _send_started(self, key: ReplicaKey, slot: _Slot) -> None:
+    def _send_started(self, key: ReplicaKey, slot: _Slot, at: float | None = None) -> None:
+        """RUNNING, once per attempt; ``at``: when the engine says it started (None: now),
+        never before this process asked for the start (an engine's clock may be behind)."""
         if not slot.started_sent:
             slot.started_sent = True
-            slot.started_at = time.time()
+            slot.started_at = recorded_time(at, slot.start_asked)
             self.emit(
                 Started(
                     role=key[0],
@@ -729,7 +748,7 @@ class DockerRuntime(ReplicaRuntime):
             return
         slot = self._slots[key]
         if action == "start" and slot.cid == cid:
-            self._send_started(key, slot)
+            self._send_started(key, slot, at)
         elif action in ("die", "died") and cid not in slot.handled:
             slot.handled.add(cid)
             ending = self._copies_ending[cid] = anyio.Event()
@@ -782,7 +801,7 @@ class DockerRuntime(ReplicaRuntime):
         current = slot.cid == cid
         if current:
             slot.running = False
-        self._send_started(key, slot)
+        self._send_started(key, slot, engine_time(state.get("StartedAt")))
         self.emit(
             Exited(
                 role=key[0],

@@ -101,25 +101,36 @@ class _Outgoing:
     ident: int | None
 
 
+def _start_reaper() -> tuple[socket.socket, subprocess.Popen[bytes]]:
+    """Blocking (a fork and an exec, a few milliseconds): called in a worker thread.
+
+    The reaper's end of the socket is its stdin; ours is returned with it.
+    """
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        # -I -S: no site-packages, no user paths: a start in milliseconds.
+        popen = subprocess.Popen(
+            [sys.executable, "-I", "-S", str(_SCRIPT), str(os.getpid())],
+            stdin=theirs.fileno(),
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    return ours, popen
+
+
 class _Connection:
     """One running reaper process and its socket."""
 
-    def __init__(self, task_group: TaskGroup) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            # -I -S: no site-packages, no user paths: a start in milliseconds.
-            self.popen = subprocess.Popen(
-                [sys.executable, "-I", "-S", str(_SCRIPT), str(os.getpid())],
-                stdin=theirs.fileno(),
-                stdout=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
-        self.sock = ours
+    def __init__(
+        self, task_group: TaskGroup, sock: socket.socket, popen: subprocess.Popen[bytes]
+    ) -> None:
+        self.popen = popen
+        self.sock = sock
         self.waiting: dict[int, anyio.Event] = {}
         self.replies: dict[int, dict[str, Any]] = {}
         self.exits: dict[int, ExitReport] = {}
@@ -261,19 +272,35 @@ class Reaper:
         self._conn: _Connection | None = None
         self._ended: list[_Connection] = []  # reapers that died; cleaned up at close
         self._next_id = 0
+        self._starting = anyio.Lock()  # one reaper started at a time, by whoever needs it first
+        self._closed = False  # no reaper is started after ``aclose``
 
     @property
     def containment(self) -> str:
         """How replicas are contained: ``cgroup+subreaper``, ``subreaper``, ... (for statistics)."""
         return "not started" if self._conn is None else self._conn.containment
 
-    def _connection(self) -> _Connection:
-        if self._conn is not None and self._conn.dead:
-            self._ended.append(self._conn)
-            self._conn = None
-        if self._conn is None:
-            self._conn = _Connection(self._task_group)
-        return self._conn
+    async def _connection(self) -> _Connection:
+        """The running reaper, started first if there is none (or it died).
+
+        Started in a worker thread: a fork and exec on the event loop would hold
+        it (and every other app of the host) for milliseconds. Shielded, so a
+        caller cancelled meanwhile leaves no reaper process nobody knows of.
+        """
+        conn = self._conn
+        if conn is not None and not conn.dead:
+            return conn
+        async with self._starting:
+            if self._closed:
+                raise BackendError("the local backend is closed", transient=False)
+            if self._conn is not None and self._conn.dead:
+                self._ended.append(self._conn)
+                self._conn = None
+            if self._conn is None:
+                with anyio.CancelScope(shield=True):
+                    sock, popen = await anyio.to_thread.run_sync(_start_reaper)
+                self._conn = _Connection(self._task_group, sock, popen)
+            return self._conn
 
     async def spawn(
         self,
@@ -294,7 +321,7 @@ class Reaper:
         when the reaper cannot be reached.
         """
         try:
-            conn = self._connection()
+            conn = await self._connection()
         except OSError as e:
             raise BackendError(f"cannot start the local reaper: {e}", transient=True) from e
         self._next_id += 1
@@ -337,16 +364,21 @@ class Reaper:
         return report.pid, report
 
     def warm_up(self) -> None:
-        """Spawns of several replicas follow soon: the reaper (started now if need be)
-        takes the kernel's slow first step now, while they are being prepared
-        (see ``Reaper.warm`` in ``reaper.py``). Only an advance: a reaper that
-        cannot be started or reached is reported by the spawns that follow."""
-        try:
-            conn = self._connection()
-        except OSError:
-            return
-        with contextlib.suppress(BackendError):
-            conn.send({"op": "warm"})
+        """Spawns of several replicas follow soon: the reaper (started now if need be,
+        in a task of its own) takes the kernel's slow first step now, while they are
+        being prepared (see ``Reaper.warm`` in ``reaper.py``)."""
+        conn = self._conn
+        if conn is not None and not conn.dead:
+            with contextlib.suppress(BackendError):
+                conn.send({"op": "warm"})
+        else:
+            self._task_group.start_soon(self._start_warm)
+
+    async def _start_warm(self) -> None:
+        # Only an advance: a reaper that cannot be started or reached is reported by
+        # the spawns that follow, which try again and raise what they find.
+        with contextlib.suppress(OSError, BackendError):
+            (await self._connection()).send({"op": "warm"})
 
     def kill(self, pids: Sequence[int], sig: int) -> None:
         """Signal the process groups of replicas not yet reaped; others are left alone."""
@@ -364,8 +396,12 @@ class Reaper:
 
     async def aclose(self) -> None:
         """Ask the reaper to stop everything left, wait for it to exit, then close the socket."""
-        conns, self._ended = [*self._ended, self._conn], []
-        self._conn = None
+        # A reaper being started is one to close too (a start takes milliseconds).
+        with anyio.CancelScope(shield=True):
+            async with self._starting:
+                conns, self._ended = [*self._ended, self._conn], []
+                self._conn = None
+                self._closed = True
         for conn in conns:
             if conn is not None:
                 await self._close(conn)

@@ -11,6 +11,7 @@ in ``states.py``, into replica events for the app's state machines.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import shutil
 import signal
@@ -154,8 +155,10 @@ class SlurmRuntime(AppRuntime):
             (r.role, r.replica_id): Path(r.error_file(request.workdir)) for r in request.replicas
         }
         # Views are translated in order, but their events wait for the replicas' records
-        # (read off the loop): a queue keeps them in the order Slurm gave them.
-        self._mail, self._mailbox = anyio.create_memory_object_stream[list[Mail]](1000)
+        # (read off the loop): a queue keeps them in the order Slurm gave them. Unbounded:
+        # only a view that changed something sends mail (a few per replica and attempt),
+        # and the poller's listener must never fail because a record read is slow.
+        self._mail, self._mailbox = anyio.create_memory_object_stream[list[Mail]](math.inf)
         tasks.start_soon(self._deliver)
         self._times = ReplicaTimes()
         self._completing = 0  # the requeue (restart count) whose completion was asked for

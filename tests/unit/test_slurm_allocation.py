@@ -35,10 +35,22 @@ from supervisor.backends.slurm.script import (
     render,
 )
 from supervisor.backends.slurm.ship import ship_pump
+from supervisor.backends.slurm.times import PumpExit
 from supervisor.specs import MPI, MPI_NODES, PROCS_PER_NODE
 
 GOLDEN = Path(__file__).parent / "golden"
 FACTS = ClusterFacts(version=(22, 5), default_partition="debug", real_memory_mb={"debug": 4000})
+
+
+def _exited(attempt: int, code: int) -> Progress:
+    """Attempt 0 runs; replica r/0's pump recorded ``attempt`` ending with ``code``."""
+    record = PumpExit(attempt=attempt, returncode=code, ended=1.0, started=None, host="")
+    return Progress(attempt=0, exit_records={("r", 0): record})
+
+
+def _exits(progress: Progress) -> dict[tuple[str, int], tuple[int, int]]:
+    """Each replica's recorded (attempt, code)."""
+    return {key: (r.attempt, r.returncode) for key, r in progress.exit_records.items()}
 
 
 def _request(
@@ -133,9 +145,9 @@ RUNNING = JobRecord(job_id=7, het_job_id=7, het_offset=0, state="RUNNING", nodes
 @pytest.mark.parametrize(
     ("progress", "steps", "allocation", "state", "code", "signal"),
     [
-        (Progress(attempt=0, exits={("r", 0): (0, 3)}), {}, RUNNING, "exited", 3, None),
-        (Progress(attempt=0, exits={("r", 0): (0, -15)}), {}, RUNNING, "exited", None, "SIGTERM"),
-        (Progress(attempt=0, exits={("r", 0): (1, 0)}), {}, RUNNING, "waiting", None, None),
+        (_exited(0, 3), {}, RUNNING, "exited", 3, None),
+        (_exited(0, -15), {}, RUNNING, "exited", None, "SIGTERM"),
+        (_exited(1, 0), {}, RUNNING, "waiting", None, None),
         (Progress(attempt=0, rcs={(0, 0): 2}), {}, RUNNING, "exited", 2, None),
         (Progress(attempt=0), {(0, 0): StepRecord(7, "0", "", "n3")}, RUNNING, "running",
          None, None),
@@ -223,7 +235,7 @@ def test_the_driver_runs_each_replica_under_the_pump(tmp_path: Path) -> None:
     progress = read_progress(str(app_dir), _keys(app))
     assert progress.done == (0, 0)
     assert progress.rcs == {(0, 0): 0, (1, 0): 0}
-    assert progress.exits == {("r", 0): (0, 0), ("r", 1): (0, 0)}
+    assert _exits(progress) == {("r", 0): (0, 0), ("r", 1): (0, 0)}
     assert progress.driver_alive is False  # it ended
     assert progress.nodes == {0: "n1", 1: "n2"}  # round robin over the allocation's nodes
     out = (app_dir / "r" / "1" / "stdout.log").read_text()
@@ -245,8 +257,8 @@ def test_the_driver_stops_the_gang_and_retries_while_retries_last(tmp_path: Path
     app_dir = _run_driver(tmp_path, app)
     progress = read_progress(str(app_dir), _keys(app))
     assert progress.done == (2, 3)
-    assert progress.exits[("bad", 0)] == (2, 3)
-    assert progress.exits[("slow", 0)] == (2, -15)  # stopped with the gang, each attempt
+    assert _exits(progress)[("bad", 0)] == (2, 3)
+    assert _exits(progress)[("slow", 0)] == (2, -15)  # stopped with the gang, each attempt
     assert {a for (_, a) in progress.rcs} == {0, 1, 2}
     assert "attempt 0\nattempt 1\nattempt 2\n" in (app_dir / "bad" / "0" / "stdout.log").read_text()
 
@@ -258,7 +270,7 @@ def test_the_driver_starts_nothing_once_cancelled_or_when_the_allocation_ended(
     ended = _run_driver(tmp_path / "ended", app, allocation_state="CANCELLED")
     progress = read_progress(str(ended), _keys(app))
     assert progress.done == (0, 1) and progress.why == "allocation 1234 ended (CANCELLED)"
-    assert progress.rcs == {} and progress.exits == {}
+    assert progress.rcs == {} and _exits(progress) == {}
     cancelled = _run_driver(tmp_path / "cancelled", app, cancelled=True)
     progress = read_progress(str(cancelled), _keys(app))
     assert progress.done == (0, 143) and progress.why == "cancelled"

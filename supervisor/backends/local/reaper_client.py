@@ -280,6 +280,11 @@ class Reaper:
         """How replicas are contained: ``cgroup+subreaper``, ``subreaper``, ... (for statistics)."""
         return "not started" if self._conn is None else self._conn.containment
 
+    def _live(self) -> _Connection | None:
+        """The reaper running now; None when none was started or it died."""
+        conn = self._conn
+        return conn if conn is not None and not conn.dead else None
+
     async def _connection(self) -> _Connection:
         """The running reaper, started first if there is none (or it died).
 
@@ -287,8 +292,8 @@ class Reaper:
         it (and every other app of the host) for milliseconds. Shielded, so a
         caller cancelled meanwhile leaves no reaper process nobody knows of.
         """
-        conn = self._conn
-        if conn is not None and not conn.dead:
+        conn = self._live()
+        if conn is not None:
             return conn
         async with self._starting:
             if self._closed:
@@ -367,8 +372,8 @@ class Reaper:
         """Spawns of several replicas follow soon: the reaper (started now if need be,
         in a task of its own) takes the kernel's slow first step now, while they are
         being prepared (see ``Reaper.warm`` in ``reaper.py``)."""
-        conn = self._conn
-        if conn is not None and not conn.dead:
+        conn = self._live()
+        if conn is not None:
             with contextlib.suppress(BackendError):
                 conn.send({"op": "warm"})
         else:
@@ -382,17 +387,19 @@ class Reaper:
 
     def kill(self, pids: Sequence[int], sig: int) -> None:
         """Signal the process groups of replicas not yet reaped; others are left alone."""
-        if self._conn is not None and not self._conn.dead and pids:
+        conn = self._live()
+        if conn is not None and pids:
             # A reaper gone meanwhile: _end already killed what it had left.
             with contextlib.suppress(BackendError):
-                self._conn.send({"op": "kill", "pids": list(pids), "sig": int(sig)})
+                conn.send({"op": "kill", "pids": list(pids), "sig": int(sig)})
 
     def release(self, group: str) -> None:
         """An app ended: the reaper kills whatever its replicas left behind."""
-        if self._conn is not None and not self._conn.dead:
+        conn = self._live()
+        if conn is not None:
             # A reaper gone meanwhile: its adopted orphans are beyond reach (see README).
             with contextlib.suppress(BackendError):
-                self._conn.send({"op": "release", "group": group})
+                conn.send({"op": "release", "group": group})
 
     async def aclose(self) -> None:
         """Ask the reaper to stop everything left, wait for it to exit, then close the socket."""

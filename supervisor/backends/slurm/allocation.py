@@ -415,11 +415,10 @@ class Progress:
     done: tuple[int, int] | None = None  # (last attempt, code) once the driver ended
     why: str = ""  # why it ended early: "cancelled", "allocation ... ended"
     rcs: Mapping[tuple[int, int], int] = field(default_factory=dict)  # (group, attempt) -> rc
-    exits: Mapping[ReplicaKey, tuple[int, int]] = field(default_factory=dict)  # attempt, code
     driver_alive: bool | None = None  # None: cannot tell (another host, no pid yet)
     cancel_requested: bool = False  # someone recorded a cancel (this process or another)
     nodes: Mapping[int, str] = field(default_factory=dict)  # the nodes each group was given
-    # Each replica's whole exit record (where it ran, when it started and ended).
+    # Each replica's exit record: its attempt, code, where it ran, when it started and ended.
     exit_records: Mapping[ReplicaKey, PumpExit] = field(default_factory=dict)
 
 
@@ -458,13 +457,11 @@ def read_progress(app_dir: str, groups: Sequence[Sequence[ReplicaKey]]) -> Progr
         if given:
             with contextlib.suppress(OSError):
                 nodes[int(given.group(1))] = (state / name).read_text().strip()
-    exits: dict[ReplicaKey, tuple[int, int]] = {}
     exit_records: dict[ReplicaKey, PumpExit] = {}
     for group in groups:
         for role, k in group:
             record = read_pump_exit(Path(app_dir) / role / str(k) / EXIT_FILE)
             if record is not None:
-                exits[(role, k)] = (record.attempt, record.returncode)
                 exit_records[(role, k)] = record
     alive: bool | None = None
     try:
@@ -482,7 +479,6 @@ def read_progress(app_dir: str, groups: Sequence[Sequence[ReplicaKey]]) -> Progr
         done,
         why,
         rcs,
-        exits,
         alive,
         cancelled,
         nodes,
@@ -521,20 +517,19 @@ def observe(
     # nodes the driver gave its group.
     placed = step.nodes if step else progress.nodes.get(group, "")
     host = hosts_of_tasks(placed, size)[index] if placed else ""
-    recorded = progress.exits.get(key)
-    if recorded is not None and recorded[0] == attempt:
+    recorded = progress.exit_records.get(key)
+    if recorded is not None and recorded.attempt == attempt:
         # A step that ended before any look saw it, and before the driver wrote its
         # group's nodes (seen under load): the replica's own record says where it ran.
-        own = progress.exit_records.get(key)
-        host = host or (own.host if own is not None else "")
-        code = recorded[1]
+        host = host or recorded.host
+        code = recorded.returncode
         if code < 0:
             return Seen("exited", host, None, signal_name(-code))
         return Seen("exited", host, code)
     rc = progress.rcs.get((group, attempt))
     if rc is not None:
         where = f" (see {launcher_log})" if launcher_log else ""
-        if recorded is not None and recorded[0] > attempt:
+        if recorded is not None and recorded.attempt > attempt:
             msg = f"{role}/{k}: srun exited with code {rc}"  # its record is the next attempt's
         else:
             # srun ended, and the pump (which records before it exits) recorded nothing.

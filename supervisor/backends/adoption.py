@@ -36,12 +36,18 @@ class TakenOver(Generic[R]):
 
 
 async def take_over(
-    store: AppStore, owner: Owner, parse_request: Callable[[AppRecord], R]
+    store: AppStore,
+    owner: Owner,
+    parse_request: Callable[[AppRecord], R],
+    *,
+    lock_waiters: anyio.CapacityLimiter | None = None,
 ) -> TakenOver[R] | None:
     """Take the app's lease for ``owner`` and read its records; None when it cannot be
     taken (see ``AppStore.take_over``). ``DamagedRecordError`` for a request that
-    ``parse_request`` cannot read (``LookupError``, ``TypeError``, ``ValueError``)."""
-    record = await anyio.to_thread.run_sync(store.take_over, owner)
+    ``parse_request`` cannot read (``LookupError``, ``TypeError``, ``ValueError``).
+    ``lock_waiters``: the threads that may wait for the app's finalize lock, for a backend
+    whose holder of that lock needs default threads (Docker's)."""
+    record = await anyio.to_thread.run_sync(store.take_over, owner, limiter=lock_waiters)
     if record is None:
         return None
 

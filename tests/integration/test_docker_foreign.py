@@ -25,6 +25,7 @@ from supervisor import AppDef, AppState, ReplicaState, Role, ShuttingDown, Super
 from .docker_engines import (
     IMAGE,
     EngineUnderTest,
+    api,
     labelled,
 )
 
@@ -260,6 +261,48 @@ async def test_a_reader_whose_record_predates_the_end_another_recorded_reads_tha
     assert not stale, "the reader did not read the app's record"
     assert status.state is AppState.SUCCEEDED, status
     assert status.replica("w", 0) == ended.replica("w", 0)
+
+
+async def test_many_readers_of_an_ended_app_in_one_process_leave_its_finisher_threads(
+    engine: EngineUnderTest, tmp_path: Path
+) -> None:
+    """Every reader of an unfollowed app that sees it ended goes to record its end, one at a
+    time (the finalize lock). The one that holds the lock needs worker threads to read and
+    write the records; the others must not take them all while they wait for the lock.
+    With the default limiter at 2 threads (a service may lower it; 40, anyio's default,
+    is reached the same way by 40 readers), 16 readers all get the end. Checked: before
+    the lock's waits had threads of their own this hung on dockerd; Podman answers the
+    readers' container lists one after another, so they reach the lock apart and it passed.
+    With the threads fixed, 2 runs in 12 on dockerd still failed: the readers that listed
+    the container while the finisher removed it (state ``removing``) answered UNKNOWN; a
+    container being removed now sends its reader to the end recorded, as none does.
+    """
+    readers = 16
+    async with Supervisor(session=engine.session) as owner:
+        handle = await owner.submit(gated_app(tmp_path, exit_code=3), "docker", engine.cfg)
+        assert await first_line(owner, handle) == "started 0\n"
+    (tmp_path / "go").touch()
+    label = f"io.asupervisor.session={engine.session}"
+    [container] = labelled(engine.host, "containers", label)
+    with anyio.fail_after(60):  # nobody follows the app: the engine says when it ended
+        await anyio.to_thread.run_sync(
+            api, engine.host, "POST", f"/containers/{container['Id']}/wait"
+        )
+    anyio.to_thread.current_default_thread_limiter().total_tokens = 2
+    async with Supervisor(session=engine.session) as late:
+        states: list[AppState] = []
+
+        async def read() -> None:
+            described = await late.describe(handle)
+            assert described is not None
+            states.append(described.state)
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                for _ in range(readers):
+                    tg.start_soon(read)
+    assert states == [AppState.FAILED] * readers, states
+    assert not labelled(engine.host, "containers", label)
 
 
 async def test_a_cli_follower_sees_an_unfollowed_app_to_its_end(

@@ -170,6 +170,26 @@ def test_errors_change_nothing_and_are_shown_while_they_last() -> None:
     assert all(not isinstance(m, AppNotice) or m.message for m in mail[:2])
 
 
+def test_an_error_that_lasts_is_told_once_and_a_new_one_again() -> None:
+    """The poller asks every tick while the controller fails: one notice per error."""
+    first = JobView(10, (), "error", "squeue failed: slurmctld restarting")
+    other = JobView(10, (), "error", "squeue failed: connection refused")
+    translator = ViewTranslator(10, KEYS)
+    notices = [
+        [m.message for m in translator.events(v) if isinstance(m, AppNotice)]
+        for v in (first, first, first, other, other, _view("RUNNING"), first)
+    ]
+    assert notices == [
+        [first.problem],
+        [],
+        [],
+        [other.problem],
+        [],
+        [""],
+        [first.problem],
+    ]
+
+
 def test_a_job_gone_without_accounting_is_unknown_with_a_reason() -> None:
     gone = JobView(
         10, (), "gone", "the job left the controller and this cluster keeps no accounting"

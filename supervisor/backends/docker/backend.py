@@ -51,7 +51,12 @@ from supervisor.backends.docker.engine import (
 from supervisor.backends.docker.foreign import ForeignApps
 from supervisor.backends.docker.options import DOCKER_CAPABILITIES, default_host, docker_run_opts
 from supervisor.backends.docker.request import LABEL, DockerRequest, render
-from supervisor.backends.docker.runtime import CONFIRM_S, CREATE_CONCURRENCY, DockerRuntime
+from supervisor.backends.docker.runtime import (
+    CONFIRM_S,
+    CREATE_CONCURRENCY,
+    FINALIZE_WAITERS,
+    DockerRuntime,
+)
 from supervisor.backends.store import AppRecord, AppStore, Index, Owner
 from supervisor.errors import BackendError, SubmitError
 from supervisor.logs import LogSink
@@ -88,6 +93,7 @@ class DockerBackend(Backend):
         self._busy = 0
         self.launch_limiter = anyio.CapacityLimiter(CREATE_CONCURRENCY)
         """Shared by every launch of this backend: a cap on creates in flight across apps."""
+        self.lock_waiters = anyio.CapacityLimiter(FINALIZE_WAITERS)
         self._idle = anyio.Event()
         self.foreign = ForeignApps(self)
 
@@ -249,7 +255,10 @@ class DockerBackend(Backend):
         if found is None:
             return None
         taken = await take_over(
-            found[0], self.owner, lambda app: DockerRequest.from_json(app.request, app.app)
+            found[0],
+            self.owner,
+            lambda app: DockerRequest.from_json(app.request, app.app),
+            lock_waiters=self.lock_waiters,
         )
         if taken is None:
             return None

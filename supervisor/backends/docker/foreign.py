@@ -67,6 +67,11 @@ _UNFOLLOWED = "no process follows this app; state read from its containers"
 _Found = tuple[AppStore, AppRecord]
 
 
+def _being_removed(c: Mapping[str, Any]) -> bool:
+    """Whether the engine is removing the container (or failed to: dockerd's ``dead``)."""
+    return str(c.get("State") or "").lower() in ("removing", "dead")
+
+
 def _container_state(c: Mapping[str, Any]) -> tuple[ReplicaState, int | None]:
     state = str(c.get("State") or "").lower()
     if state in ("created", "configured", "initialized"):
@@ -165,11 +170,14 @@ class ForeignApps:
             # A cancel its owner did not carry out (it closed or died first).
             return await self._stop_unfollowed(store, app)
         containers = await self.containers(app)
-        if not containers:
-            # Gone, or finished meanwhile by another reader (``finalize`` records the end
-            # before it removes them): the record read above may predate that end.
+        if not containers or any(_being_removed(c) for c in containers):
+            # Gone or going, as when another reader finished the app meanwhile (``finalize``
+            # records the end before it removes them): the record read above may predate
+            # that end. A container being removed says nothing of how it ended.
             with contextlib.suppress(DamagedRecordError):
-                ended = await anyio.to_thread.run_sync(_end_recorded, store)
+                ended = await anyio.to_thread.run_sync(
+                    _end_recorded, store, limiter=self._backend.lock_waiters
+                )
                 if ended is not None:
                     return ended
         derived = self._from_containers(app, containers, recorded)
@@ -231,7 +239,11 @@ class ForeignApps:
         One process at a time (an exclusive lock on the app directory); one that
         finds the final state already recorded returns that.
         """
-        fd = await anyio.to_thread.run_sync(lock_file, store.app_dir / FINALIZE_LOCK, True)
+        # Waited for in a thread of its own kind: this holder needs default ones (see
+        # ``BackendServices.lock_waiters``).
+        fd = await anyio.to_thread.run_sync(
+            lock_file, store.app_dir / FINALIZE_LOCK, True, limiter=self._backend.lock_waiters
+        )
         assert fd is not None  # a waiting lock is always taken
         try:
             try:

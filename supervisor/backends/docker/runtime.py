@@ -69,6 +69,8 @@ __all__ = [
 
 CREATE_FAILED_CODE = 127
 CREATE_CONCURRENCY = 8
+FINALIZE_WAITERS = 8
+"""Threads at most blocked at once waiting for apps' finalize locks (``lock_waiters``)."""
 """Engine requests of launches in flight at once, across every app on one backend: an
 engine under load answers a burst of creates slower than its clients wait."""
 LAUNCH_TRIES = 4

@@ -35,6 +35,14 @@ class BackendServices(Protocol):
     task_group: TaskGroup
     launch_limiter: anyio.CapacityLimiter
     """Shared by every launch of the backend: a cap on creates in flight across apps."""
+    lock_waiters: anyio.CapacityLimiter
+    """The threads that wait for an app's ``FINALIZE_LOCK``, apart from anyio's default ones.
+
+    The reader recording an unfollowed app's end holds that lock across awaits that
+    need worker threads (records, output copies). Readers waiting for it in default
+    threads could take them all (40 readers of one app, or fewer under a lower
+    limit), and the holder would then wait for one for ever.
+    """
 
     def engine_for(self, host: str) -> Engine: ...
 

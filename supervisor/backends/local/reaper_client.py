@@ -123,6 +123,12 @@ def _start_reaper() -> tuple[socket.socket, subprocess.Popen[bytes]]:
     return ours, popen
 
 
+def _kill_cgroup(cgroup: str) -> None:
+    """Blocking: every process left in a dead reaper's cgroup killed (gone already: nothing)."""
+    with contextlib.suppress(OSError), open(f"{cgroup}/cgroup.kill", "w") as f:
+        f.write("1")
+
+
 class _Connection:
     """One running reaper process and its socket."""
 
@@ -201,6 +207,12 @@ class _Connection:
                     tg.cancel_scope.cancel()
         finally:
             self._end()
+            if self.cgroup is not None:
+                # Its cgroup still holds whatever the replicas left behind: killed at once,
+                # by a write to the cgroup's file, in a thread like every file write.
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(_kill_cgroup, self.cgroup)
+            self.stopped.set()
 
     async def _read(self) -> None:
         while True:
@@ -244,7 +256,8 @@ class _Connection:
                 ended.settle(msg["status"], at=msg["at"])
 
     def _end(self) -> None:
-        """The reaper is gone: whatever waits on it is answered, nothing hangs."""
+        """The reaper is gone: whatever waits on it is answered, nothing hangs (its cgroup
+        is killed after, then ``stopped`` set: see ``_run``)."""
         self.dead = True
         self.outbox.clear()  # the pipes in it belong to their spawners, answered below
         for event in self.waiting.values():
@@ -257,11 +270,6 @@ class _Connection:
                     os.killpg(report.pid, signal.SIGKILL)
             report.settle(None, "the local reaper process ended, so the exit status is unknown")
         self.exits.clear()
-        if self.cgroup is not None:
-            # Its cgroup still holds whatever the replicas left behind: killed at once.
-            with contextlib.suppress(OSError), open(f"{self.cgroup}/cgroup.kill", "w") as f:
-                f.write("1")
-        self.stopped.set()
 
 
 class Reaper:

@@ -55,7 +55,7 @@ class ViewTranslator:
         self._run_start: dict[ReplicaKey, int] = {}  # start time of the run seen this attempt
         self.stopping = False
         self._external_cancel = False
-        self._noticed = False
+        self._notice = ""  # the controller's error shown now ("" when none)
         # Slurm requeued the job but left some components ended (a het job whose
         # leader's node failed, on 22.05): the job cannot start until someone
         # completes the requeue. The restart count the job was requeued to, or 0.
@@ -74,11 +74,14 @@ class ViewTranslator:
 
     def events(self, view: JobView) -> list[Mail]:
         if view.where == "error":
-            self._noticed = True
+            # Once per error, not once per poll: the poller asks every tick while it lasts.
+            if view.problem == self._notice:
+                return []
+            self._notice = view.problem
             return [AppNotice(message=view.problem)]
         out: list[Mail] = []
-        if self._noticed:
-            self._noticed = False
+        if self._notice:
+            self._notice = ""
             out.append(AppNotice(message=""))
         if view.where == "gone":
             for role, k in self.keys:

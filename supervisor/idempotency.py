@@ -85,8 +85,18 @@ def fingerprint(backend: str, app: AppDef, cfg: Mapping[str, object] | None) -> 
 class IdempotencyKeys:
     """The key records of one backend and session."""
 
-    def __init__(self, state_dir: Path, backend: str, session: str) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        backend: str,
+        session: str,
+        lock_waiters: anyio.CapacityLimiter | None = None,
+    ) -> None:
         self.root = state_dir / "idempotency" / backend / session
+        self._lock_waiters = lock_waiters
+        """Threads for the waits for a key's lock, apart from anyio's default ones: the
+        holder needs those to read and record the key, and a retry storm of submits under
+        one key (40, anyio's limit) would otherwise take them all while they wait."""
 
     def _base(self, key: str) -> Path:
         # Keys are arbitrary text; their hash makes a safe, fixed-length file name.
@@ -127,7 +137,10 @@ class IdempotencyKeys:
         pending = _Pending()
         try:
             fd = await anyio.to_thread.run_sync(
-                pending.acquire, base.with_suffix(".lock"), abandon_on_cancel=True
+                pending.acquire,
+                base.with_suffix(".lock"),
+                abandon_on_cancel=True,
+                limiter=self._lock_waiters,
             )
         except BaseException:
             pending.abandon()

@@ -91,6 +91,8 @@ record the end in the journal (an app nobody follows never gets it)."""
 
 DRYRUN_THREAD_REPLICAS = 100
 """From this many replicas, ``submit`` renders the request in a worker thread."""
+KEY_LOCK_WAITERS = 8
+"""Threads at most blocked at once waiting for idempotency keys' locks (more wait unblocked)."""
 
 
 def _journal_ends(transitions: Sequence[Transition], state: AppState) -> bool:
@@ -301,6 +303,7 @@ class Supervisor:
         # What begin_shutdown ends: the scopes of open waits, the end events of follows.
         self._open_waits: set[anyio.CancelScope] = set()
         self._follows: set[anyio.Event | EndSignal] = set()
+        self._key_waiters: anyio.CapacityLimiter | None = None  # made in the loop, at first use
 
     # --------------------------------------------------------------- lifecycle
     async def __aenter__(self) -> Supervisor:
@@ -634,13 +637,19 @@ class Supervisor:
             return make_handle(backend, self.session, pending[-1].app_id)
 
         return await submit_once(
-            IdempotencyKeys(self.state_dir, backend, self.session),
+            IdempotencyKeys(self.state_dir, backend, self.session, self._key_lock_waiters()),
             idempotency_key,
             submitted=fingerprint(backend, app, cfg),
             exists=self.exists,
             prepare=prepare,
             launch=lambda: self.schedule(pending[-1]),
         )
+
+    def _key_lock_waiters(self) -> anyio.CapacityLimiter:
+        """The threads that wait for idempotency keys' locks (see ``IdempotencyKeys``)."""
+        if self._key_waiters is None:
+            self._key_waiters = anyio.CapacityLimiter(KEY_LOCK_WAITERS)
+        return self._key_waiters
 
     async def _dryrun_off_loop(
         self, app: AppDef, backend: str, cfg: Mapping[str, object] | None

@@ -153,6 +153,32 @@ async def test_a_key_reused_for_a_different_submit_is_refused(state_dir: Path) -
 
 
 @pytest.mark.anyio
+async def test_many_submits_under_one_key_at_once_leave_its_holder_threads(
+    state_dir: Path,
+) -> None:
+    """A client retrying one request many times at once: every submit under the key waits
+    for the key's lock, and the one holding it needs worker threads to read and record the
+    key. The waiters must not take them all: with the default limiter at 2 (a service may
+    lower it; anyio's 40 is reached the same way by 40 retries), 12 submits at once all
+    get the one handle, and one app runs."""
+    the_app = app(py_role("a", "pass"))
+    anyio.to_thread.current_default_thread_limiter().total_tokens = 2
+    handles: list[str] = []
+    async with Supervisor(session="svc") as sv:
+
+        async def submit() -> None:
+            handles.append(await sv.submit(the_app, "local", idempotency_key="retried"))
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                for _ in range(12):
+                    tg.start_soon(submit)
+        assert len(handles) == 12 and len(set(handles)) == 1, handles
+        assert (await sv.wait(handles[0], timeout=30)).state is AppState.SUCCEEDED
+        assert [a.app_handle for a in await sv.list("local")] == handles[:1]
+
+
+@pytest.mark.anyio
 async def test_scheduling_one_dry_run_twice_is_refused(state_dir: Path) -> None:
     async with Supervisor(session="svc") as sv:
         info = sv.dryrun(app(py_role("a", "pass")), "local")

@@ -30,7 +30,7 @@ from supervisor.backends.base import (
     AppTasks,
     Request,
 )
-from supervisor.errors import BackendError
+from supervisor.errors import BackendError, only_cause
 from supervisor.events import Lost, ReplicaEvent
 from supervisor.fsm.app import Action, AppFSM, RestartReplicas, RoleSpec, StopReplicas
 from supervisor.logs import EndSignal
@@ -357,9 +357,7 @@ class AppActor:
 
     async def _abandon(self, runtime: AppRuntime, exc: Exception) -> None:
         """Supervision of this app broke: mark what still lives UNKNOWN, stop it, record it."""
-        cause: BaseException = exc
-        while isinstance(cause, BaseExceptionGroup) and len(cause.exceptions) == 1:
-            cause = cause.exceptions[0]  # the task group's wrapping says nothing
+        cause = only_cause(exc)
         reason = f"supervising this app failed ({type(cause).__name__}: {cause})"
         if self._observer is not None:
             self._observer.internal_error(self.handle, "supervising this app", cause)

@@ -43,6 +43,7 @@ __all__ = [
     "UnknownBackendError",
     "UnsupportedAsyncLibraryError",
     "WaitTimeout",
+    "only_cause",
 ]
 
 
@@ -192,3 +193,11 @@ class DamagedRecordError(BackendError):
     def __init__(self, path: str, why: str) -> None:
         super().__init__(f"damaged record: {path}: {why}", transient=False)
         self.path = path
+
+
+def only_cause(exc: BaseException) -> BaseException:
+    """The one exception inside nested single-member groups: a task group wraps even a lone
+    error, and that wrapping says nothing (``except BackendError`` would not match it)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc

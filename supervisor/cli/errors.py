@@ -16,6 +16,7 @@ from supervisor.errors import (
     SupervisorError,
     UnknownAppError,
     UnknownBackendError,
+    only_cause,
 )
 
 __all__ = ["CliError", "UsageFailure", "run_async", "translate"]
@@ -35,16 +36,9 @@ class UsageFailure(CliError):
     exit_code = codes.USAGE
 
 
-def _leaf(exc: BaseException) -> BaseException:
-    """The one exception inside nested single-member groups (task groups wrap errors)."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
-
-
 def translate(exc: BaseException) -> BaseException:
     """The exception to raise in place of ``exc``: a ``CliError`` for library errors."""
-    leaf = _leaf(exc)
+    leaf = only_cause(exc)
     if isinstance(leaf, KeyboardInterrupt):
         return click.exceptions.Exit(codes.exit_code_for_signal(2))
     if isinstance(leaf, SpecError | InvalidHandleError | UnknownBackendError):

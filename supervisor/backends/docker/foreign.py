@@ -46,7 +46,7 @@ from supervisor.backends.store import (
     damaged_status,
     lock_file,
 )
-from supervisor.errors import BackendError, DamagedRecordError
+from supervisor.errors import BackendError, DamagedRecordError, only_cause
 from supervisor.fsm.rules import derive_app_state
 from supervisor.logs.inotify_close import open_inotify
 from supervisor.specs import AppHandle
@@ -387,6 +387,18 @@ class ForeignApps:
         if found is None:
             return None
         store, app = found
+        try:
+            return await self._wait_found(store, app)
+        except BaseExceptionGroup as group:
+            # The one error of a task of this wait, as itself: ``except BackendError`` of
+            # the caller must match it (``_wait_end`` did not, and at close the engine's
+            # "connection closed" reached the Supervisor's task group).
+            cause = only_cause(group)
+            if cause is group:
+                raise
+            raise cause from None
+
+    async def _wait_found(self, store: AppStore, app: AppRecord) -> AppStatus | None:
         wake: list[anyio.Event] = [anyio.Event()]
         labels = {
             LABEL.SESSION: str(app.request["session"]),

@@ -69,10 +69,10 @@ __all__ = [
 
 CREATE_FAILED_CODE = 127
 CREATE_CONCURRENCY = 8
-FINALIZE_WAITERS = 8
-"""Threads at most blocked at once waiting for apps' finalize locks (``lock_waiters``)."""
 """Engine requests of launches in flight at once, across every app on one backend: an
 engine under load answers a burst of creates slower than its clients wait."""
+FINALIZE_WAITERS = 8
+"""Threads at most blocked at once waiting for apps' finalize locks (``lock_waiters``)."""
 LAUNCH_TRIES = 4
 """Tries of one launch request that failed transiently (back-off 1, 2, 4 s)."""
 ATTEMPT_FILE = ".docker-attempt.json"

@@ -44,7 +44,8 @@ __all__ = ["AppActor"]
 PERSIST_INTERVAL = 0.05
 """Seconds a change waits before it is written for other processes: the changes of a
 burst that come meanwhile go in the same write (coalesced on the trailing edge), and
-an app that ends within it gets its final record as its next write."""
+an app that ends within it gets its final record as its next write. Not delayed: the
+state ``submit`` returns with, and a retry, written before it is carried out."""
 
 BATCH_MAX = 64
 """Mail items applied in one turn of the event loop: events that arrive together are
@@ -389,6 +390,11 @@ class AppActor:
             if isinstance(action, StopReplicas):
                 await runtime.stop(action.keys, action.reason)
             else:
+                # Recorded before it is carried out: a process that takes the app over
+                # from an owner that died in between finds the retry (and starts it, or
+                # follows its container) instead of a newer attempt its records never
+                # heard of, which it took for the failed one.
+                await self._persist(runtime, final=False)
                 await runtime.restart(action.attempts, action.reason)
         except BackendError as e:
             retry = "a retry may help" if e.transient else "retrying will not help"

@@ -14,11 +14,13 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
 from supervisor import AppDef, AppState, BindMount, Role, Supervisor, UnknownAppError
+from supervisor.backends.docker.engine import engine_time
 from supervisor.status import Transition
 
 from .docker_engines import IMAGE, EngineUnderTest, api, labelled
@@ -64,18 +66,64 @@ anyio.run(main)
 """
 
 
+# The retry below: attempt 0 fails once /gate/fail exists, attempt 1 succeeds once
+# /gate/done does.
+RETRIED = """
+import os, sys, time
+attempt = os.environ["ASUPERVISOR_ATTEMPT"]
+gate = "/gate/fail" if attempt == "0" else "/gate/done"
+while not os.path.exists(gate):
+    time.sleep(0.02)
+sys.exit(3 if attempt == "0" else 0)
+"""
+
+# An owner whose coalesced writes wait 5 s instead of 50 ms: the window a busy owner
+# leaves open for a moment, held open for the test to kill it in.
+SLOW_WRITING_OWNER = """
+import sys, anyio
+import supervisor.actor
+from supervisor import AppDef, BindMount, Role, RetryPolicy, Supervisor
+
+supervisor.actor.PERSIST_INTERVAL = 5.0
+
+async def main() -> None:
+    gate, host, session, image, code = sys.argv[1:6]
+    role = Role("w", image=image, entrypoint="python3", args=["-c", code], num_replicas=1,
+                max_retries=1, retry_policy=RetryPolicy.REPLICA,
+                mounts=[BindMount(gate, "/gate", read_only=True)])
+    async with Supervisor(session=session) as sv:
+        handle = await sv.submit(AppDef("retried", [role]), "docker",
+                                 {"host": host, "stop_grace": 2.0})
+        print(handle, flush=True)
+        await anyio.sleep_forever()
+
+anyio.run(main)
+"""
+
+
+def _owner_env(state_dir: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "ASUPERVISOR_HOME": str(state_dir),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+
+
+def _running_retry(engine: EngineUnderTest, app_id: str) -> dict[str, Any] | None:
+    """The container of the app's attempt 1, once it runs."""
+    for c in labelled(engine.host, "containers", f"io.asupervisor.app_id={app_id}"):
+        if c["Labels"].get("io.asupervisor.attempt") == "1" and c["State"] == "running":
+            return c
+    return None
+
+
 def _key(t: Transition) -> tuple[object, ...]:
     return (t.seq, t.source, t.dest, t.trigger, t.role, t.replica_id, t.attempt)
 
 
 async def _owner_killed_while_running(engine: EngineUnderTest, gate: Path, state_dir: Path) -> str:
-    env = {
-        **os.environ,
-        "ASUPERVISOR_HOME": str(state_dir),
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-    }
     argv = [sys.executable, "-c", OWNER, str(gate), engine.host, engine.session, IMAGE, REPLICA]
-    async with await anyio.open_process(argv, env=env) as owner:
+    async with await anyio.open_process(argv, env=_owner_env(state_dir)) as owner:
         assert owner.stdout is not None
         with anyio.fail_after(120):
             handle = (await owner.stdout.receive()).decode().strip()
@@ -138,6 +186,59 @@ async def test_an_app_whose_owner_was_sigkilled_is_retried_by_the_process_that_a
         assert described is not None and described.state is AppState.SUCCEEDED, described
         # The journal on disk holds the same transitions, none written twice.
         assert [_key(t) for t in described.transitions] == [_key(t) for t in seen]
+
+
+async def test_a_retry_whose_owner_died_before_recording_its_start_is_taken_over_as_is(
+    engine: EngineUnderTest, tmp_path: Path, state_dir: Path
+) -> None:
+    """The owner is SIGKILLed while its replica's retry runs and before its coalesced
+    write recorded that start. It recorded the retry itself before making the retry's
+    container, so the process that attaches follows that container as attempt 1 of 1
+    (it took it for the failed attempt: the failure and the retry were lost, the app
+    ended SUCCEEDED with 0 restarts, and a failure of the retry would have been retried
+    past max_retries), and records its RUNNING at the engine's start time, not at the
+    attach a second later."""
+    argv = [sys.executable, "-c", SLOW_WRITING_OWNER, str(tmp_path), engine.host]
+    async with await anyio.open_process(
+        [*argv, engine.session, IMAGE, RETRIED], env=_owner_env(state_dir)
+    ) as owner:
+        assert owner.stdout is not None
+        with anyio.fail_after(120):
+            handle = (await owner.stdout.receive()).decode().strip()
+            app_id = handle.rsplit("/", 1)[1]
+            (tmp_path / "fail").touch()
+            retry = None
+            while retry is None:  # the engine's state, polled: Podman's events lag
+                await anyio.sleep(0.02)
+                retry = await anyio.to_thread.run_sync(_running_retry, engine, app_id)
+        owner.kill()
+        await owner.wait()
+    index = state_dir / "index" / "docker" / engine.session / f"{app_id}.json"
+    state = json.loads((Path(json.loads(index.read_text())["app_dir"]) / "state.json").read_text())
+    [recorded] = state["status"]["roles"][0]["replicas"]
+    assert (recorded["state"], recorded["restarts"]) == ("PENDING", 1), recorded
+    inspected = await anyio.to_thread.run_sync(
+        api, engine.host, "GET", f"/containers/{retry['Id']}/json"
+    )
+    engine_started = engine_time(inspected["State"]["StartedAt"])
+    assert engine_started is not None
+    await anyio.sleep(1)
+    async with Supervisor(session=engine.session) as sv:
+        attached = await sv.attach(handle)
+        assert attached.state is AppState.RUNNING, attached
+        (tmp_path / "done").touch()
+        with anyio.fail_after(60):
+            final = await sv.wait(handle)
+        assert (final.state, final.num_restarts) == (AppState.SUCCEEDED, 1), final
+        described = await sv.describe(handle)
+    assert described is not None
+    seen = described.transitions
+    assert [t.seq for t in seen] == list(range(len(seen)))
+    restarts = [t for t in seen if t.trigger == "restart"]
+    assert [(t.replica_id, t.attempt) for t in restarts] == [(0, 1)], seen
+    assert restarts[0].msg == "w/0 exited with code 3; restart 1/1 (REPLICA)", restarts
+    [started] = [t for t in seen if t.role and t.dest == "RUNNING" and t.attempt == 1]
+    assert abs(started.at - engine_started) < 0.01, (started, engine_started)
 
 
 async def test_a_container_removed_while_nobody_followed_counts_as_killed_and_is_retried(

@@ -422,11 +422,17 @@ class DockerRuntime(ReplicaRuntime):
                 if not ended:
                     self._tasks.start_soon(self._start_container, key, slot)
                 continue
+            start_recorded = replica is not None and replica.state is ReplicaState.RUNNING
+            started_at = None
+            if state == "running" and not start_recorded:
+                # Its owner died before recording the start: the engine's time of it,
+                # not now, however long nobody followed the app.
+                started_at = await self._start_time(slot.cid)
             copy = await self._resumed_copy(key, slot)
             if state == "running":
                 slot.running = True
-                slot.started_sent = replica is not None and replica.state is ReplicaState.RUNNING
-                self._send_started(key, slot)
+                slot.started_sent = start_recorded
+                self._send_started(key, slot, started_at)
                 if copy is None:
                     continue  # another process copies this container's output to its end
                 slot.copy = copy

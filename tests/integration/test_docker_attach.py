@@ -101,6 +101,34 @@ anyio.run(main)
 """
 
 
+# An owner whose engine takes 30 s per removal (an engine under load takes seconds):
+# killed after its app's final record, it dies before removing the app's container.
+SLOW_REMOVING_OWNER = """
+import sys, anyio
+from supervisor import AppDef, Role, Supervisor
+from supervisor.backends.docker.engine import Engine
+
+removing = Engine.remove
+
+async def slow_remove(engine: Engine, cid: str) -> None:
+    await anyio.sleep(30)
+    await removing(engine, cid)
+
+Engine.remove = slow_remove
+
+async def main() -> None:
+    host, session, image = sys.argv[1:4]
+    role = Role("w", image=image, entrypoint="true")
+    async with Supervisor(session=session) as sv:
+        handle = await sv.submit(AppDef("ending", [role]), "docker", {"host": host})
+        print(handle, flush=True)
+        await sv.wait(handle)
+        await anyio.sleep_forever()
+
+anyio.run(main)
+"""
+
+
 def _owner_env(state_dir: Path) -> dict[str, str]:
     return {
         **os.environ,
@@ -239,6 +267,35 @@ async def test_a_retry_whose_owner_died_before_recording_its_start_is_taken_over
     assert restarts[0].msg == "w/0 exited with code 3; restart 1/1 (REPLICA)", restarts
     [started] = [t for t in seen if t.role and t.dest == "RUNNING" and t.attempt == 1]
     assert abs(started.at - engine_started) < 0.01, (started, engine_started)
+
+
+async def test_what_an_owner_killed_amid_its_apps_end_left_goes_when_the_app_is_read(
+    engine: EngineUnderTest, state_dir: Path
+) -> None:
+    """The owner recorded its app's end and was SIGKILLed before it removed the container
+    and network. Nobody finishes an ended app, so they stayed for ever: the first reader
+    of the app now removes them (once: it marks them removed)."""
+    argv = [sys.executable, "-c", SLOW_REMOVING_OWNER, engine.host, engine.session, IMAGE]
+    async with await anyio.open_process(argv, env=_owner_env(state_dir)) as owner:
+        assert owner.stdout is not None
+        with anyio.fail_after(120):
+            handle = (await owner.stdout.receive()).decode().strip()
+            app_id = handle.rsplit("/", 1)[1]
+            index = state_dir / "index" / "docker" / engine.session / f"{app_id}.json"
+            app_dir = Path(json.loads(index.read_text())["app_dir"])
+            while not json.loads((app_dir / "state.json").read_text())["final"]:  # noqa: ASYNC110
+                await anyio.sleep(0.02)
+        owner.kill()
+        await owner.wait()
+    label = f"io.asupervisor.app_id={app_id}"
+    assert labelled(engine.host, "containers", label), "the owner removed its container"
+    assert labelled(engine.host, "networks", label), "the owner removed its network"
+    async with Supervisor(session=engine.session) as sv:
+        described = await sv.describe(handle)
+        assert described is not None and described.state is AppState.SUCCEEDED, described
+    assert labelled(engine.host, "containers", label) == []
+    assert labelled(engine.host, "networks", label) == []
+    assert (app_dir / "containers-removed").exists()
 
 
 async def test_a_container_removed_while_nobody_followed_counts_as_killed_and_is_retried(

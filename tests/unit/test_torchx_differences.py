@@ -281,7 +281,8 @@ def test_slurm_requests_are_frozen_and_logs_under_log_dir() -> None:
 
 def test_docker_containers_are_found_by_labels() -> None:
     """Row "Docker containers": labelled with the session and app id (the removal and the
-    CANCELLED end are tests/integration/test_docker_lifecycle.py, on both engines)."""
+    CANCELLED end are tests/integration/test_docker_lifecycle.py, on both engines; the
+    removal by the next reader, test_docker_attach.py)."""
     request = docker_render(
         APP, docker_run_opts().resolve({}), CTX, host="unix:///x", default_log_dir=Path("/l")
     )

@@ -33,7 +33,12 @@ from supervisor.backends.docker.engine import (
 )
 from supervisor.backends.docker.request import LABEL
 from supervisor.backends.docker.resume import LogResumer
-from supervisor.backends.docker.runtime import OUTPUT_COPIED, exit_signal, latest_containers
+from supervisor.backends.docker.runtime import (
+    OUTPUT_COPIED,
+    REMOVED,
+    exit_signal,
+    latest_containers,
+)
 from supervisor.backends.docker.services import BackendServices
 from supervisor.backends.listing import list_indexed
 from supervisor.backends.pids import owner_exit
@@ -45,6 +50,7 @@ from supervisor.backends.store import (
     Owner,
     damaged_status,
     lock_file,
+    write_json_atomic,
 )
 from supervisor.errors import BackendError, DamagedRecordError, only_cause
 from supervisor.fsm.rules import derive_app_state
@@ -63,6 +69,8 @@ __all__ = ["ForeignApps"]
 
 _EXITED = re.compile(r"Exited \((-?\d+)\)")
 _UNFOLLOWED = "no process follows this app; state read from its containers"
+LEFTOVERS_S = 10.0
+"""How long a reader of an ended app spends removing what its killed owner left."""
 
 _Found = tuple[AppStore, AppRecord]
 
@@ -161,6 +169,8 @@ class ForeignApps:
             # Said as it is; a cancel still stops the containers and records anew.
             return damaged_status(e, app.app.roles)
         if recorded is not None and recorded[0].is_terminal:
+            if not await anyio.Path(store.app_dir / REMOVED).exists():
+                await self._remove_left(store, app)
             return recorded[0]
         if await anyio.to_thread.run_sync(store.followed, app):
             if recorded is None:
@@ -294,23 +304,58 @@ class ForeignApps:
                 msg="cancelled by another process",
                 roles=roles,
             )
-        # The containers hold the only copy of what they wrote since nobody followed them.
-        definition = app.app
-        for role in definition.roles:
-            for k in range(role.num_replicas):
-                await self.logs.resume(store, app, role.name, k, final=True)
+        await self._copy_rest(store, app)
         owner = self._backend.owner
         engine = self.engine_of(app)
         containers = await self.containers(app)
         started, ended = await _run_times(engine, containers)
         steps = await anyio.to_thread.run_sync(store.observed_steps, status, started, ended)
         await anyio.to_thread.run_sync(store.write_state, status, steps, True, owner)
+        await self._remove(store, app, containers)
+        return status
+
+    async def _copy_rest(self, store: AppStore, app: AppRecord) -> None:
+        """The containers hold the only copy of what they wrote since nobody followed them."""
+        for role in app.app.roles:
+            for k in range(role.num_replicas):
+                await self.logs.resume(store, app, role.name, k, final=True)
+
+    async def _remove(
+        self, store: AppStore, app: AppRecord, containers: Sequence[dict[str, Any]]
+    ) -> None:
+        """The ended app's containers and network go (gone already is fine); then REMOVED."""
+        engine = self.engine_of(app)
         for c in containers:
             await engine.remove(str(c["Id"]))
         if app.request.get("network_body", True):  # not a joined network: the app's own
             names = [str(c.get("name", "")) for c in app.request.get("containers") or ()]
             await engine.remove_network(str(app.request["network"]), [n for n in names if n])
-        return status
+        with contextlib.suppress(OSError):  # without it, a reader only looks once more
+            await anyio.to_thread.run_sync(write_json_atomic, store.app_dir / REMOVED, {})
+
+    async def _remove_left(self, store: AppStore, app: AppRecord) -> None:
+        """An ended app whose removal nobody finished: its owner was killed between the
+        final record and the removal, or an older version ended it (which wrote no
+        REMOVED). Left alone while its owner lives (it is removing them). Bounded, and
+        an engine that cannot answer leaves it to the next reader: the end is recorded,
+        and reading it needs no engine."""
+        if await anyio.to_thread.run_sync(store.followed, app):
+            return
+        # One reader at a time, as ``finalize``: the next finds the mark.
+        fd = await anyio.to_thread.run_sync(
+            lock_file, store.app_dir / FINALIZE_LOCK, True, limiter=self._backend.lock_waiters
+        )
+        assert fd is not None  # a waiting lock is always taken
+        try:
+            if await anyio.Path(store.app_dir / REMOVED).exists():
+                return
+            with anyio.move_on_after(LEFTOVERS_S), contextlib.suppress(BackendError):
+                containers = await self.containers(app)
+                if containers and not await anyio.Path(store.app_dir / OUTPUT_COPIED).exists():
+                    await self._copy_rest(store, app)  # killed before it had copied it all
+                await self._remove(store, app, containers)
+        finally:
+            os.close(fd)
 
     # ------------------------------------------------------------------ verbs
     async def describe(self, handle: AppHandle) -> DescribeAppResponse | None:

@@ -15,6 +15,7 @@ and ``wait`` is not held up by the files.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import os
@@ -80,6 +81,10 @@ COPY_LOCK = ".copy.lock"
 """Held by the one process that copies a replica's output when its owner does not."""
 OUTPUT_COPIED = "output-copied"
 """In the app dir once the ended app's output is all in its files: other processes wait for it."""
+REMOVED = "containers-removed"
+"""In the app dir once the ended app's containers and network are gone. A reader of an
+ended app without it removes what is left: its owner was killed after the final record,
+before the removal."""
 OOM_CODE = KILLED_CODE = 137
 CONFIRM_S = 30.0
 """How long a stop waits for the engine to confirm an exit after SIGKILL, and how long an
@@ -1039,6 +1044,8 @@ class DockerRuntime(ReplicaRuntime):
         except OSError as e:
             marked = e
         await self._remove_all()
+        with contextlib.suppress(OSError):  # without it, a reader only looks once more
+            await anyio.to_thread.run_sync(write_json_atomic, self.store.app_dir / REMOVED, {})
         if marked is not None:
             # Other processes then wait for this one to exit before reading to the end.
             raise BackendError(f"cannot mark the app's output complete: {marked}", transient=False)

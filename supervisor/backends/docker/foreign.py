@@ -38,6 +38,7 @@ from supervisor.backends.docker.runtime import (
     REMOVED,
     exit_signal,
     latest_containers,
+    mark_removed,
 )
 from supervisor.backends.docker.services import BackendServices
 from supervisor.backends.listing import list_indexed
@@ -50,7 +51,6 @@ from supervisor.backends.store import (
     Owner,
     damaged_status,
     lock_file,
-    write_json_atomic,
 )
 from supervisor.errors import BackendError, DamagedRecordError, only_cause
 from supervisor.fsm.rules import derive_app_state
@@ -91,6 +91,14 @@ def _container_state(c: Mapping[str, Any]) -> tuple[ReplicaState, int | None]:
     if isinstance(code, int):
         return (ReplicaState.SUCCEEDED if code == 0 else ReplicaState.FAILED), code
     return ReplicaState.UNKNOWN, None
+
+
+def _read_state(store: AppStore) -> tuple[tuple[AppStatus, Owner] | None, bool]:
+    """Blocking: the recorded state, and whether it is an end whose removal nobody finished
+    (no REMOVED mark), in one hop: every read of an ended app asks both."""
+    recorded = store.read_state()
+    ended = recorded is not None and recorded[0].is_terminal
+    return recorded, ended and not (store.app_dir / REMOVED).exists()
 
 
 def _end_recorded(store: AppStore) -> AppStatus | None:
@@ -164,12 +172,12 @@ class ForeignApps:
 
     async def status(self, store: AppStore, app: AppRecord) -> AppStatus:
         try:
-            recorded = await anyio.to_thread.run_sync(store.read_state)
+            recorded, left = await anyio.to_thread.run_sync(_read_state, store)
         except DamagedRecordError as e:
             # Said as it is; a cancel still stops the containers and records anew.
             return damaged_status(e, app.app.roles)
         if recorded is not None and recorded[0].is_terminal:
-            if not await anyio.Path(store.app_dir / REMOVED).exists():
+            if left:
                 await self._remove_left(store, app)
             return recorded[0]
         if await anyio.to_thread.run_sync(store.followed, app):
@@ -249,13 +257,7 @@ class ForeignApps:
         One process at a time (an exclusive lock on the app directory); one that
         finds the final state already recorded returns that.
         """
-        # Waited for in a thread of its own kind: this holder needs default ones (see
-        # ``BackendServices.lock_waiters``).
-        fd = await anyio.to_thread.run_sync(
-            lock_file, store.app_dir / FINALIZE_LOCK, True, limiter=self._backend.lock_waiters
-        )
-        assert fd is not None  # a waiting lock is always taken
-        try:
+        async with self._finalize_lock(store):
             try:
                 recorded = await anyio.to_thread.run_sync(store.read_state)
             except DamagedRecordError:
@@ -267,6 +269,20 @@ class ForeignApps:
                 # Attached to meanwhile (``take_over``): its new owner records the end.
                 return recorded[0] if recorded is not None else status
             return await self._finalize(store, app, status, cancelled)
+
+    @contextlib.asynccontextmanager
+    async def _finalize_lock(self, store: AppStore) -> AsyncIterator[None]:
+        """The app's FINALIZE_LOCK: one process at a time ends an unfollowed app.
+
+        Waited for in a thread of its own kind: the holder needs default ones (see
+        ``BackendServices.lock_waiters``).
+        """
+        fd = await anyio.to_thread.run_sync(
+            lock_file, store.app_dir / FINALIZE_LOCK, True, limiter=self._backend.lock_waiters
+        )
+        assert fd is not None  # a waiting lock is always taken
+        try:
+            yield
         finally:
             os.close(fd)
 
@@ -330,8 +346,7 @@ class ForeignApps:
         if app.request.get("network_body", True):  # not a joined network: the app's own
             names = [str(c.get("name", "")) for c in app.request.get("containers") or ()]
             await engine.remove_network(str(app.request["network"]), [n for n in names if n])
-        with contextlib.suppress(OSError):  # without it, a reader only looks once more
-            await anyio.to_thread.run_sync(write_json_atomic, store.app_dir / REMOVED, {})
+        await mark_removed(store.app_dir)
 
     async def _remove_left(self, store: AppStore, app: AppRecord) -> None:
         """An ended app whose removal nobody finished: its owner was killed between the
@@ -341,12 +356,7 @@ class ForeignApps:
         and reading it needs no engine."""
         if await anyio.to_thread.run_sync(store.followed, app):
             return
-        # One reader at a time, as ``finalize``: the next finds the mark.
-        fd = await anyio.to_thread.run_sync(
-            lock_file, store.app_dir / FINALIZE_LOCK, True, limiter=self._backend.lock_waiters
-        )
-        assert fd is not None  # a waiting lock is always taken
-        try:
+        async with self._finalize_lock(store):  # one reader at a time: the next finds the mark
             if await anyio.Path(store.app_dir / REMOVED).exists():
                 return
             with anyio.move_on_after(LEFTOVERS_S), contextlib.suppress(BackendError):
@@ -354,8 +364,6 @@ class ForeignApps:
                 if containers and not await anyio.Path(store.app_dir / OUTPUT_COPIED).exists():
                     await self._copy_rest(store, app)  # killed before it had copied it all
                 await self._remove(store, app, containers)
-        finally:
-            os.close(fd)
 
     # ------------------------------------------------------------------ verbs
     async def describe(self, handle: AppHandle) -> DescribeAppResponse | None:

@@ -64,6 +64,7 @@ __all__ = [
     "digests_since",
     "exit_signal",
     "latest_containers",
+    "mark_removed",
     "remove_each",
     "sha256s",
 ]
@@ -1044,8 +1045,7 @@ class DockerRuntime(ReplicaRuntime):
         except OSError as e:
             marked = e
         await self._remove_all()
-        with contextlib.suppress(OSError):  # without it, a reader only looks once more
-            await anyio.to_thread.run_sync(write_json_atomic, self.store.app_dir / REMOVED, {})
+        await mark_removed(self.store.app_dir)
         if marked is not None:
             # Other processes then wait for this one to exit before reading to the end.
             raise BackendError(f"cannot mark the app's output complete: {marked}", transient=False)
@@ -1079,6 +1079,13 @@ class DockerRuntime(ReplicaRuntime):
     @property
     def container_ids(self) -> list[str]:
         return list(self._by_cid)
+
+
+async def mark_removed(app_dir: Path) -> None:
+    """REMOVED in ``app_dir``; a mark that cannot be written only costs the next reader of
+    the app one look at the engine (see ``ForeignApps._remove_left``)."""
+    with contextlib.suppress(OSError):
+        await anyio.to_thread.run_sync(write_json_atomic, app_dir / REMOVED, {})
 
 
 async def remove_each(

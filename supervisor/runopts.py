@@ -604,7 +604,10 @@ def parse_cfg_string(text: str, opts: RunOpts) -> dict[str, object]:
     more than once accumulates its items; a scalar given twice is an error.
     Values are split at the first ``=``, so they may contain ``=``. Every
     problem (unknown key, piece without ``=``, value that does not convert)
-    is reported in one ``SpecError``. Required options are ``resolve``'s job.
+    is reported in one ``SpecError``, together with what ``resolve`` finds in
+    the pieces that did parse (a bound, a choice, a required option missing):
+    one round trip shows everything to fix. With no problem here, the result
+    still goes through ``resolve`` where the options are used.
     """
     if not isinstance(text, str):
         raise SpecError(
@@ -648,6 +651,10 @@ def parse_cfg_string(text: str, opts: RunOpts) -> dict[str, object]:
             continue
         out[key] = value
     if problems:
+        try:
+            opts.resolve(out)
+        except SpecError as e:
+            problems.extend(e.problems)
         raise SpecError(problems, context=_CONTEXT)
     return out
 

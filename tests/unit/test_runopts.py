@@ -390,18 +390,41 @@ def test_parse_collects_every_problem() -> None:
         "cfg.poll_interval",
         "cfg.orphan",
         "cfg",
+        "cfg.partition",
     }
     assert problems["cfg.log_dri"].startswith("unknown option; did you mean 'log_dir'?")
     assert problems["cfg.prepend_cwd"] == "expected bool (true/false/1/0/yes/no), got 'maybe'"
     assert problems["cfg.max_procs"] == "expected int, got 'four'"
     assert problems["cfg.poll_interval"] == "expected float, got 'fast'"
     assert problems["cfg.orphan"].startswith("expected key=value")
+    assert problems["cfg.partition"].startswith("required option missing")
     assert exc.value.context == "invalid run options"
+
+
+def test_parse_problems_come_with_what_resolve_finds_in_the_rest() -> None:
+    """An unknown key used to hide a bound or a choice broken beside it (the CLI's
+    ``--cfg stop_grace=-5,foo=1`` named only ``foo``): the user fixed one, ran
+    again and only then heard of the other."""
+    opts = RunOpts(
+        [
+            RunOpt("grace", OptType.FLOAT, 5.0, "seconds", minimum=0.0),
+            RunOpt("mode", OptType.STR, "a", "how", choices=("a", "b")),
+            RunOpt("count", OptType.INT, 1, "how many"),
+        ]
+    )
+    with pytest.raises(SpecError) as exc:
+        parse_cfg_string("grace=-5,mode=z,count=2,foo=1", opts)
+    problems = problems_of(exc)
+    assert set(problems) == {"cfg.foo", "cfg.grace", "cfg.mode"}
+    assert problems["cfg.grace"] == "must be >= 0, got -5"
+    assert problems["cfg.foo"].startswith("unknown option")
+    # Each field once, the parse's problems first.
+    assert exc.value.fields == ("cfg.foo", "cfg.grace", "cfg.mode")
 
 
 def test_parse_hints_at_semicolon_after_a_list_option() -> None:
     with pytest.raises(SpecError) as exc:
-        parse_cfg_string("mounts=a,b", OPTS)
+        parse_cfg_string("partition=p,mounts=a,b", OPTS)
     (problem,) = exc.value.problems
     assert problem.field == "cfg.b"
     assert "separate the items of list option 'mounts' with ';'" in problem.message
@@ -409,7 +432,7 @@ def test_parse_hints_at_semicolon_after_a_list_option() -> None:
 
 def test_parse_scalar_given_twice() -> None:
     with pytest.raises(SpecError) as exc:
-        parse_cfg_string("max_procs=1,max_procs=2", OPTS)
+        parse_cfg_string("partition=p,max_procs=1,max_procs=2", OPTS)
     assert exc.value.problems == (Problem("cfg.max_procs", "given more than once"),)
 
 

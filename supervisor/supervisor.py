@@ -31,7 +31,15 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Mapping,
+    Sequence,
+)
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from datetime import datetime
@@ -56,6 +64,7 @@ from supervisor.backends.listing import newest_first
 from supervisor.backends.store import Index, IndexEntry, end_is_known, remove_app
 from supervisor.cluster import ClusterInfo, ClusterJob
 from supervisor.errors import (
+    BackendError,
     DamagedRecordError,
     DuplicateAppError,
     Problem,
@@ -292,6 +301,8 @@ class Supervisor:
         self._actors: dict[str, AppActor] = {}
         # The final statuses of the apps that ended last, newest at the end.
         self._finished = FinishedStatuses()
+        # The latest status of each live app ``attach`` made this Supervisor observe.
+        self._observed: dict[str, AppStatus] = {}
         self._stack: AsyncExitStack | None = None
         self._tg: TaskGroup | None = None
         self._gpus: int | None = None
@@ -539,9 +550,12 @@ class Supervisor:
         launched it, so its retries and gang failure carry on, ``status`` answers
         it from memory and ``watch`` gives its recorded transitions, then the live
         ones. One owner at a time: while the owner lives (or another process took
-        it over first) this process observes, as every verb does for any handle.
+        it over first) this process observes: ``status`` answers the app from its
+        records, kept current in a task until it ends (nothing of it is carried
+        out here; ``attach`` it again to take it over once its owner is gone).
         A local app cannot outlive its reaper, so one whose owner died gives its
-        recorded state. Returns the app's status; ``UnknownAppError`` for no app.
+        recorded state, as does any app that ended. Returns the app's status;
+        ``UnknownAppError`` for no app.
         """
         self._refuse_if_shutting_down("attach")
         actor = self._actors.get(handle)
@@ -555,7 +569,13 @@ class Supervisor:
             described = await self._describe_recorded(parsed)
             if described is None:
                 raise UnknownAppError(f"no app {handle}")
-            return described.to_status()
+            status = described.to_status()
+            if status.is_settled:
+                self._finished.put(handle, status)
+            elif handle not in self._observed:
+                self._observed[handle] = status
+                tg.start_soon(self._observe, handle, parsed, described)
+            return status
         actor = AppActor(handle, adoption.request, self._observer, on_done=self._forget)
         owed = actor.resume(adoption.recorded, adoption.history)
         try:
@@ -690,14 +710,18 @@ class Supervisor:
     def status(self, handle: str) -> AppStatus | None:
         """A snapshot of an app this Supervisor follows; no I/O. None for any other handle.
 
-        An app launched here that ended is answered from a cache of the last
+        Followed: launched here, or given to ``attach`` (as its owner, or as an
+        observer of an app whose owner lives: then the snapshot is its records as
+        ``watch`` reads them, each change within about 50 ms where the records are
+        on this machine). An app that ended is answered from a cache of the last
         ``FINISHED_CACHE`` final statuses; one that left it answers None, as an
         app of another process does: ``describe`` or ``wait`` read its records.
         """
         actor = self._actors.get(handle)
         if actor is not None:
             return _with_metadata(actor)
-        return self._finished.get(handle)
+        observed = self._observed.get(handle)
+        return observed if observed is not None else self._finished.get(handle)
 
     async def describe(self, handle: str) -> DescribeAppResponse | None:
         parsed = parse_handle(handle)
@@ -1030,18 +1054,31 @@ class Supervisor:
 
     async def _watch_recorded(self, handle: str) -> AsyncIterator[Transition]:
         """An app this Supervisor does not follow: its recorded transitions, then each one
-        recorded after them, until it settles.
-
-        Its records are read again whenever its directory changes (inotify, where the
-        app's records are on this machine) and at an interval growing to
-        ``RECORDED_RECHECK_S`` besides, for what no file shows (the scheduler's view of
-        an app nobody follows, an owner's death). The journal only grows: a transition
-        is never given twice.
+        recorded after them, until it settles. The journal only grows: a transition is
+        never given twice.
         """
         parsed = parse_handle(handle)
         described = await self._describe_recorded(parsed)
         if described is None:
             raise UnknownAppError(f"no app {handle}")
+        seen = 0
+        async with contextlib.aclosing(self._recorded_views(parsed, described)) as views:
+            async for found in views:
+                for recorded in found.transitions[seen:]:
+                    yield recorded
+                seen = max(seen, len(found.transitions))
+
+    async def _recorded_views(
+        self, parsed: AppHandle, described: DescribeAppResponse, *, to_shutdown: bool = True
+    ) -> AsyncGenerator[DescribeAppResponse, None]:
+        """``described``, then the app's records again each time they may have changed,
+        until it settles (or is removed; or, with ``to_shutdown``, ``begin_shutdown``).
+
+        Its records are read again whenever its directory changes (inotify, where the
+        app's records are on this machine) and at an interval growing to
+        ``RECORDED_RECHECK_S`` besides, for what no file shows (the scheduler's view of
+        an app nobody follows, an owner's death).
+        """
         wake = [anyio.Event()]
         self._follows.add(wake[0])  # begin_shutdown sets it
         hub, token, wd = self._watch_hub, WatchHub.new_token(), None
@@ -1056,32 +1093,29 @@ class Supervisor:
                     app_dir = None  # its records say so as they are read below: no wake-ups
                 if app_dir is not None:
                     wd = hub.subscribe(app_dir, token, lambda _event: wake[0].set())
-            seen = 0
             interval = RECORDED_FIRST_S
             settled_at: float | None = None
             while True:
-                for recorded in described.transitions[seen:]:
-                    yield recorded
-                seen = max(seen, len(described.transitions))
+                yield described
                 status = described.to_status()
                 if status.is_settled:
                     # A scheduler may tell the end before the app's owner recorded it:
-                    # its journal gets a little while to catch up, then the watch ends.
+                    # its journal gets a little while to catch up, then the follow ends.
                     now = time.monotonic()
                     settled_at = now if settled_at is None else settled_at
                     if _journal_ends(described.transitions, status.state):
                         return
                     if now - settled_at >= RECORDED_END_GRACE_S:
                         return
-                if self._shutting_down:
+                if to_shutdown and self._shutting_down:
                     return
                 with anyio.move_on_after(interval):
                     await wake[0].wait()
-                woken = wake[0].is_set()
+                woken = wake[0].is_set() and not self._shutting_down
                 self._follows.discard(wake[0])
                 wake[0] = anyio.Event()
                 self._follows.add(wake[0])
-                if self._shutting_down:
+                if to_shutdown and self._shutting_down:
                     return
                 interval = RECORDED_FIRST_S if woken else min(interval * 2, RECORDED_RECHECK_S)
                 found = await self._describe_recorded(parsed)
@@ -1092,6 +1126,41 @@ class Supervisor:
             self._follows.discard(wake[0])
             if wd is not None and hub is not None:
                 hub.unsubscribe(wd, token)
+
+    async def _observe(
+        self, handle: str, parsed: AppHandle, described: DescribeAppResponse
+    ) -> None:
+        """Keep the ``status`` of an app attached to as an observer current, to its end.
+
+        From its records, as ``watch`` reads them, until it settles (then the
+        cache of ended apps answers it), is removed, this Supervisor takes it over
+        (a later ``attach`` after its owner died), or the Supervisor closes. A
+        backend that cannot be read (an engine away) leaves the last snapshot in
+        place and is asked again, as a later ``describe`` would be.
+        """
+        status = self._observed[handle] = described.to_status()
+        start: DescribeAppResponse | None = described
+        try:
+            while handle not in self._actors:
+                try:
+                    if start is None:
+                        start = await self._describe_recorded(parsed)
+                        if start is None:
+                            return  # removed meanwhile (gc)
+                    views = self._recorded_views(parsed, start, to_shutdown=False)
+                    async with contextlib.aclosing(views) as found_views:
+                        async for found in found_views:
+                            if handle in self._actors:
+                                return
+                            status = self._observed[handle] = found.to_status()
+                    break
+                except BackendError:
+                    start = None
+                    await anyio.sleep(RECORDED_RECHECK_S)
+        finally:
+            self._observed.pop(handle, None)
+            if status.is_settled and handle not in self._actors:
+                self._finished.put(handle, status)  # even when the close cut the follow short
 
     async def log_iter(
         self,

@@ -13,12 +13,20 @@ from supervisor import AppState, ReplicaState, Supervisor, Transition, UnknownAp
 from supervisor.backends.store import Index
 from supervisor.specs import parse_handle
 
+from ..integration.helpers import until
 from .helpers import TRAPS_TERM, WAIT_FOR, app, cli, cli_json, first_line, lines
 from .target import Target
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
 LIVE = (AppState.PENDING, AppState.RUNNING)
+
+
+def _state(sv: Supervisor, handle: str) -> AppState:
+    """The app's state in ``sv.status``; a snapshot lost on the way fails the test."""
+    status = sv.status(handle)
+    assert status is not None, f"{handle} is not followed by this Supervisor"
+    return status.state
 
 
 async def test_an_unknown_handle_is_an_unknown_app_everywhere(
@@ -73,6 +81,38 @@ async def test_a_second_supervisor_describes_lists_follows_and_cancels(
         with anyio.fail_after(10):  # following an ended app from there stops by itself
             followed = [x async for x in other.log_iter(handle, "r", 1, should_tail=True)]
         assert followed == await lines(sv, handle, "r", 1)
+
+
+async def test_a_supervisor_that_attaches_while_the_owner_lives_keeps_its_status_current(
+    target: Target, sv: Supervisor, cfg: dict[str, object], exchange: Path
+) -> None:
+    """``attach`` while the owner lives observes: from then on ``status`` (no I/O) answers
+    the app from its records as they change, to its end, and keeps the final status;
+    the observer carries out nothing (the owner alone cancels the replica)."""
+    handle = await sv.submit(
+        app(target.role("r", TRAPS_TERM, exchange=exchange)), target.backend, cfg
+    )
+    async with target.supervisor("observer") as other:
+        with anyio.fail_after(target.timeout):
+            assert await first_line(other, handle, "r", 0) == "ready\n"
+        assert other.status(handle) is None  # not followed yet
+        seen = await other.attach(handle)
+        assert seen.state in LIVE, seen
+        assert other.followed() == []  # observed, not owned
+        await until(lambda: _state(other, handle) is AppState.RUNNING, target.timeout)
+        assert (await other.attach(handle)).state is AppState.RUNNING  # again: still observed
+        await sv.cancel(handle)
+        with anyio.fail_after(target.timeout):
+            mine = await sv.wait(handle)
+        assert mine.state is AppState.CANCELLED, mine
+        await until(lambda: _state(other, handle) is AppState.CANCELLED, target.timeout)
+        now = other.status(handle)
+        assert now is not None
+        replica = now.replica("r", 0)
+        assert replica is not None and replica.state is ReplicaState.CANCELLED, now
+        assert await lines(other, handle, "r", 0, streams="stdout") == ["ready\n", "got TERM\n"]
+    final = other.status(handle)  # closed: the cache of ended apps still answers it
+    assert final is not None and final.state is AppState.CANCELLED, final
 
 
 async def test_a_second_supervisor_watches_each_transition_as_recorded_and_once(

@@ -24,6 +24,7 @@ from supervisor.backends.docker.engine import engine_time
 from supervisor.status import Transition
 
 from .docker_engines import IMAGE, EngineUnderTest, api, labelled
+from .helpers import until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.docker]
 
@@ -216,6 +217,37 @@ async def test_an_app_whose_owner_was_sigkilled_is_retried_by_the_process_that_a
         assert [_key(t) for t in described.transitions] == [_key(t) for t in seen]
 
 
+async def test_an_observer_takes_the_app_over_by_attaching_again_once_its_owner_died(
+    engine: EngineUnderTest, tmp_path: Path, state_dir: Path
+) -> None:
+    """A second replica of a service observes an app while its owner lives (``status``
+    from the records), then the owner is SIGKILLed: attaching again makes it the owner,
+    its observation gives way to the app's machines, and the retry is carried out."""
+    argv = [sys.executable, "-c", OWNER, str(tmp_path), engine.host, engine.session, IMAGE, REPLICA]
+    async with (
+        await anyio.open_process(argv, env=_owner_env(state_dir)) as owner,
+        Supervisor(session=engine.session) as sv,
+    ):
+        assert owner.stdout is not None
+        with anyio.fail_after(120):
+            handle = (await owner.stdout.receive()).decode().strip()
+        observed = await sv.attach(handle)
+        assert observed.state is AppState.RUNNING, observed
+        assert sv.followed() == [] and sv.status(handle) is not None
+        owner.kill()  # SIGKILL: its lease goes with it
+        await owner.wait()
+        taken = await sv.attach(handle)
+        assert taken.state is AppState.RUNNING, taken
+        assert sv.followed() == [handle]
+        (tmp_path / "fail").touch()
+        with anyio.fail_after(120):
+            final = await sv.wait(handle)
+        assert final.state is AppState.SUCCEEDED and final.num_restarts == 1, final
+        now = sv.status(handle)
+        assert now is not None and now.state is AppState.SUCCEEDED, now
+        assert now.num_restarts == 1, now
+
+
 async def test_a_retry_whose_owner_died_before_recording_its_start_is_taken_over_as_is(
     engine: EngineUnderTest, tmp_path: Path, state_dir: Path
 ) -> None:
@@ -344,11 +376,15 @@ async def test_attach_while_the_owner_lives_only_observes(
         handle = await owner.submit(AppDef("observed", [role]), "docker", engine.cfg)
         seen = await other.attach(handle)
         assert seen.state in (AppState.SUBMITTED, AppState.PENDING, AppState.RUNNING), seen
-        assert other.followed() == [] and other.status(handle) is None
+        assert other.followed() == []  # observed: its status kept, nothing carried out
+        assert other.status(handle) is not None
         (tmp_path / "fail").touch()
         with anyio.fail_after(120):
             final = await other.wait(handle)
+        await until(lambda: getattr(other.status(handle), "is_settled", False), 30)
         assert final.state is AppState.FAILED, final  # max_retries=0: the owner decided
+        now = other.status(handle)
+        assert now is not None and now.state is AppState.FAILED and now.msg == final.msg, now
         assert (await other.attach(handle)).state is AppState.FAILED
         with pytest.raises(UnknownAppError):
             await other.attach(handle.rsplit("/", 1)[0] + "/no-such-app")

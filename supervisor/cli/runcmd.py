@@ -107,7 +107,14 @@ class RunCommand(click.Command):
     options_metavar="[OPTIONS] TARGET [ARGS]...",
     context_settings={"allow_extra_args": True, "allow_interspersed_args": False},
 )
-@click.option("--backend", default="local", show_default=True, help="where to run the app")
+@click.option(
+    "--backend",
+    "-s",
+    "--scheduler",
+    default="local",
+    show_default=True,
+    help="where to run the app (-s and --scheduler: as TorchX spells it)",
+)
 @click.option("--cfg", metavar="K=V,K2=A;B", help="run options (see `asupervisor runopts`)")
 @click.option("--dryrun", is_flag=True, help="print the request; launch nothing")
 @click.option("--wait", is_flag=True, help="print transitions and the final status")

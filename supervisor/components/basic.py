@@ -7,7 +7,7 @@ from supervisor.specs import AppDef, Role
 __all__ = ["echo", "sh"]
 
 
-def echo(msg: str = "hello world", num_replicas: int = 1) -> AppDef:
+def echo(msg: str = "hello world", num_replicas: int = 1, image: str = "") -> AppDef:
     """Print a message from each replica; a quick check that a backend works.
 
     Macros such as ``${replica_id}`` in the message are substituted; ``$$``
@@ -16,14 +16,13 @@ def echo(msg: str = "hello world", num_replicas: int = 1) -> AppDef:
     Args:
         msg: the message to print
         num_replicas: how many replicas print it
+        image: the container image to run it in (docker needs one; none for local)
     """
-    return AppDef(
-        name="echo",
-        roles=[Role(name="echo", entrypoint="echo", args=[msg], num_replicas=num_replicas)],
-    )
+    role = Role(name="echo", entrypoint="echo", args=[msg], num_replicas=num_replicas, image=image)
+    return AppDef(name="echo", roles=[role])
 
 
-def sh(*args: str, num_replicas: int = 1, name: str = "sh") -> AppDef:
+def sh(*args: str, num_replicas: int = 1, name: str = "sh", image: str = "") -> AppDef:
     """Run a shell snippet (``sh -c "ARGS..."``) on each replica.
 
     The arguments are joined with spaces into one script, so
@@ -36,9 +35,10 @@ def sh(*args: str, num_replicas: int = 1, name: str = "sh") -> AppDef:
         args: the words of the script
         num_replicas: how many replicas run it
         name: the app's and the role's name
+        image: the container image to run it in (docker needs one; none for local)
     """
     script = " ".join(args)
-    return AppDef(
-        name=name,
-        roles=[Role(name=name, entrypoint="sh", args=["-c", script], num_replicas=num_replicas)],
+    role = Role(
+        name=name, entrypoint="sh", args=["-c", script], num_replicas=num_replicas, image=image
     )
+    return AppDef(name=name, roles=[role])

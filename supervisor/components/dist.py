@@ -80,7 +80,8 @@ NAMED_RESOURCES: Mapping[str, Resource] = {
 
 _J = re.compile(r"(?:(\d+)x)?(\d+)")
 _PORT_RANGE = (20000, 20000)
-"""Multi-node apps derive their port from the app id: 20000 + (cksum(app id) mod 20000)."""
+"""Multi-node apps derive their port from the app id: 20000 + (crc32(app id) mod 20000),
+computed on each node by the job's own interpreter (an image need have no ``cksum``)."""
 
 
 def parse_j(j: str) -> tuple[int, int]:
@@ -127,6 +128,7 @@ def ddp(
     rdzv_port: int = 0,
     mode: str = "rank",
     interpreter: str = "python",
+    image: str = "",
 ) -> AppDef:
     """Run a Python script (or module) data-parallel, as torchrun would.
 
@@ -153,6 +155,7 @@ def ddp(
         rdzv_port: the rendezvous port (0: chosen as described above)
         mode: rank (one replica per rank) or torchrun (one torchrun per node)
         interpreter: the Python that runs the script on each node
+        image: the container image to run it in (docker needs one; none for local)
     """
     nnodes, nproc = parse_j(j)
     args = list(script_args)
@@ -188,7 +191,7 @@ def ddp(
     prelude = (
         f'export MASTER_ADDR="$${macros.rank0_env}"'
         f' TORCHELASTIC_RESTART_COUNT="$${{ASUPERVISOR_ATTEMPT:-0}}"'
-        f" MASTER_PORT={_port_expr(port)};"
+        f" MASTER_PORT={_port_expr(port, interpreter)};"
     )
     if mode == "rank":
         shell = (
@@ -202,6 +205,7 @@ def ddp(
                     name=role,
                     entrypoint="sh",
                     args=["-c", shell],
+                    image=image,
                     env={"RANK": macros.replica_id, "ROLE_RANK": macros.replica_id, **base_env},
                     num_replicas=world,
                     max_retries=max_retries,
@@ -238,6 +242,7 @@ def ddp(
                 name=role,
                 entrypoint="sh",
                 args=["-c", f"{prelude} exec {' '.join(torchrun)}"],
+                image=image,
                 env={**TORCHRUN_ENV, **base_env},
                 num_replicas=nnodes,
                 max_retries=max_retries,
@@ -247,10 +252,14 @@ def ddp(
     )
 
 
-def _port_expr(port: str) -> str:
-    """The port, or (``0``) a shell expression deriving one from the app id, same on every node."""
+def _port_expr(port: str, interpreter: str) -> str:
+    """The port, or (``0``) a shell expression deriving one from the app id, same on every node.
+
+    The job's interpreter computes it: it is in every image that can run the job,
+    where a shell tool is not (busybox images may have no ``cksum``).
+    """
     if port != "0":
         return port
     low, span = _PORT_RANGE
-    checksum = f'$$(printf %s "{macros.app_id}" | cksum | cut -d" " -f1)'
-    return f"$$(({low} + {checksum} % {span}))"
+    code = f"import sys, zlib; print({low} + zlib.crc32(sys.argv[1].encode()) % {span})"
+    return f'$$({shlex.quote(interpreter)} -c {shlex.quote(code)} "{macros.app_id}")'

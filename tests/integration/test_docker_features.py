@@ -6,11 +6,15 @@ or network behind.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from supervisor import (
@@ -31,6 +35,8 @@ from .docker_engines import (
 )
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.docker]
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def py(name: str, code: str, *args: str, **kw: Any) -> Role:
@@ -236,3 +242,73 @@ async def test_logs_streams_regex_since_until_and_tail(engine: EngineUnderTest) 
         assert await read(since=time.time() + 60) == []
         assert await read(until=time.time() - 3600) == []
         assert await read(since=time.time() - 3600, streams="stderr") == err
+
+
+DDP_RANKS = """
+import os, socket, sys, time
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+print(f"rank {rank}/{world} local_rank {os.environ['LOCAL_RANK']} args {sys.argv[1:]}", flush=True)
+if rank == 0:
+    srv = socket.create_server(("", port))
+    peers = sorted(srv.accept()[0].recv(10).decode() for _ in range(world - 1))
+    print("rank 0 heard", *peers, flush=True)
+else:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection((addr, port), timeout=5).sendall(str(rank).encode())
+            break
+        except OSError:  # rank 0 not listening yet, or a lookup that failed once
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+"""
+
+
+async def test_the_ddp_component_runs_its_ranks_in_an_image_and_they_meet(
+    engine: EngineUnderTest, tmp_path: Path
+) -> None:
+    """``ddp --image`` (TorchX's spelling): every rank runs in the image, and they find
+    rank 0 at MASTER_ADDR:MASTER_PORT over the app's network, as torch would."""
+    from supervisor.components import ddp
+
+    (tmp_path / "ranks.py").write_text(DDP_RANKS)
+    app = ddp("/job/ranks.py", "--lr", "0.1", j="3x1", image=IMAGE, interpreter="python3")
+    (role,) = app.roles
+    app = AppDef(app.name, [dataclasses.replace(role, mounts=[BindMount(str(tmp_path), "/job")])])
+    async with Supervisor(session=engine.session) as sv:
+        handle = await sv.submit(app, "docker", engine.cfg)
+        status = await sv.wait(handle, timeout=90)
+        assert status.state is AppState.SUCCEEDED, status
+        for k in range(3):
+            lines = await stdout(sv, handle, "ranks", k)
+            assert lines[0] == f"rank {k}/3 local_rank 0 args ['--lr', '0.1']\n", lines
+        assert (await stdout(sv, handle, "ranks", 0))[1] == "rank 0 heard 1 2\n"
+
+
+async def test_the_cli_runs_the_builtins_in_an_image_given_as_torchx_users_give_it(
+    engine: EngineUnderTest, state_dir: Path
+) -> None:
+    """``asupervisor run -s docker sh --image IMAGE ...`` and ``echo --image``: TorchX's
+    spelling of the backend and of the image, each replica's output in the log."""
+    env = {
+        **os.environ,
+        "ASUPERVISOR_HOME": str(state_dir),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    base = [sys.executable, "-m", "supervisor.cli.main", "--session", engine.session, "run"]
+    cfg = f"host={engine.host}"
+    runs = {
+        "sh": ["-s", "docker", "--cfg", cfg, "--log", "sh", "--image", IMAGE,
+               "--num_replicas", "2", "echo", "from", "'${replica_id}'"],
+        "echo": ["--scheduler", "docker", "--cfg", cfg, "--log", "echo", "--image", IMAGE,
+                 "--msg", "hi"],
+    }  # fmt: skip
+    expected = {"sh": {"sh/0 | from 0", "sh/1 | from 1"}, "echo": {"echo/0 | hi"}}
+    for name, args in runs.items():
+        with anyio.fail_after(120):
+            done = await anyio.run_process([*base, *args], env=env, check=False)
+        out = done.stdout.decode()
+        assert done.returncode == 0, (out, done.stderr.decode())
+        assert expected[name] <= set(out.splitlines()), out

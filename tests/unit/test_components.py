@@ -56,6 +56,15 @@ def test_sh_joins_its_words_into_one_script() -> None:
     assert only_role(sh()).args == ("-c", "")
 
 
+def test_each_builtin_but_mpi_takes_the_image_to_run_in_as_torchx_does() -> None:
+    """``--image``, as TorchX's utils.echo, utils.sh and dist.ddp spell it; none by default
+    (local and Slurm run on the host)."""
+    for make in (echo, sh, lambda **kw: ddp("t.py", **kw)):
+        assert only_role(make()).image == ""
+        assert only_role(make(image="repo/img:1")).image == "repo/img:1"
+    assert only_role(ddp("t.py", j="2x1", mode="torchrun", image="i:2")).image == "i:2"
+
+
 @pytest.mark.parametrize(
     ("j", "expected"), [("1x2", (1, 2)), ("2x4", (2, 4)), ("3", (1, 3)), (" 2x1 ", (2, 1))]
 )
@@ -116,7 +125,7 @@ def test_ddp_ports_differ_per_app_and_agree_within_one() -> None:
     """One node: a free port now; several: derived from the app id by every rank alike."""
     one = only_role(ddp("x.py", j="1x2")).args[1]
     assert "MASTER_PORT=$((" not in one
-    many = only_role(ddp("x.py", j="2x1"))
+    many = only_role(ddp("x.py", j="2x1", interpreter=sys.executable))
     ports = set()
     for app_id in ("app-1", "app-2"):
         for rank in ("0", "1"):

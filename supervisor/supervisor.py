@@ -104,6 +104,17 @@ KEY_LOCK_WAITERS = 8
 """Threads at most blocked at once waiting for idempotency keys' locks (more wait unblocked)."""
 
 
+def _timeout_problem(timeout: object) -> str:
+    """What is wrong with ``timeout`` as seconds to wait (None: no limit); "" for nothing."""
+    if timeout is None:
+        return ""
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        return f"must be a number of seconds or None, got {type(timeout).__name__}"
+    if not timeout >= 0:  # NaN too
+        return f"must be >= 0, got {timeout}"
+    return ""
+
+
 def _journal_ends(transitions: Sequence[Transition], state: AppState) -> bool:
     """The journal's last app-level transition reaches ``state``."""
     for t in reversed(transitions):
@@ -318,6 +329,10 @@ class Supervisor:
 
     # --------------------------------------------------------------- lifecycle
     async def __aenter__(self) -> Supervisor:
+        if self._stack is not None or self._closed:
+            # Its apps, backends and shutdown belong to one ``async with``: a second
+            # would start with every verb refusing (closed) or share the first's apps.
+            raise RuntimeError("a Supervisor is entered once: make a new one for each `async with`")
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -647,9 +662,12 @@ class Supervisor:
         if idempotency_key is None:
             return await self.schedule(await self._dryrun_off_loop(app, backend, cfg))
         if not isinstance(idempotency_key, str) or not idempotency_key:
-            raise SpecError(
-                [Problem("idempotency_key", "must be a non-empty string")], context="invalid submit"
-            )
+            problems = [Problem("idempotency_key", "must be a non-empty string")]
+            try:  # pure: the app's and the options' problems are named with the key's
+                await self._dryrun_off_loop(app, backend, cfg)
+            except SpecError as e:
+                problems.extend(e.problems)
+            raise SpecError(problems, context="invalid submit")
         pending: list[DryRunInfo] = []
 
         def prepare() -> str:
@@ -979,7 +997,11 @@ class Supervisor:
 
         Raises ``WaitTimeout`` after ``timeout`` seconds, and ``ShuttingDown`` once
         ``begin_shutdown`` (or ``close``) was called before the app ended.
+        ``timeout`` is seconds (>= 0; 0 only looks) or None (no limit).
         """
+        problem = _timeout_problem(timeout)
+        if problem:
+            raise SpecError([Problem("timeout", problem)], context="invalid wait")
         actor = self._actors.get(handle)
         if actor is not None and actor.done.is_set():
             return _with_metadata(actor)

@@ -18,7 +18,8 @@ so they travel as query parameters.
 A stream ends with ``event: end`` whose data says why: ``ended`` (the app
 ended) or ``shutting down`` (the service is stopping; reconnect elsewhere).
 A request that cannot be served because the service is stopping gets 503, one
-for an app nobody knows 404, and a malformed handle 400.
+for an app (or replica) nobody knows 404, and bad input 400 naming what is wrong
+(a malformed handle, a missing parameter, a timeout or replica that is no number).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from supervisor import (
     InvalidHandleError,
     Role,
     ShuttingDown,
+    SpecError,
     Supervisor,
     UnknownAppError,
     WaitTimeout,
@@ -60,6 +62,25 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
 def _sv(request: Request) -> Supervisor:
     sv: Supervisor = request.app.state.sv
     return sv
+
+
+class BadQuery(ValueError):
+    """A query parameter missing or of the wrong kind: 400, naming it."""
+
+
+def _query(request: Request, name: str, default: str | None = None) -> str:
+    value = request.query_params.get(name, default)
+    if value is None:
+        raise BadQuery(f"{name}: required")
+    return value
+
+
+def _number(request: Request, name: str, default: str, kind: type[float] | type[int]) -> float:
+    text = _query(request, name, default)
+    try:
+        return kind(text)
+    except ValueError:
+        raise BadQuery(f"{name}: expected {kind.__name__}, got {text!r}") from None
 
 
 def _unavailable() -> Response:
@@ -86,10 +107,13 @@ def _sse(event: str, data: str) -> str:
 
 
 async def logs(request: Request) -> Response:
-    sv, q = _sv(request), request.query_params
-    handle, role, k = q["handle"], q.get("role", "main"), int(q.get("k", "0"))
-    if await sv.describe(handle) is None:
+    sv, handle, role = _sv(request), _query(request, "handle"), _query(request, "role", "main")
+    k = int(_number(request, "k", "0", int))
+    described = await sv.describe(handle)
+    if described is None:
         return JSONResponse({"error": "no such app"}, status_code=404)
+    if not any(r.name == role and 0 <= k < r.num_replicas for r in described.roles):
+        return JSONResponse({"error": f"no replica {role}/{k}"}, status_code=404)
 
     async def events() -> AsyncIterator[str]:
         async for line in sv.log_iter(handle, role, k, should_tail=True):
@@ -100,7 +124,7 @@ async def logs(request: Request) -> Response:
 
 
 async def watch(request: Request) -> Response:
-    sv, handle = _sv(request), request.query_params["handle"]
+    sv, handle = _sv(request), _query(request, "handle")
     if sv.status(handle) is None:
         return JSONResponse({"error": "not an app of this service"}, status_code=404)
 
@@ -113,8 +137,7 @@ async def watch(request: Request) -> Response:
 
 
 async def wait(request: Request) -> Response:
-    handle = request.query_params["handle"]
-    timeout = float(request.query_params.get("timeout", "30"))
+    handle, timeout = _query(request, "handle"), _number(request, "timeout", "30", float)
     try:
         status = await _sv(request).wait(handle, timeout=timeout)
     except UnknownAppError:
@@ -156,19 +179,24 @@ async def app_events(request: Request) -> Response:
 
 async def cancel(request: Request) -> Response:
     try:
-        await _sv(request).cancel(request.query_params["handle"])
+        await _sv(request).cancel(_query(request, "handle"))
     except UnknownAppError:
         return JSONResponse({"error": "no such app"}, status_code=404)
     return JSONResponse({}, status_code=202)
 
 
-async def bad_handle(request: Request, exc: Exception) -> Response:
+async def bad_request(request: Request, exc: Exception) -> Response:
     return JSONResponse({"error": str(exc)}, status_code=400)
 
 
 app = Starlette(
     lifespan=lifespan,
-    exception_handlers={InvalidHandleError: bad_handle},
+    # A SpecError names every field at fault (a timeout < 0, an idempotency key too long).
+    exception_handlers={
+        InvalidHandleError: bad_request,
+        SpecError: bad_request,
+        BadQuery: bad_request,
+    },
     routes=[
         Route("/", page),
         Route("/jobs", submit, methods=["POST"]),

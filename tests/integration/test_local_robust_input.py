@@ -24,6 +24,7 @@ from supervisor import (
     SpecError,
     Supervisor,
     UnsupportedAsyncLibraryError,
+    WaitTimeout,
 )
 from supervisor.backends.local import LocalBackend
 from supervisor.backends.slurm import SlurmBackend
@@ -136,6 +137,10 @@ async def test_a_failed_submit_leaves_the_key_free(state_dir: Path, tmp_path: Pa
         with pytest.raises(SpecError) as err:
             await sv.submit(good, "local", idempotency_key="")
         assert err.value.fields == ("idempotency_key",)
+        bad = app(Role(name="r", entrypoint=""))
+        with pytest.raises(SpecError) as err:  # a bad key hid the app's and options' problems
+            await sv.submit(bad, "local", {"stop_grace": -1}, idempotency_key=5)  # type: ignore[arg-type]
+        assert set(err.value.fields) == {"idempotency_key", "roles[0].entrypoint", "cfg.stop_grace"}
 
 
 @pytest.mark.anyio
@@ -253,6 +258,39 @@ async def test_bad_values_are_refused_and_the_supervisor_goes_on(
         handle = await sv.submit(good, "local", {"stop_grace": 0})
         await sv.cancel(handle)
         assert (await sv.wait(handle, timeout=30)).state is AppState.CANCELLED
+
+
+@pytest.mark.anyio
+async def test_a_wait_timeout_that_is_no_duration_is_a_spec_error(state_dir: Path) -> None:
+    """anyio raised its own ValueError for NaN ("deadline must not be NaN"), and a
+    negative timeout read "not terminal after -1 s"."""
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app(py_role("a", "import time; time.sleep(0.5)")), "local")
+        for timeout in (math.nan, -1, "5", True):
+            with pytest.raises(SpecError) as err:
+                await sv.wait(handle, timeout=timeout)  # type: ignore[arg-type]
+            assert err.value.fields == ("timeout",), timeout
+        with pytest.raises(WaitTimeout):
+            await sv.wait(handle, timeout=0)  # 0 only looks
+        assert (await sv.wait(handle, timeout=30)).state is AppState.SUCCEEDED
+
+
+def test_a_supervisor_is_entered_once(state_dir: Path) -> None:
+    """A second ``async with`` of a closed Supervisor ran with every verb refusing
+    (shutting down); a nested one would have shared the first's apps and close."""
+    sv = Supervisor(session="svc")
+
+    async def twice() -> None:
+        async with sv:
+            with pytest.raises(RuntimeError, match="entered once"):
+                async with sv:
+                    pass
+            assert sv.status("local://svc/x") is None  # the first goes on
+        with pytest.raises(RuntimeError, match="entered once"):
+            async with sv:
+                pass
+
+    anyio.run(twice)
 
 
 @pytest.mark.anyio

@@ -136,6 +136,22 @@ async def test_submit_logs_watch_wait_and_cancel_over_http(tmp_path: Path, state
         assert unknown.status_code == 404
         malformed = await client.get("/logs", params={"handle": "no handle"})
         assert malformed.status_code == 400, malformed.text
+        # Bad input is a 400 naming the parameter (these were 500s), an unknown replica a 404.
+        for path, params, field in [
+            ("/wait", {"handle": handle, "timeout": "soon"}, "timeout"),
+            ("/wait", {"handle": handle, "timeout": "-1"}, "timeout"),
+            ("/wait", {}, "handle"),
+            ("/logs", {"handle": handle, "k": "first"}, "k"),
+            ("/watch", {}, "handle"),
+        ]:
+            refused = await client.get(path, params=params)
+            assert refused.status_code == 400, (path, params, refused.text)
+            assert field in refused.json()["error"], refused.text
+        assert (await client.post("/cancel")).status_code == 400
+        unknown_replica = await client.get("/logs", params={"handle": handle, "k": "7"})
+        assert unknown_replica.status_code == 404, unknown_replica.text
+        keyed = await client.post("/jobs", json={"cmd": "true", "key": 5})
+        assert keyed.status_code == 400 and "idempotency_key" in keyed.json()["error"]
         server.terminate()
         with anyio.fail_after(EXIT_BOUND_S):
             await server.wait()

@@ -36,14 +36,15 @@ class Retention:
 
     def __post_init__(self) -> None:
         problems: list[Problem] = []
-        if self.max_age is not None and (not _number(self.max_age) or self.max_age < 0):
+        # ``not x >= 0``: NaN too, which compares false with every age (nothing removed).
+        if self.max_age is not None and (not _number(self.max_age) or not self.max_age >= 0):
             problems.append(Problem("retention.max_age", f"must be seconds >= 0, {self.max_age!r}"))
         count = self.max_count
         if count is not None and (
             not isinstance(count, int) or isinstance(count, bool) or count < 0
         ):
             problems.append(Problem("retention.max_count", f"must be an int >= 0, {count!r}"))
-        if not _number(self.interval) or self.interval <= 0:
+        if not _number(self.interval) or not self.interval > 0:
             problems.append(
                 Problem("retention.interval", f"must be seconds > 0, {self.interval!r}")
             )

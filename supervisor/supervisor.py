@@ -76,7 +76,14 @@ from supervisor.errors import (
 )
 from supervisor.finished import FinishedStatuses
 from supervisor.idempotency import IdempotencyKeys, fingerprint, submit_once
-from supervisor.logs import EndSignal, Stream, WatchHub, iter_log_lines, parse_streams
+from supervisor.logs import (
+    EndSignal,
+    Stream,
+    WatchHub,
+    check_log_query,
+    epoch_or_problem,
+    iter_log_lines,
+)
 from supervisor.observe import EventStream, Observer, metrics
 from supervisor.observe.bus import DEFAULT_MAX_BUFFER
 from supervisor.retention import Retention
@@ -232,13 +239,7 @@ class _ListQuery:
                 else:
                     names = ", ".join(AppState.__members__)
                     problems.append(Problem("state", f"{item!r} is not one of {names}"))
-        at: float | None = None
-        if isinstance(since, datetime):
-            at = since.timestamp()
-        elif isinstance(since, (int, float)) and not isinstance(since, bool):
-            at = float(since)
-        elif since is not None:
-            problems.append(Problem("since", f"must be a datetime or epoch seconds, {since!r}"))
+        at = epoch_or_problem(since, "since", problems)
         if name is not None and (not isinstance(name, str) or not name):
             problems.append(Problem("name", f"must be a non-empty string, {name!r}"))
         if limit is not None and (
@@ -804,7 +805,19 @@ class Supervisor:
         handles removed (with ``dry_run``: those that would be), newest first.
         The file work runs in a worker thread.
         """
-        Retention(max_age=older_than, max_count=keep)  # the same checks, the same fields
+        try:
+            Retention(max_age=older_than, max_count=keep)  # the same checks
+        except SpecError as e:
+            named = {"retention.max_age": "older_than", "retention.max_count": "keep"}
+            raise SpecError(
+                [
+                    Problem(named[p.field], p.message)
+                    if p.field in named
+                    else Problem("older_than", "give older_than, keep or both")
+                    for p in e.problems
+                ],
+                context="invalid gc",
+            ) from None
         impl = await self._loaded(backend)
         index: Index | None = getattr(impl, "index", None)
         if index is None:
@@ -917,7 +930,7 @@ class Supervisor:
         self,
         backend: str,
         *,
-        states: Collection[str] = (),
+        states: AppState | str | Collection[AppState | str] = (),
         partition: str | None = None,
     ) -> builtins.list[ListAppResponse]:
         """This session's apps on ``backend`` that have not ended, filtered: ``states`` are
@@ -926,12 +939,14 @@ class Supervisor:
         Never another session's app, nor a job this library did not launch: what
         ``cancel_matching`` (and ``asupervisor cancel --state/--partition/--all``) stops.
         """
-        known = {s.name for s in AppState}
-        wanted = {s.upper() for s in states}
-        unknown = sorted(wanted - known)
+        # One state alone is one state (not its letters); AppState members as themselves.
+        given = [states] if isinstance(states, str | AppState) else list(states)
+        wanted = {s.name if isinstance(s, AppState) else str(s).upper() for s in given}
+        unknown = sorted(wanted - AppState.__members__.keys())
         if unknown:
+            known = ", ".join(AppState.__members__)
             raise SpecError(
-                [Problem("states", f"{', '.join(unknown)}: not app states ({', '.join(known)})")],
+                [Problem("states", f"{', '.join(unknown)}: not app states ({known})")],
                 context="invalid filter",
             )
         ours = [
@@ -951,7 +966,7 @@ class Supervisor:
         self,
         backend: str,
         *,
-        states: Collection[str] = (),
+        states: AppState | str | Collection[AppState | str] = (),
         partition: str | None = None,
     ) -> builtins.list[str]:
         """Cancel what ``matching`` finds; the handles asked to stop."""
@@ -1200,7 +1215,7 @@ class Supervisor:
         A follow (``should_tail=True``) ends with the app, or, after the lines
         already in the files, once ``begin_shutdown`` is called.
         """
-        stream = parse_streams(streams)
+        query = check_log_query(streams, regex, since, until)  # before any lookup
         target, app_end = await self._log_target(handle, role_name, k)
         finished: EndSignal | None = app_end
         stop_watching = anyio.Event()
@@ -1247,10 +1262,10 @@ class Supervisor:
         try:
             async for line in iter_log_lines(
                 target.directory,
-                stream=stream,
-                regex=regex,
-                since=since,
-                until=until,
+                stream=query.stream,
+                regex=query.pattern,
+                since=query.since,
+                until=query.until,
                 should_tail=should_tail,
                 is_finished=is_finished,
                 extra_watch_dirs=target.watch_dirs,

@@ -8,7 +8,14 @@ callers read lines.
 """
 
 from supervisor.logs.lines import LineSplitter, decode_line
-from supervisor.logs.reader import Stream, iter_log_lines, parse_streams
+from supervisor.logs.reader import (
+    LogQuery,
+    Stream,
+    check_log_query,
+    epoch_or_problem,
+    iter_log_lines,
+    parse_streams,
+)
 from supervisor.logs.sink import LogSink, ReplicaLog, StreamName
 from supervisor.logs.timestamps import TimestampIndex
 from supervisor.logs.watch import EndSignal, WatchHub
@@ -16,13 +23,16 @@ from supervisor.logs.watch import EndSignal, WatchHub
 __all__ = [
     "EndSignal",
     "LineSplitter",
+    "LogQuery",
     "LogSink",
     "ReplicaLog",
     "Stream",
     "StreamName",
     "TimestampIndex",
     "WatchHub",
+    "check_log_query",
     "decode_line",
+    "epoch_or_problem",
     "iter_log_lines",
     "parse_streams",
 ]

@@ -39,7 +39,14 @@ from supervisor.logs.timestamps import (
 )
 from supervisor.logs.watch import FILE_WATCH_MASK, WATCH_MASK, EndSignal, WatchHub
 
-__all__ = ["Stream", "iter_log_lines", "parse_streams"]
+__all__ = [
+    "LogQuery",
+    "Stream",
+    "check_log_query",
+    "epoch_or_problem",
+    "iter_log_lines",
+    "parse_streams",
+]
 
 _CHUNK = 1 << 20
 # Inotify can be missing (instance limit reached, network file systems);
@@ -76,6 +83,14 @@ _STREAM_IDS = {Stream.STDOUT: STDOUT_ID, Stream.STDERR: STDERR_ID, Stream.COMBIN
 
 def parse_streams(value: Stream | str | None) -> Stream:
     """The stream a user asked for; None means both interleaved (``combined``)."""
+    problems: list[Problem] = []
+    found = _stream(value, problems)
+    if found is None:
+        raise SpecError(problems, context="invalid log query")
+    return found
+
+
+def _stream(value: Stream | str | None, problems: list[Problem]) -> Stream | None:
     if value is None:
         return Stream.COMBINED
     if isinstance(value, Stream):
@@ -84,7 +99,37 @@ def parse_streams(value: Stream | str | None) -> Stream:
         return Stream(value.strip().lower())
     except (ValueError, AttributeError):
         allowed = ", ".join(s.value for s in Stream)
-        raise ValueError(f"unsupported log stream {value!r}; expected one of: {allowed}") from None
+        problems.append(
+            Problem("streams", f"unsupported log stream {value!r}; expected one of: {allowed}")
+        )
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class LogQuery:
+    """What to read of a replica's output, checked: every problem named at once."""
+
+    stream: Stream
+    pattern: re.Pattern[str] | None
+    since: float | None
+    until: float | None
+
+
+def check_log_query(
+    stream: Stream | str | None,
+    regex: str | re.Pattern[str] | None,
+    since: datetime | float | None,
+    until: datetime | float | None,
+) -> LogQuery:
+    """The query, or one ``SpecError`` naming each bad part (``streams``, ``regex``,
+    ``since``, ``until``): checked before anything is read, or any app looked up."""
+    problems: list[Problem] = []
+    selected = _stream(stream, problems)
+    pattern = _compile(regex, problems)
+    since_at, until_at = _window(since, until, problems)
+    if problems or selected is None:
+        raise SpecError(problems, context="invalid log query")
+    return LogQuery(selected, pattern, since_at, until_at)
 
 
 def iter_log_lines(
@@ -133,15 +178,14 @@ def iter_log_lines(
     and a re-check every 2 s for file systems inotify does not see. Closing
     the iterator early (``aclose()``) releases everything.
     """
-    selected = parse_streams(stream)
-    since_at, until_at = _window(since, until)
+    query = check_log_query(stream, regex, since, until)
     return _follow(
         _Query(
             directory=Path(directory),
-            stream=selected,
-            pattern=_compile(regex),
-            since=since_at,
-            until=until_at,
+            stream=query.stream,
+            pattern=query.pattern,
+            since=query.since,
+            until=query.until,
             should_tail=should_tail,
             is_finished=is_finished,
             extra_watch_dirs=tuple(Path(d) for d in extra_watch_dirs),
@@ -178,34 +222,41 @@ class _Query:
         return False
 
 
-def _compile(regex: str | re.Pattern[str] | None) -> re.Pattern[str] | None:
+def _compile(
+    regex: str | re.Pattern[str] | None, problems: list[Problem]
+) -> re.Pattern[str] | None:
     if regex is None or isinstance(regex, re.Pattern):
         return regex
+    if not isinstance(regex, str):
+        problems.append(Problem("regex", f"must be a str or a compiled pattern, not {regex!r}"))
+        return None
     try:
         return re.compile(regex)
     except re.error as exc:
-        raise ValueError(f"invalid regex {regex!r}: {exc}") from exc
+        problems.append(Problem("regex", f"invalid regex {regex!r}: {exc}"))
+        return None
 
 
 def _window(
-    since: datetime | float | None, until: datetime | float | None
+    since: datetime | float | None, until: datetime | float | None, problems: list[Problem]
 ) -> tuple[float | None, float | None]:
-    """``since``/``until`` as epoch seconds; a ``SpecError`` naming each bad one.
+    """``since``/``until`` as epoch seconds; a problem named for each bad one.
 
     ``nan`` compares false with every time, so it would silently select
     nothing; a window that ends before it starts would too.
     """
-    problems: list[Problem] = []
-    since_at = _epoch(since, "since", problems)
-    until_at = _epoch(until, "until", problems)
+    since_at = epoch_or_problem(since, "since", problems)
+    until_at = epoch_or_problem(until, "until", problems)
     if since_at is not None and until_at is not None and since_at > until_at:
         problems.append(Problem("since", "must not be later than until"))
-    if problems:
-        raise SpecError(problems, context="invalid log query")
     return since_at, until_at
 
 
-def _epoch(value: datetime | float | None, name: str, problems: list[Problem]) -> float | None:
+def epoch_or_problem(
+    value: datetime | float | None, name: str, problems: list[Problem]
+) -> float | None:
+    """``value`` (a datetime, naive meaning local time, or epoch seconds) as epoch
+    seconds; None, and a problem named ``name``, for what is no time (``nan`` too)."""
     if value is None:
         return None
     if isinstance(value, datetime):

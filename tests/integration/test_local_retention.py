@@ -9,6 +9,7 @@ Real local apps throughout.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -190,12 +191,15 @@ async def test_gc_removes_only_settled_apps_by_count_and_by_age(state_dir: Path)
             status = await other.describe(running)
             assert status is not None and status.state is AppState.RUNNING
 
-            with pytest.raises(SpecError) as caught:
+            with pytest.raises(SpecError) as caught:  # named as the caller spelled them
                 await other.gc("local", older_than=-1, keep=-2)
-            assert {p.field for p in caught.value.problems} == {
-                "retention.max_age",
-                "retention.max_count",
-            }
+            assert {p.field for p in caught.value.problems} == {"older_than", "keep"}
+            for older_than in (math.nan, "1d"):  # NaN removed nothing, silently
+                with pytest.raises(SpecError) as caught:
+                    await other.gc("local", older_than=older_than)  # type: ignore[arg-type]
+                assert caught.value.fields == ("older_than",)
+            with pytest.raises(SpecError, match="give older_than, keep or both"):
+                await other.gc("local")
         await owner.cancel(running)
         assert (await owner.wait(running, timeout=30)).state is AppState.CANCELLED
         assert owner.followed() == []
@@ -227,6 +231,9 @@ async def test_retention_is_checked_naming_every_field() -> None:
         "retention.max_count",
         "retention.interval",
     }
+    with pytest.raises(SpecError) as caught:  # NaN compares false with every age
+        Retention(max_age=math.nan, interval=math.nan)
+    assert {p.field for p in caught.value.problems} == {"retention.max_age", "retention.interval"}
     with pytest.raises(SpecError, match="retention: give max_age, max_count or both"):
         Retention()
     with pytest.raises(SpecError, match="retention: must be a Retention"):

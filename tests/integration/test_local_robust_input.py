@@ -303,6 +303,17 @@ async def test_since_nan_is_a_spec_error(state_dir: Path) -> None:
                 pass
         assert err.value.fields == ("since",)
         assert [line async for line in sv.log_iter(handle, "a", since=0)] == ["hello\n"]
+        with pytest.raises(SpecError) as err:  # every bad part of a query at once
+            async for _ in sv.log_iter(handle, "a", regex="(", streams="stdxx", until=math.nan):
+                pass
+        assert set(err.value.fields) == {"regex", "streams", "until"}
+        with pytest.raises(SpecError) as err:  # before the lookup: no app needed to say so
+            async for _ in sv.log_iter("local://svc/none-00000000", "a", streams="stdxx"):
+                pass
+        assert err.value.fields == ("streams",)
+        with pytest.raises(SpecError) as err:  # list took NaN and matched nothing
+            await sv.list("local", since=math.nan)
+        assert err.value.fields == ("since",)
 
 
 def test_a_relative_log_dir_is_found_from_another_directory(
@@ -412,3 +423,27 @@ def test_trio_is_refused_at_entry_with_a_clear_error(state_dir: Path) -> None:
     with pytest.raises(UnsupportedAsyncLibraryError, match="only on asyncio"):
         anyio.run(main, backend="trio")
     assert not (state_dir / "logs").exists()
+
+
+@pytest.mark.anyio
+async def test_matching_takes_one_state_or_several_by_name_or_member(state_dir: Path) -> None:
+    """A lone "RUNNING" was taken letter by letter ("G, I, N, R, U: not app states"),
+    an AppState member failed on ``.upper()``, and the valid names came in set order."""
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app(py_role("a", "import time; time.sleep(30)")), "local")
+        choices: list[AppState | str | list[AppState | str]] = [
+            "running",
+            AppState.RUNNING,
+            ["RUNNING", AppState.PENDING],
+        ]
+        for states in choices:
+            found = await sv.matching("local", states=states)
+            assert [a.app_handle for a in found] == [handle], states
+        assert await sv.matching("local", states=AppState.PENDING) == []
+        with pytest.raises(SpecError) as err:
+            await sv.matching("local", states=["RUNNIN", "running"])
+        (problem,) = err.value.problems
+        names = ", ".join(s.name for s in AppState)
+        assert (problem.field, problem.message) == ("states", f"RUNNIN: not app states ({names})")
+        assert await sv.cancel_matching("local", states="RUNNING") == [handle]
+        assert (await sv.wait(handle, timeout=30)).state is AppState.CANCELLED

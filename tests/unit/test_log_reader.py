@@ -16,6 +16,7 @@ import anyio.lowlevel
 import pytest
 from anyio.abc import TaskGroup
 
+from supervisor.errors import SpecError
 from supervisor.logs import LogSink, ReplicaLog, Stream, iter_log_lines, parse_streams, reader
 from supervisor.logs.lines import MAX_LINE_BYTES
 from supervisor.logs.watch import EndSignal, WatchHub
@@ -79,8 +80,9 @@ async def test_regex_searches_each_line(sink: LogSink, tmp_path: Path) -> None:
 
 
 def test_invalid_regex_fails_at_the_call(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="regex"):
+    with pytest.raises(SpecError, match="regex") as err:
         iter_log_lines(tmp_path, regex="(unclosed")
+    assert err.value.fields == ("regex",)
 
 
 @pytest.mark.anyio
@@ -150,8 +152,9 @@ def test_parse_streams() -> None:
     assert parse_streams(None) is Stream.COMBINED
     assert parse_streams("stdout") is Stream.STDOUT
     assert parse_streams(Stream.STDERR) is Stream.STDERR
-    with pytest.raises(ValueError, match="stdout, stderr, combined"):
+    with pytest.raises(SpecError, match="stdout, stderr, combined") as err:
         parse_streams("bogus")
+    assert err.value.fields == ("streams",)
 
 
 def test_bogus_stream_fails_at_the_call(tmp_path: Path) -> None:

@@ -366,22 +366,29 @@ class _Checker:
         for i, mount in enumerate(mounts):
             item = f"{path}[{i}]"
             if isinstance(mount, BindMount):
-                self.check_str(f"{item}.src_path", mount.src_path)
-                self.check_str(f"{item}.dst_path", mount.dst_path)
+                self.check_absolute(f"{item}.src_path", mount.src_path)
+                self.check_absolute(f"{item}.dst_path", mount.dst_path)
                 self.check_bool(f"{item}.read_only", mount.read_only)
             elif isinstance(mount, VolumeMount):
                 self.check_str(f"{item}.src", mount.src)
-                self.check_str(f"{item}.dst_path", mount.dst_path)
+                self.check_absolute(f"{item}.dst_path", mount.dst_path)
                 self.check_bool(f"{item}.read_only", mount.read_only)
             elif isinstance(mount, DeviceMount):
-                self.check_str(f"{item}.src_path", mount.src_path)
-                self.check_str(f"{item}.dst_path", mount.dst_path)
+                self.check_absolute(f"{item}.src_path", mount.src_path)
+                self.check_absolute(f"{item}.dst_path", mount.dst_path)
                 perms = self.check_str(f"{item}.permissions", mount.permissions)
                 if perms is not None and not set(perms) <= set("rwm"):
                     self.add(f"{item}.permissions", f"must be letters of 'rwm', got {perms!r}")
             else:
                 names = ", ".join(t.__name__ for t in _MOUNT_TYPES)
                 self.add(item, f"expected one of {names}, got {type(mount).__name__}")
+
+    def check_absolute(self, path: str, value: object) -> None:
+        """A mount's path: absolute. A relative one means different places to different
+        engines (dockerd refuses it at create, Podman takes it from ``/``)."""
+        found = self.check_str(path, value)
+        if found is not None and not found.startswith("/"):
+            self.add(path, f"must be an absolute path, got {found!r}")
 
     def check_bool(self, path: str, value: object) -> None:
         if not isinstance(value, bool):

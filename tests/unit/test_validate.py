@@ -403,6 +403,12 @@ def test_mounts_rejected_where_unsupported() -> None:
         (DeviceMount("/dev/x", "/dev/x", permissions="rwx"), "roles[0].mounts[0].permissions"),
         (DeviceMount("/dev/x", "/dev/x", permissions=""), "roles[0].mounts[0].permissions"),
         ("/a:/b", "roles[0].mounts[0]"),
+        # Relative: dockerd refuses it at create, Podman took it from / ("statfs /data").
+        (BindMount("data", "/b"), "roles[0].mounts[0].src_path"),
+        (BindMount("/a", "b"), "roles[0].mounts[0].dst_path"),
+        (VolumeMount("vol", "mnt"), "roles[0].mounts[0].dst_path"),
+        (DeviceMount("dev/x", "/dev/x"), "roles[0].mounts[0].src_path"),
+        (DeviceMount("/dev/x", "x"), "roles[0].mounts[0].dst_path"),
     ],
 )
 def test_bad_mounts(mount: Any, field: str) -> None:

@@ -313,8 +313,10 @@ class Supervisor:
         self._actors: dict[str, AppActor] = {}
         # The final statuses of the apps that ended last, newest at the end.
         self._finished = FinishedStatuses()
-        # The latest status of each live app ``attach`` made this Supervisor observe.
+        # The latest status of each live app ``attach`` made this Supervisor observe,
+        # and the scopes of the tasks that keep them current.
         self._observed: dict[str, AppStatus] = {}
+        self._observing: set[anyio.CancelScope] = set()
         self._stack: AsyncExitStack | None = None
         self._tg: TaskGroup | None = None
         self._gpus: int | None = None
@@ -433,6 +435,8 @@ class Supervisor:
                 actor.request_cancel("the supervisor closed")
             for actor in owned:
                 await actor.done.wait()
+            for scope in list(self._observing):
+                scope.cancel()  # their reads must not reach a backend being closed
             try:
                 await self._close_backends()
             finally:
@@ -1177,27 +1181,37 @@ class Supervisor:
         """
         status = self._observed[handle] = described.to_status()
         start: DescribeAppResponse | None = described
+        scope = anyio.CancelScope()
+        self._observing.add(scope)  # ``close`` ends it before the backends close
         try:
-            while handle not in self._actors:
-                try:
-                    if start is None:
-                        start = await self._describe_recorded(parsed)
-                        if start is None:
-                            return  # removed meanwhile (gc)
-                    views = self._recorded_views(parsed, start, to_shutdown=False)
-                    async with contextlib.aclosing(views) as found_views:
-                        async for found in found_views:
-                            if handle in self._actors:
-                                return
-                            status = self._observed[handle] = found.to_status()
-                    break
-                except BackendError:
-                    start = None
-                    await anyio.sleep(RECORDED_RECHECK_S)
+            with scope:
+                await self._follow_observed(handle, parsed, start)
         finally:
-            self._observed.pop(handle, None)
+            self._observing.discard(scope)
+            status = self._observed.pop(handle, status)
             if status.is_settled and handle not in self._actors:
                 self._finished.put(handle, status)  # even when the close cut the follow short
+
+    async def _follow_observed(
+        self, handle: str, parsed: AppHandle, start: DescribeAppResponse | None
+    ) -> None:
+        """``_observe``'s follow: each view's status into ``_observed``."""
+        while handle not in self._actors:
+            try:
+                if start is None:
+                    start = await self._describe_recorded(parsed)
+                    if start is None:
+                        return  # removed meanwhile (gc)
+                views = self._recorded_views(parsed, start, to_shutdown=False)
+                async with contextlib.aclosing(views) as found_views:
+                    async for found in found_views:
+                        if handle in self._actors:
+                            return
+                        self._observed[handle] = found.to_status()
+                return
+            except BackendError:
+                start = None
+                await anyio.sleep(RECORDED_RECHECK_S)
 
     async def log_iter(
         self,

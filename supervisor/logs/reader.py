@@ -151,7 +151,7 @@ def iter_log_lines(
     that size, the last with the ``\\n``; joined, they are the line.
 
     Arguments are checked here, before the first line is asked for, so a bad
-    stream name or regex fails at the call (``ValueError``).
+    stream name, regex or time fails at the call (one ``SpecError``, a ``ValueError``).
 
     * ``should_tail=False``: stop at the current end of the file, yielding a
       trailing partial line as it is.

@@ -139,6 +139,7 @@ _ENV_NAMES = st.text(st.characters(blacklist_characters="=\0"), min_size=1, max_
     lambda name: name not in ("WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 )
 _PATHS = st.text(st.characters(blacklist_characters="\0"), min_size=1, max_size=10)
+_MOUNT_PATHS = _PATHS.map(lambda text: "/" + text)  # a mount's paths are absolute
 _UNSET_OR = st.one_of(st.just(-1), st.integers(1, 256))
 
 
@@ -152,12 +153,12 @@ def _valid_roles(draw: st.DrawFn, caps: Capabilities, name: str) -> Role:
         mounts = draw(
             st.lists(
                 st.one_of(
-                    st.builds(BindMount, _PATHS, _PATHS, st.booleans()),
-                    st.builds(VolumeMount, _PATHS, _PATHS, st.booleans()),
+                    st.builds(BindMount, _MOUNT_PATHS, _MOUNT_PATHS, st.booleans()),
+                    st.builds(VolumeMount, _PATHS, _MOUNT_PATHS, st.booleans()),
                     st.builds(
                         DeviceMount,
-                        _PATHS,
-                        _PATHS,
+                        _MOUNT_PATHS,
+                        _MOUNT_PATHS,
                         st.sets(st.sampled_from("rwm"), min_size=1).map("".join),
                     ),
                 ),

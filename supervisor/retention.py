@@ -15,11 +15,32 @@ from dataclasses import dataclass
 
 from supervisor.errors import Problem, SpecError
 
-__all__ = ["Retention"]
+__all__ = ["Retention", "limit_problems"]
 
 
 def _number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def limit_problems(
+    max_age: object, max_count: object, *, age: str, count: str, prefix: str = ""
+) -> list[Problem]:
+    """What is wrong with an age limit and a count limit (either may be None, not
+    both), each named as its caller spells it: ``prefix + age``, ``prefix + count``
+    (``Retention``: ``retention.max_age``; ``gc``: ``older_than``)."""
+    problems: list[Problem] = []
+    # ``not x >= 0``: NaN too, which compares false with every age (nothing removed).
+    if max_age is not None and (
+        not isinstance(max_age, int | float) or isinstance(max_age, bool) or not max_age >= 0
+    ):
+        problems.append(Problem(prefix + age, f"must be seconds >= 0, {max_age!r}"))
+    if max_count is not None and (
+        not isinstance(max_count, int) or isinstance(max_count, bool) or max_count < 0
+    ):
+        problems.append(Problem(prefix + count, f"must be an int >= 0, {max_count!r}"))
+    if max_age is None and max_count is None:
+        problems.append(Problem(prefix.rstrip(".") or age, f"give {age}, {count} or both"))
+    return problems
 
 
 @dataclass(frozen=True)
@@ -35,20 +56,12 @@ class Retention:
     interval: float = 600.0
 
     def __post_init__(self) -> None:
-        problems: list[Problem] = []
-        # ``not x >= 0``: NaN too, which compares false with every age (nothing removed).
-        if self.max_age is not None and (not _number(self.max_age) or not self.max_age >= 0):
-            problems.append(Problem("retention.max_age", f"must be seconds >= 0, {self.max_age!r}"))
-        count = self.max_count
-        if count is not None and (
-            not isinstance(count, int) or isinstance(count, bool) or count < 0
-        ):
-            problems.append(Problem("retention.max_count", f"must be an int >= 0, {count!r}"))
+        problems = limit_problems(
+            self.max_age, self.max_count, age="max_age", count="max_count", prefix="retention."
+        )
         if not _number(self.interval) or not self.interval > 0:
             problems.append(
                 Problem("retention.interval", f"must be seconds > 0, {self.interval!r}")
             )
-        if self.max_age is None and self.max_count is None:
-            problems.append(Problem("retention", "give max_age, max_count or both"))
         if problems:
             raise SpecError(problems, context="invalid retention")

@@ -86,7 +86,7 @@ from supervisor.logs import (
 )
 from supervisor.observe import EventStream, Observer, metrics
 from supervisor.observe.bus import DEFAULT_MAX_BUFFER
-from supervisor.retention import Retention
+from supervisor.retention import Retention, limit_problems
 from supervisor.runopts import ResolvedCfg, RunOpts
 from supervisor.specs import AppDef, AppHandle, make_app_id, make_handle, parse_handle
 from supervisor.states import TERMINAL, AppState
@@ -809,19 +809,9 @@ class Supervisor:
         handles removed (with ``dry_run``: those that would be), newest first.
         The file work runs in a worker thread.
         """
-        try:
-            Retention(max_age=older_than, max_count=keep)  # the same checks
-        except SpecError as e:
-            named = {"retention.max_age": "older_than", "retention.max_count": "keep"}
-            raise SpecError(
-                [
-                    Problem(named[p.field], p.message)
-                    if p.field in named
-                    else Problem("older_than", "give older_than, keep or both")
-                    for p in e.problems
-                ],
-                context="invalid gc",
-            ) from None
+        problems = limit_problems(older_than, keep, age="older_than", count="keep")
+        if problems:  # Retention's checks, named as this call spells them
+            raise SpecError(problems, context="invalid gc")
         impl = await self._loaded(backend)
         index: Index | None = getattr(impl, "index", None)
         if index is None:
@@ -1179,17 +1169,15 @@ class Supervisor:
         backend that cannot be read (an engine away) leaves the last snapshot in
         place and is asked again, as a later ``describe`` would be.
         """
-        status = self._observed[handle] = described.to_status()
-        start: DescribeAppResponse | None = described
         scope = anyio.CancelScope()
         self._observing.add(scope)  # ``close`` ends it before the backends close
         try:
             with scope:
-                await self._follow_observed(handle, parsed, start)
+                await self._follow_observed(handle, parsed, described)
         finally:
             self._observing.discard(scope)
-            status = self._observed.pop(handle, status)
-            if status.is_settled and handle not in self._actors:
+            status = self._observed.pop(handle, None)  # ``attach`` put the first one
+            if status is not None and status.is_settled and handle not in self._actors:
                 self._finished.put(handle, status)  # even when the close cut the follow short
 
     async def _follow_observed(

@@ -49,7 +49,7 @@ from types import TracebackType
 from typing import Any
 
 import anyio
-from anyio.abc import TaskGroup
+from anyio.abc import TaskGroup, TaskStatus
 
 from supervisor.actor import AppActor
 from supervisor.backends.base import (
@@ -345,12 +345,29 @@ class Supervisor:
                 "under trio or another event loop"
             ) from None
         self._stack = AsyncExitStack()
-        self._tg = await self._stack.enter_async_context(anyio.create_task_group())
+        outer = await self._stack.enter_async_context(anyio.create_task_group())
+        self._tg = await outer.start(self._hold_tasks)
         self._watch_hub = WatchHub(self._tg)
         self._unregister_metrics = metrics.register_states(_StateCounts(self._actors))
         if self.retention is not None:
             self._tg.start_soon(self._retain, self.retention)
         return self
+
+    @staticmethod
+    async def _hold_tasks(*, task_status: TaskStatus[TaskGroup]) -> None:
+        """Hold the task group of the apps, backends and follows, until ``close`` ends it.
+
+        It lives in a task of its own, shielded, and not in the caller's task
+        around the ``async with`` body. So ``close()`` cancelling it leaves the
+        rest of the body running (``describe`` after ``await sv.close()``), and
+        a scope cancelled around the block (``move_on_after``, a failing
+        sibling task) does not reach the apps directly: they stop as at any
+        exit, by ``close`` (SIGTERM, ``stop_grace``, a final record).
+        """
+        with anyio.CancelScope(shield=True):
+            async with anyio.create_task_group() as tg:
+                task_status.started(tg)
+                await anyio.sleep_forever()
 
     async def __aexit__(
         self,
@@ -360,18 +377,30 @@ class Supervisor:
     ) -> bool | None:
         try:
             await self.close()
-        finally:
-            stack, self._stack = self._stack, None
-            if stack is not None:
-                try:
-                    await stack.__aexit__(exc_type, exc, tb)
-                except BaseExceptionGroup as group:
-                    # The task group wraps whatever the block raised, even alone. The
-                    # caller's own exception must come out as itself (``except SpecError``
-                    # around the block must match); returning lets Python re-raise it
-                    # untouched. Genuine concurrent failures stay grouped.
-                    if exc is None or group.exceptions != (exc,):
-                        raise
+        except BaseException:
+            await self._leave_tasks(exc_type, exc, tb)
+            raise
+        return await self._leave_tasks(exc_type, exc, tb)
+
+    async def _leave_tasks(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        """Leave the task group ``__aenter__`` entered; what it says of the block's exception."""
+        stack, self._stack = self._stack, None
+        if stack is None:
+            return None
+        try:
+            return await stack.__aexit__(exc_type, exc, tb)
+        except BaseExceptionGroup as group:
+            # The task group wraps whatever the block raised, even alone. The
+            # caller's own exception must come out as itself (``except SpecError``
+            # around the block must match); returning lets Python re-raise it
+            # untouched. Genuine concurrent failures stay grouped.
+            if exc is None or group.exceptions != (exc,):
+                raise
         return None
 
     @property

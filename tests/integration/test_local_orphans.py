@@ -17,9 +17,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from supervisor import AppDef, AppState, AppStatus, Role, Supervisor
+from supervisor import AppDef, AppState, AppStatus, ReplicaState, Role, Supervisor
 
-from .helpers import pid_gone_within
+from .helpers import pid_gone_within, until
 
 pytestmark = [pytest.mark.integration]
 
@@ -120,3 +120,30 @@ async def test_library_installs_no_signal_handlers(state_dir: Path) -> None:
         await sv.wait(handle, timeout=30)
         assert {s: signal.getsignal(s) for s in watched} == before
     assert {s: signal.getsignal(s) for s in watched} == before
+
+
+@pytest.mark.anyio
+async def test_a_replica_ends_with_its_main_process_and_takes_its_group_along(
+    state_dir: Path,
+) -> None:
+    """What runs on in a replica's process group when its main process exits (a
+    ``cmd &`` it did not wait for) is killed then, while the app still runs: a replica
+    is its group, as a container is its processes (docs/backends/local.md)."""
+    left = Role(name="left", entrypoint="sh", args=["-c", "sleep 600 & echo $!; exit 0"])
+    stays = Role(name="stays", entrypoint="sh", args=["-c", "echo up; exec sleep 600"])
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(AppDef(name="g", roles=[left, stays]), "local")
+        async for line in sv.log_iter(handle, "left", 0, should_tail=True):
+            background = int(line)
+            break
+        assert pid_gone_within(background, 5), "the replica's background sleep runs on"
+
+        def left_ended() -> bool:
+            status = sv.status(handle)
+            replica = None if status is None else status.replica("left", 0)
+            return replica is not None and replica.state is ReplicaState.SUCCEEDED
+
+        await until(left_ended, 10)
+        status = sv.status(handle)
+        assert status is not None and status.state is AppState.RUNNING  # "stays" runs on
+        await sv.cancel(handle)

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from supervisor import AppEvent, AppState, ShuttingDown, Supervisor, Transition
@@ -208,3 +209,87 @@ async def test_a_close_that_fails_still_closes_the_rest_then_says_so(
     with pytest.raises(BackendError, match="injected close failure"):
         await sv.close()
     assert not any(pid_alive(pid) for pid in reapers), reapers
+
+
+async def test_the_block_goes_on_after_close(state_dir: Path) -> None:
+    """``await sv.close()`` inside the block ends the Supervisor, not the block: the
+    verbs that read (describe, logs) answer after it, and the code after the block runs.
+    Before, close cancelled a scope that held the block too: its next checkpoint raised
+    a CancelledError that escaped ``anyio.run``."""
+    reached = []
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app(py_role("s", "print('hi')")), "local")
+        assert (await sv.wait(handle, timeout=30)).state is AppState.SUCCEEDED
+        await sv.close()
+        await anyio.lowlevel.checkpoint()  # the block is not cancelled
+        described = await sv.describe(handle)
+        assert described is not None and described.state is AppState.SUCCEEDED
+        assert [line async for line in sv.log_iter(handle, "s", 0)] == ["hi\n"]
+        reached.append("block")
+    reached.append("after")
+    assert reached == ["block", "after"]
+
+
+# Says when it got SIGTERM, so the log shows whether the stop was the graceful one.
+TERMED = (
+    "import signal, sys, time\n"
+    "def stop(*_):\n"
+    "    print('got SIGTERM', flush=True)\n"
+    "    sys.exit(0)\n"
+    "signal.signal(signal.SIGTERM, stop)\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+class SiblingFailed(Exception):
+    pass
+
+
+@pytest.mark.parametrize("how", ["scope cancelled", "sibling task failed"])
+async def test_a_block_ended_from_outside_stops_its_apps_as_close_does(
+    state_dir: Path, how: str
+) -> None:
+    """A scope cancelled around the block (``move_on_after``) or a sibling task that
+    fails in the caller's task group ends the block; the apps then stop as at any exit:
+    SIGTERM, then their stop grace, and a final record of CANCELLED that any Supervisor
+    reads. Before, the cancellation reached the apps' own tasks: their replicas were
+    SIGKILLed and their record stayed RUNNING, so a ``wait`` of them never returned."""
+    handle = ""
+
+    async def supervise(ready: anyio.Event) -> None:
+        nonlocal handle
+        async with Supervisor(session="svc") as sv:
+            handle = await sv.submit(app(py_role("s", TERMED)), "local", {"stop_grace": 20})
+            async for line in sv.log_iter(handle, "s", 0, should_tail=True):
+                assert line == "ready\n"
+                break
+            ready.set()
+            await anyio.sleep(60)
+
+    async def fail_when(ready: anyio.Event) -> None:
+        await ready.wait()
+        raise SiblingFailed()
+
+    async def beside_a_failing_sibling() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(supervise, ready)
+            tg.start_soon(fail_when, ready)
+
+    ready = anyio.Event()
+    with anyio.fail_after(BOUND_S + 20):
+        if how == "scope cancelled":
+            with anyio.CancelScope() as scope:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(supervise, ready)
+                    await ready.wait()
+                    scope.cancel()
+            assert scope.cancelled_caught
+        else:
+            with pytest.raises(ExceptionGroup) as raised:
+                await beside_a_failing_sibling()
+            assert raised.group_contains(SiblingFailed)
+    async with Supervisor(session="other") as other:
+        assert (await other.wait(handle, timeout=BOUND_S)).state is AppState.CANCELLED
+        lines = [line async for line in other.log_iter(handle, "s", 0)]
+    assert lines == ["ready\n", "got SIGTERM\n"]

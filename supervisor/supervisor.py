@@ -156,6 +156,17 @@ def default_session() -> str:
         return "default"
 
 
+def _working_directory() -> str:
+    """The caller's working directory, where replicas start; a removed one is named."""
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        raise SpecError(
+            [Problem("cwd", "the current working directory was removed; go to one that exists")],
+            context="invalid submit",
+        ) from None
+
+
 def _gpu_count() -> int:
     """NVIDIA devices the driver lists; a directory read, no subprocess."""
     try:
@@ -551,7 +562,7 @@ class Supervisor:
         ctx = DryrunContext(
             session=self.session,
             app_id=app_id or make_app_id(app.name, secrets.token_hex(4)),
-            cwd=os.getcwd(),
+            cwd=_working_directory(),
             gpu_count=self._gpus,
             backend=backend,
         )
@@ -868,10 +879,19 @@ class Supervisor:
             handles = [make_handle(backend, e.session, e.app_id) for e in doomed]
 
             def remove() -> None:
-                for entry in doomed:
-                    remove_app(index, entry.session, entry.app_id, entry.app_dir)
-                # A key of a removed app would otherwise stay on disk for ever.
-                keys.forget_handles(handles)
+                removed: builtins.list[str] = []
+                try:
+                    for entry, handle in zip(doomed, handles, strict=True):
+                        try:
+                            remove_app(index, entry.session, entry.app_id, entry.app_dir)
+                        except OSError as e:  # records this process may read but not remove
+                            raise BackendError(
+                                f"cannot remove the records of {handle}: {e}", transient=False
+                            ) from e
+                        removed.append(handle)
+                finally:
+                    # A key of a removed app would otherwise stay on disk for ever.
+                    keys.forget_handles(removed)
 
             await anyio.to_thread.run_sync(remove)
         return [make_handle(backend, e.session, e.app_id) for e in doomed]

@@ -28,6 +28,7 @@ stderr, ``Error: ...``:
     4    the app's state is UNKNOWN (its supervising process vanished)
     130  ``run`` was interrupted (SIGINT, Ctrl-C): the app was cancelled first
     143  ``run`` got SIGTERM: the app was cancelled first
+    141  the reader of stdout left (``| head -1``): silent, as for a command SIGPIPE ended
 
 Human output uses rich tables; ``--json`` prints plain JSON on stdout.
 The entry point of the ``asupervisor`` script and of ``python -m supervisor``

@@ -299,6 +299,12 @@ def call_component(fn: Component, name: str, args: Sequence[str], parent: click.
             app = fn(*positional, **keywords)
         except ValueError as exc:
             raise click.UsageError(str(exc), ctx) from exc
+        except Exception as exc:
+            # The component's own bug, not the user's input: said in one line, as a
+            # component file that fails to load is.
+            raise click.UsageError(
+                f"component {name!r} raised {type(exc).__name__}: {exc}", ctx
+            ) from exc
         if not isinstance(app, AppDef):
             raise click.UsageError(
                 f"component {name!r} returned {type(app).__name__}, not an AppDef", ctx

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import sys
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import click
@@ -19,7 +23,7 @@ from supervisor.errors import (
     only_cause,
 )
 
-__all__ = ["CliError", "UsageFailure", "run_async", "translate"]
+__all__ = ["CliError", "ExitOnBrokenPipe", "UsageFailure", "run_async", "translate"]
 
 T = TypeVar("T")
 
@@ -36,9 +40,36 @@ class UsageFailure(CliError):
     exit_code = codes.USAGE
 
 
+def _reader_gone() -> click.exceptions.Exit:
+    """Our stdout's reader went away (``| head -1``): exit as a command SIGPIPE killed.
+
+    128 + SIGPIPE (141) and nothing on stderr, as ``seq 1 9 | head -1`` does;
+    click's own handling exits 1, which here means the app FAILED. Whatever is
+    still buffered for stdout goes to /dev/null, so the flush at exit cannot
+    raise again.
+    """
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return click.exceptions.Exit(codes.exit_code_for_signal(signal.SIGPIPE))
+
+
+class ExitOnBrokenPipe(click.Group):
+    """The root group: a stdout whose reader left ends any command as ``_reader_gone`` says."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            raise _reader_gone() from None
+
+
 def translate(exc: BaseException) -> BaseException:
     """The exception to raise in place of ``exc``: a ``CliError`` for library errors."""
     leaf = only_cause(exc)
+    if isinstance(leaf, BrokenPipeError):
+        return _reader_gone()
     if isinstance(leaf, KeyboardInterrupt):
         return click.exceptions.Exit(codes.exit_code_for_signal(2))
     if isinstance(leaf, SpecError | InvalidHandleError | UnknownBackendError):

@@ -25,7 +25,7 @@ from supervisor.cli.clusterview import (
     print_cluster_jobs,
     print_matches,
 )
-from supervisor.cli.errors import CliError, UsageFailure, run_async
+from supervisor.cli.errors import CliError, ExitOnBrokenPipe, UsageFailure, run_async
 from supervisor.cli.follow import LogQuery, follow_logs
 from supervisor.cli.render import (
     console,
@@ -77,7 +77,7 @@ HANDLE = HandleType()
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=ExitOnBrokenPipe, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--session", help="session name for new apps (default: your user name)")
 @click.option(
     "--state-dir",

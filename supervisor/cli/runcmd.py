@@ -115,7 +115,12 @@ class RunCommand(click.Command):
     show_default=True,
     help="where to run the app (-s and --scheduler: as TorchX spells it)",
 )
-@click.option("--cfg", metavar="K=V,K2=A;B", help="run options (see `asupervisor runopts`)")
+@click.option(
+    "--cfg",
+    metavar="K=V,K2=A;B",
+    multiple=True,
+    help="run options (see `asupervisor runopts`); repeat it to add more",
+)
 @click.option("--dryrun", is_flag=True, help="print the request; launch nothing")
 @click.option("--wait", is_flag=True, help="print transitions and the final status")
 @click.option("--log", is_flag=True, help="print every replica's output (implies --wait)")
@@ -124,7 +129,7 @@ class RunCommand(click.Command):
 def run(
     ctx: click.Context,
     backend: str,
-    cfg: str | None,
+    cfg: tuple[str, ...],
     dryrun: bool,
     wait: bool,
     log: bool,
@@ -138,7 +143,10 @@ def run(
     else:
         target, *rest = argv
         app = call_component(load_component(target), target, rest, ctx)
-    plan = RunPlan(app, backend, cfg, dryrun, wait or log, log, as_json)
+    # Every --cfg counts, as one string: a key given in two of them is refused as
+    # one given twice in one is, never silently replaced.
+    joined = ",".join(part for part in cfg if part) or None
+    plan = RunPlan(app, backend, joined, dryrun, wait or log, log, as_json)
     obj: dict[str, Any] = ctx.find_root().obj or {}
 
     async def main() -> int:

@@ -168,7 +168,7 @@ def ddp(
     if mode not in ("rank", "torchrun"):
         raise ValueError(f"--mode {mode!r}: expected rank or torchrun")
     if h is not None and h not in NAMED_RESOURCES:
-        raise ValueError(f"-h {h!r}: expected one of {', '.join(NAMED_RESOURCES)}")
+        raise ValueError(f"--h {h!r}: expected one of {', '.join(NAMED_RESOURCES)}")
     node = NAMED_RESOURCES[h] if h else Resource(cpu=cpu, gpu=gpu, memMB=memMB)
     role = role_name(script, m)
     target = ["-m", m] if m else [str(script)]

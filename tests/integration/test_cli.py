@@ -10,6 +10,7 @@ import json
 import os
 import pty
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -372,7 +373,8 @@ def test_help_works_on_every_command_and_component(
 def test_ddp_named_resource_is_spelled_long(env: dict[str, str]) -> None:
     """``-h`` is help everywhere, so ddp's ``h`` (TorchX's named resource) is ``--h``."""
     done = cli(env, "run", "--dryrun", "--json", "ddp", "--h", "nonexistent", "--script", "t.py")
-    assert done.returncode == 2 and "nonexistent" in done.stderr  # parsed, then validated
+    assert done.returncode == 2, done.stderr  # parsed, then validated
+    assert "Error: --h 'nonexistent': expected one of" in done.stderr  # as the user spells it
 
 
 @pytest.mark.parametrize("user", [None, "someone"], ids=["no-USER", "USER"])
@@ -509,3 +511,116 @@ def test_python_dash_m_supervisor_runs_the_cli(env: dict[str, str]) -> None:
         env=env, capture_output=True, text=True, timeout=TIMEOUT,
     )  # fmt: skip
     assert done.returncode == 0 and done.stdout.startswith("local://"), done.stderr
+
+
+# -------------------------------------------------------------- mishaps
+# What a user meets by mistake: each ends in one ``Error:`` line (or none, for a
+# reader that left) and the documented exit code, never a traceback.
+
+COMPONENT = """
+from supervisor import AppDef
+
+def boom(x: int = 1) -> AppDef:
+    raise RuntimeError("kaboom")
+"""
+
+
+def one_error_line(done: subprocess.CompletedProcess[str]) -> str:
+    """The ``Error:`` line of a failed command; the rest is click's usage hint or nothing."""
+    assert "Traceback" not in done.stderr, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1, done.stderr
+    return errors[0]
+
+
+def test_a_component_that_raises_is_named_in_one_line(env: dict[str, str], tmp_path: Path) -> None:
+    """Before: any exception but ValueError from a component printed a traceback, exit 1
+    (which says the app FAILED)."""
+    (tmp_path / "comps.py").write_text(COMPONENT)
+    done = cli(env, "run", "--dryrun", str(tmp_path / "comps.py") + ":boom")
+    assert done.returncode == 2
+    assert one_error_line(done).endswith("raised RuntimeError: kaboom")
+
+
+def test_run_from_a_removed_directory_names_it(env: dict[str, str], tmp_path: Path) -> None:
+    """The replicas start in the caller's directory: a removed one is a usage error."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    done = subprocess.run(
+        ["sh", "-c", 'cd "$1" && rmdir "$1" && shift && exec "$@"', "sh", str(gone),
+         *CLI, "run", "--dryrun", "echo"],
+        env=env, capture_output=True, text=True, timeout=TIMEOUT, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "cwd: the current working directory was removed" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_every_cfg_counts_and_a_key_in_two_is_refused(env: dict[str, str]) -> None:
+    """Before: only the last ``--cfg`` applied, the others silently replaced by defaults."""
+    both = cli(env, "run", "--dryrun", "--json", "--cfg", "stop_grace=1",
+               "--cfg", "env_policy=clean", "echo")  # fmt: skip
+    assert both.returncode == 0, both.stderr
+    request = json.loads(both.stdout)
+    assert (request["stop_grace"], request["env_policy"]) == (1.0, "clean")
+    twice = cli(env, "run", "--dryrun", "--cfg", "stop_grace=1", "--cfg", "stop_grace=2", "echo")
+    assert twice.returncode == 2
+    assert "cfg.stop_grace: given more than once" in twice.stderr
+
+
+def test_a_reader_that_leaves_ends_the_command_as_sigpipe_would(env: dict[str, str]) -> None:
+    """``asupervisor log H | head -1``: exit 141 and nothing on stderr. Before: exit 1,
+    which says the app FAILED."""
+    done = cli(env, "run", "--wait", "--", "seq", "1", "200000")
+    assert done.returncode == 0, done.stderr
+    handle = done.stdout.splitlines()[0]
+    reader = subprocess.Popen(
+        [*CLI, "log", handle], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert reader.stdout is not None and reader.stderr is not None
+    assert reader.stdout.readline() == b"seq/0 | 1\n"
+    reader.stdout.close()  # the reader leaves, as head does
+    assert reader.wait(TIMEOUT) == 141
+    assert reader.stderr.read() == b""
+    reader.stderr.close()
+
+
+needs_mounts = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="a read-only bind mount needs root and unshare",
+)
+
+
+def read_only(env: dict[str, str], state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``asupervisor ARGS`` with the state directory bound read-only, in its own mount
+    namespace: nothing outside that one command sees the mount."""
+    script = 'mount --bind -o ro "$1" "$1" && shift && exec "$@"'
+    return subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh",
+         str(state_dir), *CLI, *args],
+        env=env, capture_output=True, text=True, timeout=TIMEOUT, check=False,
+    )  # fmt: skip
+
+
+@needs_mounts
+def test_gc_and_cancel_on_a_read_only_state_dir_say_what_they_could_not_write(
+    env: dict[str, str], state_dir: Path, background: Any
+) -> None:
+    """Before: a raw OSError traceback, exit 1, from both."""
+    ended = cli(env, "run", "--wait", "--", "true").stdout.splitlines()[0]
+    gc = read_only(env, state_dir, "gc", "--keep", "0")
+    assert gc.returncode == 1
+    line = one_error_line(gc)
+    assert f"cannot remove the records of {ended}" in line and "Read-only file system" in line
+    assert cli(env, "status", ended).returncode == 0  # still there
+
+    run = background("run", "--wait", "--", "sh", "-c", "exec sleep 30")
+    handle = run.read_line()
+    wait_for_state(env, handle, "RUNNING")
+    cancel = read_only(env, state_dir, "cancel", handle)
+    assert cancel.returncode == 1
+    line = one_error_line(cancel)
+    assert f"cannot ask for {handle} to be cancelled" in line and "Read-only" in line
+    assert cli(env, "status", handle).returncode == 0  # RUNNING: nothing was asked
+    assert cli(env, "cancel", handle).returncode == 0
+    assert run.wait() == 3

@@ -806,8 +806,12 @@ class LocalBackend(Backend):
 
     def _request_cancel(self, store: AppStore, handle: AppHandle) -> None:
         """Blocking: the request in the app's records, then to its owner, who watches for it."""
-        store.request_cancel()
-        self.cancel_requests.request(handle.session, handle.app_id)
+        try:
+            store.request_cancel()
+            self.cancel_requests.request(handle.session, handle.app_id)
+        except OSError as e:  # a state directory this process may read but not write
+            why = f"cannot ask for {handle} to be cancelled: {e}"
+            raise BackendError(why, transient=False) from e
 
     async def wait_foreign(self, handle: AppHandle) -> AppStatus | None:
         """Woken by the owner replacing state.json (inotify) or by the owner's death (pidfd)."""

@@ -29,6 +29,7 @@ from supervisor.backends.slurm.script import (
     render,
     with_dependencies,
 )
+from supervisor.runopts import parse_cfg_string
 from supervisor.specs import PROCS_PER_NODE
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -481,3 +482,18 @@ def test_the_recorded_request_gives_back_what_following_the_job_needs() -> None:
     older = {k: v for k, v in recorded.items() if k != "replicas"}
     with pytest.raises(KeyError):
         SlurmRequest.from_json(older, app)
+
+
+def test_mail_types_from_the_command_line_are_separated_by_semicolons() -> None:
+    """On the command line ``,`` separates run options, so ``mail-type=END,FAIL`` read
+    ``FAIL`` as an option of its own and nothing named two events; ``;`` does, as for
+    the items of list options. Both render as sbatch takes them."""
+    given = parse_cfg_string("mail-type=END;FAIL,time=5", slurm_run_opts())
+    cfg = slurm_run_opts().resolve(given)
+    check_slurm_cfg(cfg)
+    assert "#SBATCH --mail-type=END,FAIL\n" in _script("m", dict(given), FACTS)
+    assert "#SBATCH --mail-type=END,FAIL\n" in _script("m", {"mail-type": "END, FAIL"}, FACTS)
+    bogus = slurm_run_opts().resolve(parse_cfg_string("mail-type=END;BOGUS", slurm_run_opts()))
+    with pytest.raises(SpecError) as err:
+        check_slurm_cfg(bogus)
+    assert err.value.fields == ("cfg.mail-type",) and "'BOGUS'" in str(err.value)

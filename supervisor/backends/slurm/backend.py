@@ -510,7 +510,7 @@ class SlurmBackend(Backend):
         record = dataclasses.replace(record, extra=extra)
         await anyio.to_thread.run_sync(store.write_app, record)
         await anyio.to_thread.run_sync(
-            self.index.add, request.session, request.app_id, store.app_dir
+            self.index.add, request.session, request.app_id, store.app_dir, request.app.name
         )
         if allocation is not None:
             # Recorded first: the driver's steps are the app's from their first moment.
@@ -633,14 +633,15 @@ class SlurmBackend(Backend):
             state = group_states[offset]
             waiting = state is ReplicaState.PENDING and rec and rec.reason not in ("", "None")
             hosts = hosts_of_tasks(rec.nodes, len(keys)) if rec else [""] * len(keys)
+            code, signal_ = _slurm_exit(rec, state)
             for (role, k), host in zip(keys, hosts, strict=True):
                 replica = ReplicaStatus(
                     id=k,
                     state=state,
                     role=role,
                     hostname=host,
-                    exit_code=rec.exit_code if rec else None,
-                    signal=signal_name(rec.signal) if rec else None,
+                    exit_code=code,
+                    signal=signal_,
                     restarts=rec.restart_cnt if rec else 0,
                     msg=rec.reason if rec and waiting else "",
                 )
@@ -651,6 +652,10 @@ class SlurmBackend(Backend):
                     replica = _ended_as_recorded(
                         replica, ended, cancelled or state is ReplicaState.CANCELLED
                     )
+                    if replica.state is ReplicaState.FAILED and rec and rec.state != "FAILED":
+                        # Slurm ended it (a time limit, a node failure): that says more
+                        # than the signal the run died of, as the owner says it.
+                        replica = dataclasses.replace(replica, msg=_slurm_end(role, k, rec))
                     applied[(role, k)] = ended
                     ends.append(ended.ended)
                     if ended.started is not None:
@@ -658,13 +663,20 @@ class SlurmBackend(Backend):
                 found[(role, k)] = replica
         # The gang stop after a replica's own failure (the batch script ends the rest with a
         # signal) is a stop, as the owner's FSM would have decided: CANCELLED, not FAILED.
-        failures = sorted((e.ended, key) for key, e in applied.items() if e.returncode > 0)
+        # The first failure is the root cause: an exit code of its own before a death by
+        # signal (which a gang stop or Slurm's time limit also deals).
+        failed = [key for key, e in applied.items() if found[key].state is ReplicaState.FAILED]
+        failures = sorted((applied[key].returncode < 0, applied[key].ended, key) for key in failed)
         root_cause = ""
         if failures:
-            first_failure, (role, k) = failures[0]
-            root_cause = f"{role}/{k} {describe_exit(applied[(role, k)].returncode, None)}"
-            for key, e in applied.items():
-                if -e.returncode in _GANG_STOP and e.ended >= first_failure:
+            _, first_failure, first = failures[0]
+            role, k = first
+            code = applied[first].returncode
+            how = describe_exit(None, signal_name(-code)) if code < 0 else describe_exit(code, None)
+            root_cause = f"{role}/{k} {how}"
+            for key in failed:
+                e = applied[key]
+                if key != first and -e.returncode in _GANG_STOP and e.ended >= first_failure:
                     found[key] = dataclasses.replace(found[key], state=ReplicaState.CANCELLED)
         replicas = {
             role.name: [found[(role.name, k)] for k in range(role.num_replicas)]
@@ -685,7 +697,9 @@ class SlurmBackend(Backend):
             roles=tuple(RoleStatus(role, tuple(reps)) for role, reps in replicas.items()),
         )
         if not starts:
-            starts = [float(r.started) for r in records if r.started > 0]
+            # Slurm's start of a group that ran: a pending one shows when it may start,
+            # and one cancelled while it waited shows the cancel's time.
+            starts = [float(r.started) for r in records if r.started > 0 and _ran(r)]
         return _Observed(status, min(starts, default=None), max(ends, default=None))
 
     async def _final_or_live(self, store: AppStore, app: AppRecord) -> AppStatus:
@@ -717,6 +731,19 @@ class SlurmBackend(Backend):
         ended = live.is_settled and live.state is not AppState.UNKNOWN
         by_job = app.extra.get("allocation") is None  # a job of its own, not steps in an allocation
         if ended and by_job and not await anyio.to_thread.run_sync(store.followed, app):
+            left = _retries_left(app, live)
+            if left:
+                # Slurm ended the job itself (a time limit, a node failure), so its
+                # script could not retry it; only a Supervisor's requeue can. The end
+                # is not recorded: one that attaches makes the retry, whoever looked
+                # first (a recorded end would refuse it for good).
+                why = f"{live.msg}; " if live.msg else ""
+                return dataclasses.replace(
+                    live,
+                    state=AppState.UNKNOWN,
+                    msg=f"{why}the job ended with {left} retr{'y' if left == 1 else 'ies'} "
+                    "left and no Supervisor follows it: attach to make the retry",
+                )
             final = await anyio.to_thread.run_sync(
                 store.record_observed_end,
                 live,
@@ -1007,6 +1034,53 @@ def _ended_as_recorded(replica: ReplicaStatus, record: PumpExit, cancelled: bool
         hostname=replica.hostname or record.host,
         restarts=max(replica.restarts, record.attempt),
         msg="",
+    )
+
+
+def _retries_left(app: AppRecord, status: AppStatus) -> int:
+    """How many retries a FAILED job (not in an allocation) still has coming: its
+    ``max_retries`` less the attempts made, as Slurm counts them or, where it counts
+    none (a het job that requeued itself), as each replica's exit record says."""
+    if status.state is not AppState.FAILED:
+        return 0
+    attempts = max(
+        [status.num_restarts, *(r.restarts for role in status.roles for r in role.replicas)]
+    )
+    request = SlurmRequest.from_json(app.request, app.app)
+    return max(request.max_retries - attempts, 0)
+
+
+def _slurm_exit(rec: JobRecord | None, state: ReplicaState) -> tuple[int | None, str | None]:
+    """A group's exit code and signal as Slurm shows them, once it ended; else none.
+
+    Slurm shows ``0:0`` for a job that waits or runs, and the last run's code for a
+    requeued one: only an end has an exit. A cancel with no code of its own had none
+    (it may never have run), as the owner reports it.
+    """
+    if rec is None or not is_terminal(state):
+        return None, None
+    signal_ = signal_name(rec.signal)
+    if signal_ is not None:
+        return None, signal_
+    if state is ReplicaState.CANCELLED and not rec.exit_code:
+        return None, None
+    if state is ReplicaState.FAILED and not rec.exit_code:
+        return 1, None  # FAILED with nothing to show for it (NODE_FAIL, TIMEOUT, ...)
+    return rec.exit_code, None
+
+
+def _slurm_end(role: str, k: int, rec: JobRecord) -> str:
+    """How Slurm says a run ended, in the owner's words."""
+    why = f" ({rec.reason})" if rec.reason and rec.reason != "None" else ""
+    return f"{role}/{k}: Slurm state {rec.state}{why}"
+
+
+def _ran(rec: JobRecord) -> bool:
+    """Whether the group's record is of a run (not of a wait, nor a cancel while waiting)."""
+    return _replica_state(rec) in (
+        ReplicaState.RUNNING,
+        ReplicaState.SUCCEEDED,
+        ReplicaState.FAILED,
     )
 
 

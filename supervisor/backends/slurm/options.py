@@ -17,6 +17,7 @@ __all__ = [
     "MAIL_TYPES",
     "check_slurm_cfg",
     "expand_hostlist",
+    "mail_types",
     "slurm_run_opts",
     "valid_time",
 ]
@@ -49,6 +50,12 @@ MAIL_TYPES = frozenset(
         "TIME_LIMIT", "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50", "ARRAY_TASKS",
     }
 )  # fmt: skip
+
+
+def mail_types(value: str) -> list[str]:
+    """The events of ``mail-type``, separated by ``,`` (sbatch's way, and a Python dict's)
+    or ``;`` (the command line's: there ``,`` already separates run options)."""
+    return [t.strip() for t in value.replace(";", ",").split(",") if t.strip()]
 
 
 def valid_time(text: str) -> bool:
@@ -90,7 +97,12 @@ def slurm_run_opts() -> RunOpts:
             RunOpt("comment", s, None, "free text shown by squeue and sacct"),
             RunOpt("constraint", s, None, "node features required (sbatch --constraint)"),
             RunOpt("mail-user", s, None, "who gets mail about the job"),
-            RunOpt("mail-type", s, None, "comma-separated events to mail about (BEGIN, END, ...)"),
+            RunOpt(
+                "mail-type",
+                s,
+                None,
+                "events to mail about (BEGIN, END, ...), separated by , or ; (--cfg: ;)",
+            ),
             RunOpt("qos", s, None, "quality of service"),
             RunOpt("account", s, None, "account to charge"),
             RunOpt(
@@ -199,7 +211,7 @@ def check_slurm_cfg(cfg: ResolvedCfg) -> None:
         )
     mail_type = cfg.get_str("mail-type")
     if mail_type is not None:
-        unknown = [t for t in mail_type.split(",") if t.strip().upper() not in MAIL_TYPES]
+        unknown = [t for t in mail_types(mail_type) if t.upper() not in MAIL_TYPES]
         if unknown:
             problems.append(
                 Problem(

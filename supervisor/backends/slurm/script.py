@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.backends.base import DryrunContext, Request
-from supervisor.backends.slurm.options import DEPENDENCY_KINDS, expand_hostlist
+from supervisor.backends.slurm.options import DEPENDENCY_KINDS, expand_hostlist, mail_types
 from supervisor.errors import Problem, SpecError
 from supervisor.runopts import ResolvedCfg
 from supervisor.specs import (
@@ -657,10 +657,13 @@ def _script(
         # by the script below only while retries are left.
         "--requeue",
     ]
-    for key in ("time", "mail-user", "mail-type"):
+    for key in ("time", "mail-user"):
         value = cfg.get_str(key)
         if value:
             job_level.append(f"--{key}={value}")
+    events = mail_types(cfg.get_str("mail-type") or "")
+    if events:
+        job_level.append(f"--mail-type={','.join(events)}")
     if cfg.get_bool("hold", False):
         job_level.append("--hold")
     lines = ["#!/bin/bash", f"# asupervisor app {ctx.app_id} ({app.name}), session {ctx.session}"]

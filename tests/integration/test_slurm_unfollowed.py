@@ -151,7 +151,8 @@ async def test_a_reader_tells_an_unfollowed_app_as_its_owner_would(
         [replica] = cancelled.roles[0].replicas
         assert replica.exit_code is None, replica
         described = await sv.describe(handles["held"])
-        assert described is not None and described.times.started is None, described.times
+        assert described is not None
+        assert described.times.started is None, described.times
 
         killed = await sv.wait(handles["killed"], timeout=120)
         assert killed.state is AppState.FAILED, killed

@@ -43,6 +43,7 @@ from supervisor.status import AppStatus, DescribeAppResponse, ListAppResponse, T
 from supervisor.validate import Capabilities
 
 __all__ = [
+    "CANCELLED_ELSEWHERE",
     "Adoption",
     "AppCancelRequested",
     "AppNotice",
@@ -64,6 +65,11 @@ BUILTIN_BACKENDS: Mapping[str, str] = {
     "slurm": "supervisor.backends.slurm:SlurmBackend",
     "docker": "supervisor.backends.docker:DockerBackend",
 }
+
+
+CANCELLED_ELSEWHERE = "cancelled by another process"
+"""The reason of an ``AppCancelRequested`` another process asked for (its ``cancel`` of
+an app this one follows): one wording on every backend."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -10,6 +10,7 @@ import anyio
 import pytest
 
 from supervisor import AppState, ReplicaState, Supervisor, Transition, UnknownAppError
+from supervisor.backends.base import CANCELLED_ELSEWHERE
 from supervisor.backends.store import Index
 from supervisor.specs import parse_handle
 
@@ -75,6 +76,10 @@ async def test_a_second_supervisor_describes_lists_follows_and_cancels(
             theirs = await other.wait(handle)
         assert mine.state is AppState.CANCELLED, mine
         assert theirs.state is AppState.CANCELLED, theirs
+        # The owner tells the other Supervisor's cancel in one wording on every backend,
+        # not as a cancel from the scheduler's side (Slurm said "job N was cancelled in
+        # Slurm").
+        assert mine.msg == CANCELLED_ELSEWHERE, mine
         replica = theirs.replica("r", 0)
         assert replica is not None and replica.state is ReplicaState.CANCELLED, theirs
         assert await lines(other, handle, "r", 0, streams="stdout") == ["ready\n", "got TERM\n"]

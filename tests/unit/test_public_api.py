@@ -30,8 +30,9 @@ SUPERVISOR_METHODS = {
 
 
 BACKEND_CONTRACT = {
-    "Adoption", "AppCancelRequested", "AppNotice", "AppRuntime", "AppTasks", "Backend",
-    "BackendContext", "BackendRegistry", "DryrunContext", "EventSink", "LogTarget", "Request",
+    "CANCELLED_ELSEWHERE", "Adoption", "AppCancelRequested", "AppNotice", "AppRuntime",
+    "AppTasks", "Backend", "BackendContext", "BackendRegistry", "DryrunContext", "EventSink",
+    "LogTarget", "Request",
 }  # fmt: skip
 # What a new backend must implement: changing it breaks every third-party backend.
 # At most 6 methods (issue 15): the rest have defaults (no records, no run options).

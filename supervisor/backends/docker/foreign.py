@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 from asyncinotify import Mask
 
-from supervisor.backends.base import LogTarget
+from supervisor.backends.base import CANCELLED_ELSEWHERE, LogTarget
 from supervisor.backends.docker.engine import (
     EVENTS_REOPEN_S,
     EXIT_ACTIONS,
@@ -317,7 +317,7 @@ class ForeignApps:
             status = AppStatus(
                 AppState.CANCELLED,
                 num_restarts=status.num_restarts,
-                msg="cancelled by another process",
+                msg=CANCELLED_ELSEWHERE,
                 roles=roles,
             )
         await self._copy_rest(store, app)

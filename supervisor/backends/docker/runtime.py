@@ -31,6 +31,7 @@ import anyio
 from asyncinotify import Mask
 
 from supervisor.backends.base import (
+    CANCELLED_ELSEWHERE,
     AppCancelRequested,
     AppNotice,
     AppTasks,
@@ -944,10 +945,10 @@ class DockerRuntime(ReplicaRuntime):
             async with open_inotify() as inotify:
                 inotify.add_watch(self.store.app_dir, Mask.CREATE | Mask.MOVED_TO)
                 if await anyio.Path(self.store.cancel_path).exists():
-                    self.emit(AppCancelRequested(reason="cancelled by another process"))
+                    self.emit(AppCancelRequested(reason=CANCELLED_ELSEWHERE))
                 async for event in inotify:
                     if event.name is not None and str(event.name) == CANCEL_REQUEST:
-                        self.emit(AppCancelRequested(reason="cancelled by another process"))
+                        self.emit(AppCancelRequested(reason=CANCELLED_ELSEWHERE))
 
     async def record_cancel(self) -> None:
         """cancel.request in the app dir, before the stop: it outlives this process."""

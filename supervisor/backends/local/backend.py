@@ -25,6 +25,7 @@ import anyio.lowlevel
 from asyncinotify import Inotify, Mask
 
 from supervisor.backends.base import (
+    CANCELLED_ELSEWHERE,
     AppCancelRequested,
     AppNotice,
     AppTasks,
@@ -703,7 +704,7 @@ class LocalBackend(Backend):
                     runtime = self._cancellable.get(str(event.name))
                     if runtime is not None:
                         runtime.cancel_asked = True
-                        runtime.emit(AppCancelRequested(reason="cancelled by another process"))
+                        runtime.emit(AppCancelRequested(reason=CANCELLED_ELSEWHERE))
         finally:
             self._inotify_stopped.set()
 

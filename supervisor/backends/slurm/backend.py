@@ -25,7 +25,9 @@ import anyio
 
 from supervisor.backends.adoption import take_over
 from supervisor.backends.base import (
+    CANCELLED_ELSEWHERE,
     Adoption,
+    AppCancelRequested,
     AppNotice,
     AppRuntime,
     AppTasks,
@@ -228,6 +230,16 @@ class SlurmRuntime(AppRuntime):
     async def _tell(self, mail: list[Mail]) -> None:
         """One view's events, once the records they need are read (off the loop)."""
         mail = await self._settle_lost(mail)
+        if any(isinstance(m, AppCancelRequested) for m in mail):
+            # A cancel Slurm shows that this process did not send: another Supervisor's
+            # (it records its request first) is said as on every backend; only a cancel
+            # with no request on record came from Slurm's side (scancel, an admin).
+            asked = await anyio.to_thread.run_sync(
+                AppStore(Path(self.request.app_dir)).cancel_path.exists
+            )
+            if asked:
+                elsewhere = AppCancelRequested(reason=CANCELLED_ELSEWHERE)
+                mail = [elsewhere if isinstance(m, AppCancelRequested) else m for m in mail]
         exits = [m for m in mail if isinstance(m, Exited)]
         records = await anyio.to_thread.run_sync(self._read_exits, exits) if exits else []
         in_order = sorted(zip(records, exits, strict=True), key=_ended_first)

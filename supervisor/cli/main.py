@@ -27,6 +27,7 @@ from supervisor.cli.clusterview import (
 )
 from supervisor.cli.errors import CliError, ExitOnBrokenPipe, UsageFailure, run_async
 from supervisor.cli.follow import LogQuery, follow_logs
+from supervisor.cli.options import backend_option
 from supervisor.cli.render import (
     console,
     describe_json,
@@ -316,12 +317,7 @@ def log(
 )
 @click.option("--partition", help="cancel this session's apps whose Slurm job is in PARTITION")
 @click.option("--all", "every", is_flag=True, help="cancel every app of this session not ended")
-@click.option(
-    "--backend",
-    default="local",
-    show_default=True,
-    help="the backend whose apps --state/--partition/--all choose from",
-)
+@backend_option(help="the backend whose apps --state/--partition/--all choose from")
 @click.option("-y", "--yes", is_flag=True, help="cancel without asking")
 @click.pass_context
 def cancel(
@@ -423,7 +419,7 @@ STATE_NAMES = tuple(s.name for s in AppState)
 
 
 @cli.command("list")
-@click.option("--backend", default="local", show_default=True)
+@backend_option()
 @click.option(
     "--cluster",
     "whole_cluster",
@@ -519,7 +515,7 @@ class DurationType(click.ParamType[float]):
 
 
 @cli.command()
-@click.option("--backend", default="local", show_default=True)
+@backend_option()
 @click.option(
     "--older-than",
     type=DurationType(),
@@ -560,7 +556,7 @@ def gc(
 
 
 @cli.command("cluster")
-@click.option("--backend", default="slurm", show_default=True)
+@backend_option(default="slurm")
 @click.option("--partition", help="only this partition and its nodes")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.pass_context

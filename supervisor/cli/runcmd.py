@@ -18,6 +18,7 @@ from supervisor.cli import codes
 from supervisor.cli.components import call_component, command_app, load_component
 from supervisor.cli.errors import run_async
 from supervisor.cli.follow import LogQuery, follow_logs, print_transitions
+from supervisor.cli.options import backend_option
 from supervisor.cli.render import (
     console,
     echo_json,
@@ -107,14 +108,7 @@ class RunCommand(click.Command):
     options_metavar="[OPTIONS] TARGET [ARGS]...",
     context_settings={"allow_extra_args": True, "allow_interspersed_args": False},
 )
-@click.option(
-    "--backend",
-    "-s",
-    "--scheduler",
-    default="local",
-    show_default=True,
-    help="where to run the app (-s and --scheduler: as TorchX spells it)",
-)
+@backend_option(help="where to run the app")
 @click.option(
     "--cfg",
     metavar="K=V,K2=A;B",

@@ -624,3 +624,18 @@ def test_gc_and_cancel_on_a_read_only_state_dir_say_what_they_could_not_write(
     assert cli(env, "status", handle).returncode == 0  # RUNNING: nothing was asked
     assert cli(env, "cancel", handle).returncode == 0
     assert run.wait() == 3
+
+
+def test_every_command_with_a_backend_takes_torchx_s_and_scheduler(env: dict[str, str]) -> None:
+    """``-s``/``--scheduler`` worked on ``run`` only; ``list -s local_docker`` is what a
+    TorchX user types. Each spelling reaches the backend: an unknown one is named."""
+    for args in (
+        ("list",),
+        ("gc", "--keep", "5", "--dry-run"),
+        ("cancel", "--all", "--yes"),
+        ("cluster",),
+    ):
+        for flag in ("-s", "--scheduler"):
+            done = cli(env, *args, flag, "nosuch")
+            assert done.returncode == 2, (args, flag, done.stderr)
+            assert "nosuch" in done.stderr and "No such option" not in done.stderr, done.stderr

@@ -476,3 +476,42 @@ async def test_a_call_the_engine_closes_under_is_a_backend_error(
     assert not raised.value.transient
     with pytest.raises(BackendError, match="is closed"):
         await engine.list_networks({"io.asupervisor.session": session})
+
+
+# ------------------------------------------------------ an engine away, for its own apps only
+async def test_an_engine_away_troubles_its_own_apps_only(
+    podman: PrivateEngine, shared: dict[str, str], session: str, tmp_path: Path
+) -> None:
+    """One Supervisor on two engines, one of which is away (a socket nobody serves, then
+    a private Podman killed). Before: a submit to the address nobody serves left an app
+    on record for ever; the other engine's app got its "lost the engine's event stream"
+    notice; and ``list`` raised for every app once one app's engine was away."""
+    nobody = f"unix://{tmp_path}/nobody.sock"
+    with anyio.fail_after(150):
+        async with Supervisor(session=session) as sv:
+            with pytest.raises(BackendError):
+                await sv.submit(AppDef("away", [py("w", "pass")]), "docker", cfg(nobody))
+            assert await sv.list("docker") == []  # nothing of it stayed on record
+            failing = await sv.submit(
+                AppDef("fails", [py("w", "raise SystemExit(3)")]), "docker", cfg(shared["podman"])
+            )
+            status = await sv.wait(failing, timeout=60)
+            assert status.state is AppState.FAILED, status
+            assert status.msg == "w/0 exited with code 3", status  # no other engine's notice
+            left = await sv.submit(
+                AppDef("left", [py("w", "print('up', flush=True); import time; time.sleep(600)")]),
+                "docker",
+                cfg(podman.host),
+            )
+            await _until_up(sv, left)
+        # Closed: the app on the private engine runs on, followed by nobody. Its engine goes.
+        podman.kill()
+        async with Supervisor(session=session) as reader:
+            listed = {a.app_handle: a for a in await reader.list("docker")}
+            assert listed[failing].state is AppState.FAILED, listed
+            assert listed[left].state is AppState.UNKNOWN, listed
+            assert "cannot read its containers" in listed[left].msg, listed
+        await anyio.to_thread.run_sync(podman.start)
+        async with Supervisor(session=session) as cleaner:
+            await cleaner.cancel(left)
+            assert (await cleaner.wait(left, timeout=60)).state is AppState.CANCELLED

@@ -111,3 +111,50 @@ async def test_a_slurm_app_whose_owner_was_sigkilled_is_followed_by_the_process_
         described = await later.describe(handle)
         assert described is not None and described.state is AppState.SUCCEEDED, described
         assert [_key(t) for t in described.transitions] == [_key(t) for t in seen]
+
+
+# Attempt 0 fails once GATE/fail exists; attempt 1 runs until GATE/finish exists.
+REPLICA_HELD_AFTER_RETRY = (
+    'echo attempt "$ASUPERVISOR_ATTEMPT"; '
+    'if [ "$ASUPERVISOR_ATTEMPT" = 0 ]; then '
+    'while [ ! -e "$1/fail" ]; do sleep 0.1; done; echo failing; exit 3; fi; '
+    'while [ ! -e "$1/finish" ]; do sleep 0.1; done; echo done'
+)
+
+
+@pytest.mark.timeout(300)
+async def test_attach_answers_what_slurm_says_now_not_what_the_dead_owner_recorded(
+    cluster: dict[str, object], state_dir: Path, tmp_path: Path
+) -> None:
+    """The owner is SIGKILLed, then the batch script retries the failed run by itself:
+    the records still say attempt 0. Before, ``attach`` answered that (0 restarts) while
+    ``describe`` said 1; it answers after its first look at the job now."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    argv = [sys.executable, "-c", OWNER, str(tmp_path), REPLICA_HELD_AFTER_RETRY]
+    async with await anyio.open_process(argv, env=env) as owner:
+        assert owner.stdout is not None
+        with anyio.fail_after(120):
+            handle = (await owner.stdout.receive()).decode().strip()
+        owner.kill()  # SIGKILL: no close, no release, no final record
+        await owner.wait()
+    assert handle.startswith("slurm://"), handle
+    (tmp_path / "fail").touch()
+    async with Supervisor(session="reader") as reader:
+        with anyio.fail_after(120):
+            while True:  # the script's own retry, as Slurm shows it
+                described = await reader.describe(handle)
+                assert described is not None
+                if described.state is AppState.RUNNING and described.num_restarts == 1:
+                    break
+                await anyio.sleep(0.2)
+    fast = partial(SlurmBackend, poller=PollerSettings(fast=0.5, slow=1.0))
+    async with Supervisor(session="attach-new", backends={"slurm": fast}) as sv:
+        attached = await sv.attach(handle)
+        assert (attached.state, attached.num_restarts) == (AppState.RUNNING, 1), attached
+        (tmp_path / "finish").touch()
+        with anyio.fail_after(120):
+            final = await sv.wait(handle)
+        assert final.state is AppState.SUCCEEDED and final.num_restarts == 1, final

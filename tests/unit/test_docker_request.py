@@ -250,3 +250,17 @@ def test_every_name_a_replica_resolves_is_a_dns_label_and_unique() -> None:
     assert names[0] == container_name(app_id, roles[0].name, 0)
     # A name that already is a label is kept as it is.
     assert container_name("app-1234", "trainer", 3) == "app-1234-trainer-3"
+
+
+@pytest.mark.parametrize("host", ["/run/docker.sock", "bogus://x", "unix://", "localhost:2375"])
+def test_an_engine_address_no_client_takes_is_refused_naming_cfg_host(host: str) -> None:
+    """Before: the dry run took it; the submit then failed in the engine's event follower,
+    inside the Supervisor's own task group, which died with it (every later verb: "This
+    task group is not active")."""
+    resolved = docker_run_opts().resolve({"host": host})
+    with pytest.raises(SpecError) as caught:
+        render(_app(), resolved, CTX, host=host, default_log_dir=Path("/logs"))
+    assert caught.value.fields == ("cfg.host",)
+    assert repr(host) in str(caught.value)
+    for good in ("unix:///run/x.sock", "tcp://h:2375", "https://h:2376", "ssh://u@h"):
+        render(_app(), docker_run_opts().resolve({}), CTX, host=good, default_log_dir=Path("/l"))

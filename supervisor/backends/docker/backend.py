@@ -19,6 +19,7 @@ What this process follows is heard from one engine event stream per backend.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -57,7 +58,7 @@ from supervisor.backends.docker.runtime import (
     FINALIZE_WAITERS,
     DockerRuntime,
 )
-from supervisor.backends.store import AppRecord, AppStore, Index, Owner
+from supervisor.backends.store import AppRecord, AppStore, Index, Owner, remove_app
 from supervisor.errors import BackendError, SubmitError
 from supervisor.logs import LogSink
 from supervisor.observe import metrics
@@ -148,6 +149,12 @@ class DockerBackend(Backend):
             await runtime.start()
         except BaseException:
             self._runtimes.discard(runtime)
+            # Nothing runs (start removed what it made): neither does its record stay,
+            # as for a job sbatch refused, or it would list for ever as an app.
+            with anyio.CancelScope(shield=True), contextlib.suppress(OSError):
+                await anyio.to_thread.run_sync(
+                    remove_app, self.index, request.session, request.app_id, store.app_dir
+                )
             raise
         return runtime
 
@@ -222,7 +229,8 @@ class DockerBackend(Backend):
                     ready.set()  # launch fails on its own with a clearer error
                 troubled = True
                 for runtime in list(self._runtimes):
-                    runtime.emit_notice(f"lost the engine's event stream: {e}")
+                    if runtime.engine is engine:  # another engine's apps are not troubled
+                        runtime.emit_notice(f"lost the engine's event stream: {e}")
                 await anyio.sleep(EVENTS_REOPEN_S)  # a back-off before reconnecting, not a poll
 
     def _dispatch(self, event: dict[str, Any]) -> None:

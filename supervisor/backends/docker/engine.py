@@ -127,7 +127,12 @@ class Engine:
         if self._closed:
             raise self.closed_error()
         if self._docker is None:
-            self._docker = aiodocker.Docker(url=self.host, timeout=aiohttp.ClientTimeout(total=120))
+            try:
+                self._docker = aiodocker.Docker(
+                    url=self.host, timeout=aiohttp.ClientTimeout(total=120)
+                )
+            except ValueError as e:  # an address it cannot use (no scheme): the dry run says so
+                raise BackendError(f"engine {self.host!r}: {e}", transient=False) from e
         return self._docker
 
     async def aclose(self) -> None:

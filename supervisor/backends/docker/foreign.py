@@ -387,7 +387,14 @@ class ForeignApps:
             found = await self.find(handle)
             if found is None:
                 return None
-            status = await self.status(*found)
+            try:
+                status = await self.status(*found)
+            except DamagedRecordError:
+                raise  # listed as damaged, by list_indexed
+            except BackendError as e:
+                # Its engine is away (stopped, unreachable): this app is unknown for now,
+                # and the apps of the other engines are listed all the same.
+                status = AppStatus(AppState.UNKNOWN, msg=f"cannot read its containers: {e}")
             name = str(found[1].app.name)
             times = await anyio.to_thread.run_sync(found[0].read_times)
             return ListAppResponse(entry.app_id, status.state, str(handle), name, status.msg, times)

@@ -244,10 +244,26 @@ def _mounts(role: Role, replica_dir: Path) -> tuple[list[dict[str, Any]], list[d
     return mounts, devices
 
 
-def _check(app: AppDef, cfg: ResolvedCfg, ctx: DryrunContext) -> dict[str, str]:
+_ENGINE_SCHEME = re.compile(r"(unix|tcp|http|https|ssh|npipe)://.")
+"""The addresses the engine client (aiodocker) takes."""
+
+
+def _check(app: AppDef, cfg: ResolvedCfg, ctx: DryrunContext, host: str) -> dict[str, str]:
     """What an engine would silently ignore (Podman drops GPU requests) is refused here,
-    with what the ``env`` option does not say right; returns that option's variables."""
+    with what the ``env`` option does not say right, and an engine address no client can
+    reach; returns that option's variables."""
     problems = []
+    if not _ENGINE_SCHEME.match(host):
+        # The client refuses it only when it is first used, in the engine's event
+        # follower: a submit's failure then, not a dry run's.
+        where = "" if cfg.get_str("host") else " (from $DOCKER_HOST)"
+        problems.append(
+            Problem(
+                "cfg.host",
+                f"{host!r}{where} names no engine: use unix:///path.sock, tcp://host:port, "
+                "http(s)://host:port or ssh://user@host",
+            )
+        )
     env: dict[str, str] = {}
     for i, item in enumerate(cfg.get_list("env", ())):
         name, sep, value = item.partition("=")
@@ -325,7 +341,7 @@ def render(
     environ: Mapping[str, str] | None = None,
 ) -> DockerRequest:
     """``environ``: the submitting process's variables, where ``copy_env`` copies from."""
-    cfg_env = _check(app, cfg, ctx)
+    cfg_env = _check(app, cfg, ctx, host)
     copied = {
         name: value
         for name, value in sorted((environ or {}).items())

@@ -940,14 +940,19 @@ class DockerRuntime(ReplicaRuntime):
 
     # ----------------------------------------------------------------- cancel
     async def _watch_cancel(self) -> None:
-        """Another process asks for a cancel by creating cancel.request in the app dir."""
+        """Another process asks for a cancel by creating cancel.request in the app dir.
+
+        This process's own cancel writes the same file (``record_cancel``): seen here
+        before its own request reached the app, it would read as another's.
+        """
         with self._cancel_watch:
             async with open_inotify() as inotify:
                 inotify.add_watch(self.store.app_dir, Mask.CREATE | Mask.MOVED_TO)
                 if await anyio.Path(self.store.cancel_path).exists():
                     self.emit(AppCancelRequested(reason=CANCELLED_ELSEWHERE))
                 async for event in inotify:
-                    if event.name is not None and str(event.name) == CANCEL_REQUEST:
+                    named = event.name is not None and str(event.name) == CANCEL_REQUEST
+                    if named and not self.cancel_recorded:
                         self.emit(AppCancelRequested(reason=CANCELLED_ELSEWHERE))
 
     async def record_cancel(self) -> None:

@@ -115,9 +115,12 @@ FACTS_TTL_S = 600.0
 """How long the cluster's facts (version, partitions' memory) are used before asked again."""
 _COMPLETE_TRIES = 10
 _COMPLETE_RECHECK_S = 15.0
+"""How often a requeue Slurm left half done is completed (the job's view is checked in between)."""
 _CANCEL_CONFIRM_S = 10.0
 """How long a sent cancel may take to show in Slurm before it is sent again."""
-"""How often a requeue Slurm left half done is completed (the job's view is checked in between)."""
+_ADOPT_FIRST_VIEW_S = 5.0
+"""How long ``attach`` waits for its first look at an adopted job (a few poller ticks);
+past it (Slurm away) it answers from the records, and the look comes later."""
 
 _REPLICA_STATE = {
     Meaning.QUEUED: ReplicaState.PENDING,
@@ -165,6 +168,7 @@ class SlurmRuntime(AppRuntime):
         self._times = ReplicaTimes()
         self._completing = 0  # the requeue (restart count) whose completion was asked for
         self._over = anyio.Event()  # a view showed the job over (or gone): a cancel is confirmed
+        self.first_view_told = anyio.Event()  # the first view's events, if any, are sent
         self._final = False  # the final record is written
 
     def on_view(self, view: JobView) -> None:
@@ -188,6 +192,8 @@ class SlurmRuntime(AppRuntime):
             self._tasks.start_soon(self._complete_requeue, requeued_to)
         if mail:
             self._mail.send_nowait(mail)
+        else:
+            self.first_view_told.set()  # it told nothing new
 
     async def _complete_requeue(self, requeued_to: int) -> None:
         """Finish the requeue Slurm left half done, so the job can run again (never cancel it).
@@ -226,6 +232,7 @@ class SlurmRuntime(AppRuntime):
         async with self._mail, self._mailbox:
             async for mail in self._mailbox:
                 await self._tell(mail)
+                self.first_view_told.set()
 
     async def _tell(self, mail: list[Mail]) -> None:
         """One view's events, once the records they need are read (off the loop)."""
@@ -798,6 +805,10 @@ class SlurmBackend(Backend):
             )
             self.runtimes.add(runtime)
             self.poller.track(job_id, runtime.on_view)
+            # What Slurm says now, before ``attach`` answers: the records lag the job
+            # by whatever happened since the owner died (a requeue, an end).
+            with anyio.move_on_after(_ADOPT_FIRST_VIEW_S):
+                await runtime.first_view_told.wait()
             return runtime
 
         return Adoption(request, status, taken.history, start, taken.give_up)

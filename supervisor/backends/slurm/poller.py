@@ -102,8 +102,13 @@ class SlurmPoller:
         self._step_listeners: dict[object, tuple[int, StepListener]] = {}
 
     def track(self, job_id: int, listener: Listener, key: object = None) -> None:
-        """Hear about ``job_id`` every time its view changes (``key``: one of several listeners)."""
+        """Hear about ``job_id`` every time its view changes (``key``: one of several listeners).
+
+        The next tick tells the view to every listener, changed or not: a new one has
+        seen none yet (the others see the same view again, which tells them nothing).
+        """
         self._listeners.setdefault(job_id, {})[key] = listener
+        self._last.pop(job_id, None)
         if not self._running:
             self._running = True
             self._task_group.start_soon(self._loop)

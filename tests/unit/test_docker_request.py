@@ -78,7 +78,7 @@ def test_resources_and_mounts_become_host_config() -> None:
     app = _app(
         resource=Resource(cpu=2, memMB=64),
         mounts=[
-            BindMount("/data", "/in", read_only=True),
+            BindMount("/tmp", "/in", read_only=True),
             VolumeMount("vol", "/vol"),
             DeviceMount("/dev/fuse", "/dev/fuse", permissions="rw"),
         ],
@@ -90,7 +90,7 @@ def test_resources_and_mounts_become_host_config() -> None:
     assert host["NanoCpus"] == 2_000_000_000
     assert host["Init"] is True
     assert host["Mounts"][1:] == [
-        {"Type": "bind", "Source": "/data", "Target": "/in", "ReadOnly": True},
+        {"Type": "bind", "Source": "/tmp", "Target": "/in", "ReadOnly": True},
         {"Type": "volume", "Source": "vol", "Target": "/vol", "ReadOnly": False},
     ]
     assert host["Devices"] == [
@@ -264,3 +264,22 @@ def test_an_engine_address_no_client_takes_is_refused_naming_cfg_host(host: str)
     assert repr(host) in str(caught.value)
     for good in ("unix:///run/x.sock", "tcp://h:2375", "https://h:2376", "ssh://u@h"):
         render(_app(), docker_run_opts().resolve({}), CTX, host=good, default_log_dir=Path("/l"))
+
+
+def test_a_bind_source_missing_on_this_machine_is_refused_for_a_local_engine(
+    tmp_path: Path,
+) -> None:
+    """Podman created a missing bind source (empty, owned by root) and ran on it; dockerd
+    refused the container. Both are refused at the dry run now, naming the mount, when the
+    engine is on this machine (a unix socket); a remote engine's paths are its own."""
+    missing = str(tmp_path / "no-such-dir")
+    app = _app(mounts=[BindMount(str(tmp_path), "/ok"), BindMount(missing, "/x")])
+    with pytest.raises(SpecError) as caught:
+        _render(app)
+    assert caught.value.fields == ("roles[0].mounts[1].src_path",)
+    assert repr(missing) in str(caught.value)
+    assert not Path(missing).exists()
+    remote = render(
+        app, docker_run_opts().resolve({}), CTX, host="tcp://h:2375", default_log_dir=Path("/l")
+    )
+    assert remote.containers[0].body["HostConfig"]["Mounts"][2]["Source"] == missing

@@ -25,6 +25,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -248,6 +249,25 @@ _ENGINE_SCHEME = re.compile(r"(unix|tcp|http|https|ssh|npipe)://.")
 """The addresses the engine client (aiodocker) takes."""
 
 
+def _missing_bind_sources(app: AppDef) -> list[Problem]:
+    """Bind sources that do not exist, for an engine on this machine (a unix socket).
+
+    Podman creates a missing one (empty, owned by root) and runs the container on
+    it; dockerd refuses the container. A mistyped path must fail the same way on
+    both, before anything is made: one ``stat`` per bind mount.
+    """
+    return [
+        Problem(
+            f"roles[{i}].mounts[{j}].src_path",
+            f"{m.src_path!r} does not exist on this machine "
+            "(Podman would create it empty, dockerd refuses it)",
+        )
+        for i, role in enumerate(app.roles)
+        for j, m in enumerate(role.mounts)
+        if isinstance(m, BindMount) and not os.path.exists(m.src_path)
+    ]
+
+
 def _check(app: AppDef, cfg: ResolvedCfg, ctx: DryrunContext, host: str) -> dict[str, str]:
     """What an engine would silently ignore (Podman drops GPU requests) is refused here,
     with what the ``env`` option does not say right, and an engine address no client can
@@ -264,6 +284,8 @@ def _check(app: AppDef, cfg: ResolvedCfg, ctx: DryrunContext, host: str) -> dict
                 "http(s)://host:port or ssh://user@host",
             )
         )
+    if host.startswith("unix://"):
+        problems += _missing_bind_sources(app)
     env: dict[str, str] = {}
     for i, item in enumerate(cfg.get_list("env", ())):
         name, sep, value = item.partition("=")

@@ -63,22 +63,29 @@ def _key(t: Transition) -> tuple[object, ...]:
     return (t.seq, t.source, t.dest, t.trigger, t.role, t.replica_id, t.attempt)
 
 
-@pytest.mark.timeout(300)
-async def test_a_slurm_app_whose_owner_was_sigkilled_is_followed_by_the_process_that_attaches(
-    cluster: dict[str, object], state_dir: Path, tmp_path: Path
-) -> None:
+async def _submitted_by_an_owner_then_killed(gate: Path, replica: str) -> str:
+    """The handle of an app OWNER submitted, once its job runs; the owner is then SIGKILLed
+    (no close, no release, no final record)."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
-    argv = [sys.executable, "-c", OWNER, str(tmp_path), REPLICA]
+    argv = [sys.executable, "-c", OWNER, str(gate), replica]
     async with await anyio.open_process(argv, env=env) as owner:
         assert owner.stdout is not None
         with anyio.fail_after(120):
             handle = (await owner.stdout.receive()).decode().strip()
-        owner.kill()  # SIGKILL: no close, no release, no final record
+        owner.kill()
         await owner.wait()
     assert handle.startswith("slurm://"), handle
+    return handle
+
+
+@pytest.mark.timeout(300)
+async def test_a_slurm_app_whose_owner_was_sigkilled_is_followed_by_the_process_that_attaches(
+    cluster: dict[str, object], state_dir: Path, tmp_path: Path
+) -> None:
+    handle = await _submitted_by_an_owner_then_killed(tmp_path, REPLICA)
 
     fast = partial(SlurmBackend, poller=PollerSettings(fast=0.5, slow=1.0))
     async with Supervisor(session="attach-new", backends={"slurm": fast}) as sv:
@@ -129,18 +136,7 @@ async def test_attach_answers_what_slurm_says_now_not_what_the_dead_owner_record
     """The owner is SIGKILLed, then the batch script retries the failed run by itself:
     the records still say attempt 0. Before, ``attach`` answered that (0 restarts) while
     ``describe`` said 1; it answers after its first look at the job now."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-    }
-    argv = [sys.executable, "-c", OWNER, str(tmp_path), REPLICA_HELD_AFTER_RETRY]
-    async with await anyio.open_process(argv, env=env) as owner:
-        assert owner.stdout is not None
-        with anyio.fail_after(120):
-            handle = (await owner.stdout.receive()).decode().strip()
-        owner.kill()  # SIGKILL: no close, no release, no final record
-        await owner.wait()
-    assert handle.startswith("slurm://"), handle
+    handle = await _submitted_by_an_owner_then_killed(tmp_path, REPLICA_HELD_AFTER_RETRY)
     (tmp_path / "fail").touch()
     async with Supervisor(session="reader") as reader:
         with anyio.fail_after(120):

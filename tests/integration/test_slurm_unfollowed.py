@@ -46,13 +46,19 @@ def cluster() -> dict[str, object]:
     return ensure_cluster(accounting=True)
 
 
+async def _submitted_by_a_process_that_left(script: str) -> str:
+    """The handle ``script`` printed: it submitted one app and exited, following nothing."""
+    owner = await anyio.run_process([sys.executable, "-c", script], check=False)
+    handle = owner.stdout.decode().strip()
+    assert handle.startswith("slurm://"), owner.stderr.decode()
+    return handle
+
+
 @pytest.mark.timeout(240)
 async def test_an_end_nobody_followed_is_told_by_each_replica_and_recorded_once(
     cluster: dict[str, object], state_dir: Path
 ) -> None:
-    owner = await anyio.run_process([sys.executable, "-c", SUBMIT_AND_LEAVE], check=False)
-    handle = owner.stdout.decode().strip()
-    assert handle.startswith("slurm://"), owner.stderr.decode()
+    handle = await _submitted_by_a_process_that_left(SUBMIT_AND_LEAVE)
     async with Supervisor(session="reader") as sv:
         status = await sv.wait(handle, timeout=120)
         assert status.state is AppState.FAILED, status
@@ -192,9 +198,7 @@ async def test_a_time_limit_nobody_followed_is_left_for_the_supervisor_that_atta
     FAILED for good, and one that attached after could not retry it; attaching first
     did. Now a reader says UNKNOWN, why and what to do, records no end, and the
     Supervisor that attaches makes the retry."""
-    owner = await anyio.run_process([sys.executable, "-c", SUBMIT_TIMED_AND_LEAVE], check=False)
-    handle = owner.stdout.decode().strip()
-    assert handle.startswith("slurm://"), owner.stderr.decode()
+    handle = await _submitted_by_a_process_that_left(SUBMIT_TIMED_AND_LEAVE)
     async with Supervisor(session="reader") as reader:
         seen = await reader.wait(handle, timeout=200)
         assert seen.state is AppState.UNKNOWN, seen

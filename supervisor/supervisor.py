@@ -75,6 +75,7 @@ from supervisor.errors import (
     WaitTimeout,
 )
 from supervisor.finished import FinishedStatuses
+from supervisor.fsm.ingest import closing_steps
 from supervisor.idempotency import IdempotencyKeys, fingerprint, submit_once
 from supervisor.logs import (
     EndSignal,
@@ -1136,17 +1137,27 @@ class Supervisor:
         """An app this Supervisor does not follow: its recorded transitions, then each one
         recorded after them, until it settles. The journal only grows: a transition is
         never given twice.
+
+        An end no journal holds (the owner died first: ``wait`` says UNKNOWN) is
+        given last, as the steps the state table takes to it, numbered after the
+        journal: a watch ends where ``wait`` and ``describe`` do.
         """
         parsed = parse_handle(handle)
         described = await self._describe_recorded(parsed)
         if described is None:
             raise UnknownAppError(f"no app {handle}")
         seen = 0
+        last = described
         async with contextlib.aclosing(self._recorded_views(parsed, described)) as views:
             async for found in views:
                 for recorded in found.transitions[seen:]:
                     yield recorded
                 seen = max(seen, len(found.transitions))
+                last = found
+        status = last.to_status()
+        if status.is_settled and not _journal_ends(last.transitions, status.state):
+            for step in closing_steps(last.transitions, status, None, time.time()):
+                yield step
 
     async def _recorded_views(
         self, parsed: AppHandle, described: DescribeAppResponse, *, to_shutdown: bool = True
@@ -1266,7 +1277,7 @@ class Supervisor:
         A follow (``should_tail=True``) ends with the app, or, after the lines
         already in the files, once ``begin_shutdown`` is called.
         """
-        query = check_log_query(streams, regex, since, until)  # before any lookup
+        query = check_log_query(streams, regex, since, until, k)  # before any lookup
         target, app_end = await self._log_target(handle, role_name, k)
         finished: EndSignal | None = app_end
         stop_watching = anyio.Event()
@@ -1290,7 +1301,7 @@ class Supervisor:
                 await copied()
 
             self._task_group().start_soon(_set_when_ended, ended, copies_done, stop_watching)
-        if finished is None and target.ended is not None and should_tail:
+        if finished is None and target.ended is not None and should_tail and not self._closed:
             # The backend has an event for "no more output" (another process's app
             # whose owner died): it ends the follow at once.
             finished = EndSignal()

@@ -42,10 +42,10 @@ from typing import Any
 
 from supervisor.backends.swap import create_beside, open_beside, swap_into_place
 from supervisor.errors import BackendError, DamagedRecordError, DuplicateAppError
-from supervisor.fsm.ingest import app_steps
+from supervisor.fsm.ingest import closing_steps
 from supervisor.logs.timestamps import write_all
 from supervisor.specs import AppDef, Role
-from supervisor.states import TERMINAL, AppState, ReplicaState
+from supervisor.states import AppState, ReplicaState
 from supervisor.status import AppStatus, AppTimes, ReplicaStatus, RoleStatus, Transition
 
 __all__ = [
@@ -719,34 +719,8 @@ class AppStore:
     def observed_steps(
         self, status: AppStatus, started: float | None, ended: float
     ) -> list[Transition]:
-        """Blocking: the app-level transitions the journal lacks to reach ``status``.
-
-        Taken as the state table takes them (``app_steps``); through RUNNING, at
-        ``started``, when the app is known to have run and that was never recorded;
-        the last step at ``ended``.
-        """
-        recorded = self.read_transitions_or_none()
-        app_level = [t for t in recorded if t.role is None]
-        current = AppState[app_level[-1].dest] if app_level else AppState.UNSUBMITTED
-        seq = recorded[-1].seq + 1 if recorded else 0
-        # Never before what is recorded (a scheduler's clock may round to the second).
-        floor = max((t.at for t in recorded), default=0.0)
-        ran = any(t.dest == AppState.RUNNING.name for t in app_level)
-        steps = list(app_steps(current, status.state))
-        if started is not None and not ran and status.state is not AppState.RUNNING:
-            steps = [
-                *app_steps(current, AppState.RUNNING),
-                *app_steps(AppState.RUNNING, status.state),
-            ]
-        added = []
-        for trigger, source, dest in steps:
-            end = dest.name in TERMINAL
-            at = max(ended if end or started is None else started, floor)
-            added.append(
-                Transition(seq, at, source.name, dest.name, trigger, msg=status.msg if end else "")
-            )
-            seq += 1
-        return added
+        """Blocking: the app-level transitions the journal lacks to reach ``status``."""
+        return closing_steps(self.read_transitions_or_none(), status, started, ended)
 
     def read_times(self) -> AppTimes:
         """When the app was submitted, started and ended, from its journal."""

@@ -79,9 +79,14 @@ NAMED_RESOURCES: Mapping[str, Resource] = {
 """Resources by name for ``ddp -h NAME`` (per node)."""
 
 _J = re.compile(r"(?:(\d+)x)?(\d+)")
-_PORT_RANGE = (20000, 20000)
-"""Multi-node apps derive their port from the app id: 20000 + (crc32(app id) mod 20000),
-computed on each node by the job's own interpreter (an image need have no ``cksum``)."""
+_PORT_RANGE = (20000, 12768)
+"""Multi-node apps derive their port from the app id: 20000 + (crc32(app id) mod 12768),
+computed on each node by the job's own interpreter (an image need have no ``cksum``).
+
+The range ends below 32768, where Linux's ephemeral ports begin (IANA's begin at
+49152): a port the kernel gave an outgoing connection cannot be listened on, and
+rank 0's store then failed with EADDRINUSE (seen once in CI with 20000-39999).
+"""
 
 
 def parse_j(j: str) -> tuple[int, int]:

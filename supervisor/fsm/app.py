@@ -315,9 +315,7 @@ class AppFSM:
         model.exit_code = event.exit_code
         model.signal = event.signal
         model.structured_error_msg = event.structured_error_msg
-        what = f"{model.role}/{model.replica_id} {describe_exit(event.exit_code, event.signal)}"
-        if event.exit_code is None and event.msg:
-            what = event.msg  # e.g. an exit status the backend could not learn
+        what = _exit_reason(model, event)
         model.msg = event.msg or ("" if outcome is ExitOutcome.SUCCEEDED else what)
         if outcome is ExitOutcome.RESTART:
             return self._restart(model, role, event.at, what)
@@ -427,3 +425,20 @@ class AppFSM:
 
     def _drop(self, reason: str) -> None:
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
+
+
+def _exit_reason(model: ReplicaModel, event: Exited) -> str:
+    """What the app says of a replica's exit: its code, and the backend's reason with it.
+
+    The code alone hid the cause the backend knew ("killed by SIGKILL" for a
+    container killed at its memory limit, "exited with code 127" for a program
+    that could not start, "killed by SIGTERM" for Slurm's time limit). Backends
+    word their reason "role/k: why"; the prefix is said once.
+    """
+    name = f"{model.role}/{model.replica_id}"
+    if event.exit_code is None and event.signal is None and event.msg:
+        return event.msg  # e.g. an exit status the backend could not learn
+    what = f"{name} {describe_exit(event.exit_code, event.signal)}"
+    if not event.msg or event.exit_code == 0:
+        return what
+    return f"{what}: {event.msg.removeprefix(f'{name}: ')}"

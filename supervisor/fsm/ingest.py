@@ -26,6 +26,7 @@ from supervisor.fsm.tables import (
     TransitionRow,
 )
 from supervisor.states import TERMINAL, AppState, ReplicaState
+from supervisor.status import AppStatus, Transition
 
 __all__ = [
     "ANY_APP_TRIGGER",
@@ -35,6 +36,7 @@ __all__ = [
     "Plan",
     "Steps",
     "app_steps",
+    "closing_steps",
     "compile_paths",
 ]
 
@@ -131,3 +133,37 @@ def app_steps(current: AppState, observed: AppState) -> tuple[tuple[str, AppStat
         steps.append((trigger, state, row.dest))
         state = row.dest
     return tuple(steps)
+
+
+def closing_steps(
+    recorded: Sequence[Transition], status: AppStatus, started: float | None, ended: float
+) -> list[Transition]:
+    """The app-level transitions a journal (``recorded``) lacks to reach ``status``.
+
+    For what a reader saw that no owner recorded: an app nobody followed to its
+    end, or whose owner died first. Taken as the state table takes them
+    (``app_steps``); through RUNNING, at ``started``, when the app is known to
+    have run and that was never recorded; the last step at ``ended``; numbered
+    after the journal, never timed before it (a scheduler's clock may round to
+    the second).
+    """
+    app_level = [t for t in recorded if t.role is None]
+    current = AppState[app_level[-1].dest] if app_level else AppState.UNSUBMITTED
+    seq = recorded[-1].seq + 1 if recorded else 0
+    floor = max((t.at for t in recorded), default=0.0)
+    ran = any(t.dest == AppState.RUNNING.name for t in app_level)
+    steps = list(app_steps(current, status.state))
+    if started is not None and not ran and status.state is not AppState.RUNNING:
+        steps = [
+            *app_steps(current, AppState.RUNNING),
+            *app_steps(AppState.RUNNING, status.state),
+        ]
+    added = []
+    for trigger, source, dest in steps:
+        end = dest is status.state and status.is_settled  # the end, with its message
+        at = max(ended if end or started is None else started, floor)
+        added.append(
+            Transition(seq, at, source.name, dest.name, trigger, msg=status.msg if end else "")
+        )
+        seq += 1
+    return added

@@ -57,6 +57,8 @@ _HUB_RECHECK_S = 30.0
 # How long after ``until`` output stamped before it may still be on its way
 # through the sink's queue to the file.
 _UNTIL_GRACE_S = 2.0
+# A wake-up for ``until`` lands this much after it, so the clock reads it as passed.
+_CLOCK_STEP_S = 0.01
 
 PACE_S = 0.05
 """A follower reads about this often at most (in a burst, ``_PACE_BURST`` reads at once).
@@ -120,10 +122,14 @@ def check_log_query(
     regex: str | re.Pattern[str] | None,
     since: datetime | float | None,
     until: datetime | float | None,
+    k: object = 0,
 ) -> LogQuery:
     """The query, or one ``SpecError`` naming each bad part (``streams``, ``regex``,
-    ``since``, ``until``): checked before anything is read, or any app looked up."""
+    ``since``, ``until``, ``k``): checked before anything is read, or any app looked up."""
     problems: list[Problem] = []
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        # ``1.0 == 1`` found the replica, then its directory "1.0" held nothing: no lines.
+        problems.append(Problem("k", f"must be a replica index (an int >= 0), not {k!r}"))
     selected = _stream(stream, problems)
     pattern = _compile(regex, problems)
     since_at, until_at = _window(since, until, problems)
@@ -212,6 +218,16 @@ class _Query:
     def path(self) -> Path:
         return self.directory / FILE_NAMES[_STREAM_IDS[self.stream]]
 
+    def until_passes_in(self) -> float:
+        """Seconds until ``finished`` is true by the clock alone (inf without ``until``).
+
+        A quiet replica wakes its follower by no event: without this bound it
+        noticed ``until`` only at the watch's 30 s backstop.
+        """
+        if self.until is None:
+            return math.inf
+        return max(0.0, self.until + _UNTIL_GRACE_S - time.time()) + _CLOCK_STEP_S
+
     async def finished(self) -> bool:
         if self.until is not None and time.time() > self.until + _UNTIL_GRACE_S:
             return True  # anything still to come is newer than until
@@ -225,6 +241,9 @@ class _Query:
 def _compile(
     regex: str | re.Pattern[str] | None, problems: list[Problem]
 ) -> re.Pattern[str] | None:
+    if isinstance(regex, re.Pattern) and not isinstance(regex.pattern, str):
+        problems.append(Problem("regex", f"must match text, not bytes: {regex!r}"))
+        return None
     if regex is None or isinstance(regex, re.Pattern):
         return regex
     if not isinstance(regex, str):
@@ -320,7 +339,8 @@ async def _follow(query: _Query) -> AsyncGenerator[str, None]:
                 continue  # a new watch: anything before it may have gone unseen
             # An end set since `final` was asked ends the wait at once (every watcher's
             # `wait` sees it): the next pass drains and returns.
-            await watcher.wait(query.finished_event)
+            with anyio.move_on_after(query.until_passes_in()):
+                await watcher.wait(query.finished_event)
             await pace.take(query.finished_event)
     finally:
         if watcher is not None:

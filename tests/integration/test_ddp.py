@@ -39,6 +39,11 @@ def backend(request: pytest.FixtureRequest) -> str:
     return name
 
 
+def _why(status: AppStatus) -> str:
+    """The whole status, the ranks' error file included (pytest cuts an object's repr short)."""
+    return f"{status.msg}\n{status.structured_error_msg}\n{status}"
+
+
 async def _lines(sv: Supervisor, handle: str, role: str, k: int) -> list[str]:
     return [line async for line in sv.log_iter(handle, role, k)]
 
@@ -63,7 +68,7 @@ async def test_ddp_trains_in_sync(backend: str, j: str, world: int, state_dir: P
     async with Supervisor(session="ddp") as sv:
         handle = await sv.submit(app, backend)
         status = await sv.wait(handle, timeout=240)
-        assert status.state is AppState.SUCCEEDED, status
+        assert status.state is AppState.SUCCEEDED, _why(status)
         nnodes, nproc = (int(n) for n in j.split("x"))
         nodes: dict[int, str] = {}
         for k in range(world):
@@ -110,7 +115,7 @@ async def test_ddp_retry_succeeds_and_counts_one_restart(backend: str, state_dir
     async with Supervisor(session="ddp") as sv:
         handle = await sv.submit(app, backend)
         status = await sv.wait(handle, timeout=240)
-        assert status.state is AppState.SUCCEEDED, status
+        assert status.state is AppState.SUCCEEDED, _why(status)
         assert status.num_restarts == 1
 
 
@@ -122,7 +127,7 @@ async def test_torchrun_mode_trains_in_sync_across_nodes(
     every rank trains and ends with the same weights."""
     app = ddp(TRAIN, "--steps", "3", j=j, mode="torchrun", interpreter=sys.executable)
     handle, status, text = await _run_torchrun(app, backend, j)
-    assert status.state is AppState.SUCCEEDED, status
+    assert status.state is AppState.SUCCEEDED, _why(status)
     for rank in range(2):
         assert f"rank {rank}/2 " in text
     assert text.count("in_sync True") == 2
@@ -155,7 +160,7 @@ async def test_torchrun_mode_restarts_its_workers_in_place(
         interpreter=sys.executable,
     )
     _, status, text = await _run_torchrun(app, backend, j)
-    assert status.state is AppState.SUCCEEDED, status
+    assert status.state is AppState.SUCCEEDED, _why(status)
     assert status.num_restarts == 0  # torchrun restarted in place, not the supervisor
     assert "rank 1 crashed on purpose (attempt 0)" in text, text
     # Only the second round trains (rank 1 dies before the first's model exists), and

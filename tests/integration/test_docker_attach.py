@@ -353,7 +353,8 @@ async def test_a_container_removed_while_nobody_followed_counts_as_killed_and_is
         assert described is not None
         restarts = [t for t in described.transitions if t.trigger == "restart"]
         assert [t.replica_id for t in restarts] == [0, 1], described.transitions
-        assert all(t.msg.startswith("w/1 killed by SIGKILL; restart 1/1") for t in restarts)
+        said = "w/1 killed by SIGKILL: its container is gone; restart 1/1"
+        assert all(t.msg.startswith(said) for t in restarts), restarts
         lines = [line async for line in sv.log_iter(handle, "w", 1)]
         assert lines == ["attempt 0\n", "attempt 1\n", "done\n"], lines
 

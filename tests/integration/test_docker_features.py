@@ -163,6 +163,23 @@ async def test_memory_and_cpu_reach_the_container(engine: EngineUnderTest) -> No
         assert lines[1] == "cpu 100000\n"
 
 
+async def test_a_replica_killed_at_its_memory_limit_says_so(engine: EngineUnderTest) -> None:
+    """The engine's OOM flag reaches the app's message, not only the replica's."""
+    hog = py("w", "b = bytearray(512 * 1024 * 1024); print(len(b))", resource=Resource(memMB=64))
+    async with Supervisor(session=engine.session) as sv:
+        handle = await sv.submit(AppDef("hog", [hog]), "docker", engine.cfg)
+        status = await sv.wait(handle, timeout=60)
+    assert status.state is AppState.FAILED, status
+    replica = status.replica("w", 0)
+    assert replica is not None and replica.exit_code == 137, status
+    if engine.name == "podman":
+        # Podman 4.3 leaves State.OOMKilled false and sends no oom event: a SIGKILL is all it says.
+        assert status.msg == "w/0 killed by SIGKILL", status
+        return
+    assert replica.msg == "w/0: killed for exceeding its memory limit", status
+    assert status.msg == "w/0 killed by SIGKILL: killed for exceeding its memory limit", status
+
+
 MOUNTS = """
 import os
 print(open("/in/data.txt").read().strip())

@@ -92,6 +92,18 @@ async def test_failing_replica_fails_app_and_stops_siblings(state_dir: Path) -> 
         assert sibling.signal == "SIGTERM"
 
 
+async def test_a_program_that_cannot_start_says_why_in_the_app_message(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    missing = tmp_path / "trian.py"
+    role = Role(name="t", entrypoint=str(missing))
+    async with Supervisor(session="svc") as sv:
+        status = await sv.wait(await sv.submit(app(role), "local"), timeout=30)
+    assert status.state is AppState.FAILED
+    why = f"cannot start '{missing}': No such file or directory"
+    assert status.msg == f"t/0 exited with code 127: {why}", status
+
+
 FAIL_FIRST_ATTEMPT = (
     "import os, sys, time;"
     "attempt = int(os.environ['ASUPERVISOR_ATTEMPT']);"

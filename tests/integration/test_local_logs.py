@@ -12,7 +12,7 @@ from typing import Any, cast
 import anyio
 import pytest
 
-from supervisor import AppState, Supervisor
+from supervisor import AppState, SpecError, Supervisor
 from supervisor.logs import reader
 
 from .helpers import app, py_role
@@ -219,3 +219,40 @@ async def test_a_replica_outrunning_the_writer_is_paused_and_loses_nothing(
         out = await _collect(sv, handle, "t", streams="stdout")
     assert any(full), "the reader was never paused"
     assert out == [f"line {i}\n" for i in range(lines)]
+
+
+async def test_a_replica_index_that_is_no_int_is_refused_naming_k(state_dir: Path) -> None:
+    """``1.0 == 1`` found the replica, then its directory "1.0" held no output: no lines."""
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app(py_role("t", "print('hi')", num_replicas=2)), "local")
+        await sv.wait(handle, timeout=30)
+        assert await _collect(sv, handle, "t", 1) == ["hi\n"]
+        for k in (1.0, True, "0"):
+            with pytest.raises(SpecError) as err:
+                await _collect(sv, handle, "t", k)  # type: ignore[arg-type]
+            assert err.value.fields == ("k",)
+
+
+async def test_a_follow_after_close_reads_what_there_is_and_ends(state_dir: Path) -> None:
+    """Reads still work after the block; a follow has nothing more to wait for."""
+    sv = Supervisor(session="svc")
+    async with sv:
+        handle = await sv.submit(app(py_role("t", "print('x')")), "local")
+        await sv.wait(handle, timeout=30)
+    assert await _collect(sv, handle, "t") == ["x\n"]
+    with anyio.fail_after(10):
+        assert await _collect(sv, handle, "t", should_tail=True) == ["x\n"]
+
+
+async def test_a_follow_of_a_quiet_replica_ends_soon_after_until(state_dir: Path) -> None:
+    code = "import time; print('hello', flush=True); time.sleep(120)"
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app(py_role("t", code)), "local")
+        async for _ in sv.log_iter(handle, "t", should_tail=True):
+            break  # it printed, and now stays quiet
+        started = time.monotonic()
+        with anyio.fail_after(20):  # the watch's backstop was 30 s
+            got = await _collect(sv, handle, "t", until=time.time() + 1, should_tail=True)
+        assert got == ["hello\n"]
+        assert time.monotonic() - started < 10
+        await sv.cancel(handle)

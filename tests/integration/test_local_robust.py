@@ -23,6 +23,7 @@ from supervisor import (
     ReplicaState,
     SpecError,
     Supervisor,
+    Transition,
     UnknownAppError,
 )
 
@@ -133,6 +134,34 @@ def _start_owner(tmp_path: Path) -> tuple[subprocess.Popen[str], str]:
     line = proc.stdout.readline()
     assert line.startswith("HANDLE "), line
     return proc, line.split()[1]
+
+
+async def test_a_watch_of_a_dead_owners_app_ends_where_wait_does(state_dir: Path) -> None:
+    """The owner died before recording an end: the watch's last step is the UNKNOWN
+    that ``wait`` returns, numbered after the journal, not a RUNNING left hanging."""
+    owner, handle = await anyio.to_thread.run_sync(_start_owner, state_dir.parent)
+    try:
+        async with Supervisor(session="reader") as sv:
+            seen: list[Transition] = []
+            with anyio.fail_after(20):
+                async for t in sv.watch(handle):
+                    seen.append(t)
+                    if t.role is None and t.dest == "RUNNING":
+                        owner.send_signal(signal.SIGKILL)
+            status = await sv.wait(handle, timeout=10)
+    finally:
+        owner.kill()
+        await anyio.to_thread.run_sync(owner.wait)
+        assert owner.stdout is not None
+        owner.stdout.close()
+    assert status.state is AppState.UNKNOWN
+    app_level = [t for t in seen if t.role is None]
+    assert [(t.source, t.dest) for t in app_level[-2:]] == [
+        ("PENDING", "RUNNING"),
+        ("RUNNING", "UNKNOWN"),
+    ], seen
+    assert app_level[-1].trigger == "lose" and app_level[-1].msg == status.msg
+    assert [t.seq for t in seen] == list(range(len(seen)))
 
 
 async def test_a_dead_owners_app_is_unknown_down_to_its_replicas(state_dir: Path) -> None:

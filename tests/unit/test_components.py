@@ -134,7 +134,20 @@ def test_ddp_ports_differ_per_app_and_agree_within_one() -> None:
             done = subprocess.run(["sh", "-c", shell], capture_output=True, text=True, check=True)
             ports.add((app_id, int(done.stdout)))
     assert len(ports) == 2 and len({p for _, p in ports}) == 2
-    assert all(20000 <= p < 40000 for _, p in ports)
+
+
+def test_ddp_derived_ports_stay_below_the_ephemeral_range() -> None:
+    """A port the kernel lent an outgoing connection cannot be listened on (EADDRINUSE)."""
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    role = only_role(ddp("x.py", j="2x1", interpreter=sys.executable))
+    lines = []
+    for n in range(40):
+        values = macros.Values(img_root="", app_id=f"ddp-{n:08x}", replica_id="0", rank0_env="H")
+        lines.append(values.apply(role).args[1].split(" exec ")[0] + ' echo "$MASTER_PORT";')
+    done = subprocess.run(["sh", "-c", " ".join(lines)], capture_output=True, text=True, check=True)
+    ports = [int(p) for p in done.stdout.split()]
+    assert len(ports) == 40 and len(set(ports)) > 30
+    assert all(20000 <= p < min(ephemeral_low, 32768) for p in ports), sorted(ports)
 
 
 def test_ddp_torchrun_mode_is_one_replica_per_node() -> None:

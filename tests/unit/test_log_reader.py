@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from datetime import datetime
@@ -301,6 +302,43 @@ async def test_until_in_the_past_stops_following(sink: LogSink, tmp_path: Path) 
     assert await _lines(tmp_path, should_tail=True, until=15.0) == ["old\n"]
     # No newer line to see: the clock alone says nothing more can qualify.
     assert await _lines(tmp_path, should_tail=True, until=25.0) == ["old\n", "new\n"]
+
+
+@pytest.mark.anyio
+async def test_a_follow_of_a_quiet_file_ends_once_until_has_passed(
+    sink: LogSink, tmp_path: Path
+) -> None:
+    """Nothing is written, so no event wakes the follower: the clock must."""
+    now = time.time()
+    await _written(sink, tmp_path, ("stdout", b"before\n", now))
+    is_finished, _ = _flag()  # the replica runs on, silent
+    started = time.monotonic()
+    async with anyio.create_task_group() as group:
+        got = await _lines(
+            tmp_path,
+            should_tail=True,
+            until=now + 0.5,
+            is_finished=is_finished,
+            watch_hub=WatchHub(group),  # as the Supervisor follows: events trusted, 30 s backstop
+        )
+        group.cancel_scope.cancel()
+    assert got == ["before\n"]
+    # until + 2 s of grace for output still on its way; the watch's backstop is 30 s.
+    assert time.monotonic() - started < 8
+
+
+def test_a_bytes_pattern_is_refused_at_the_call(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="bytes") as err:
+        iter_log_lines(tmp_path, regex=re.compile(b"a0"))  # type: ignore[arg-type]
+    assert err.value.fields == ("regex",)
+
+
+@pytest.mark.parametrize("k", [True, 1.0, "0", -1, None])
+def test_a_replica_index_that_is_no_index_is_refused(k: object) -> None:
+    with pytest.raises(SpecError) as err:
+        reader.check_log_query(None, None, None, None, k)
+    assert err.value.fields == ("k",)
+    assert repr(k) in str(err.value)
 
 
 @pytest.mark.anyio

@@ -255,6 +255,22 @@ async def test_list_logs_since_and_long_lines(state_dir: Path) -> None:
         await sv.cancel(handle)
 
 
+@pytest.mark.anyio
+@pytest.mark.integration
+async def test_regex_searches_and_lines_keep_their_endings(state_dir: Path) -> None:
+    """Rows "log_iter(regex=...)" (re.search, not re.match) and "Line endings" (kept)."""
+    code = "import sys; sys.stdout.write('step 1 loss=3\\r\\n10%\\r100%\\nloss=2\\n')"
+    async with Supervisor(session="diff") as sv:
+        handle = await sv.submit(app(py_role("r", code)), "local")
+        await sv.wait(handle, timeout=30)
+        lines = [line async for line in sv.log_iter(handle, "r", 0)]
+        found = [line async for line in sv.log_iter(handle, "r", 0, regex="loss")]
+        anchored = [line async for line in sv.log_iter(handle, "r", 0, regex="^loss")]
+    assert lines == ["step 1 loss=3\r\n", "10%\r100%\n", "loss=2\n"]
+    assert found == ["step 1 loss=3\r\n", "loss=2\n"]
+    assert anchored == ["loss=2\n"]
+
+
 # -- Backends -------------------------------------------------------------------------
 
 

@@ -35,10 +35,10 @@ from pathlib import Path
 import anyio
 
 from supervisor.backends.store import read_json_or_none, write_json_atomic
-from supervisor.errors import Problem, SpecError
+from supervisor.errors import Problem, ShuttingDown, SpecError
 from supervisor.specs import AppDef
 
-__all__ = ["IdempotencyKeys", "fingerprint", "submit_once"]
+__all__ = ["IdempotencyKeys", "KeyQueues", "fingerprint", "submit_once"]
 
 
 @dataclass
@@ -72,6 +72,36 @@ class _Pending:
                 self.fd = None
 
 
+class KeyQueues:
+    """One in-process queue per key lock: the submits of one process under one key
+    take turns here, and only the one whose turn it is takes a thread to wait for the
+    lock file.
+
+    Without it every waiter under a busy key held one of the few lock-waiting
+    threads: eight retries of one key (a client retrying a slow submit) made
+    every submit under any other key wait for that key's holder.
+    """
+
+    def __init__(self) -> None:
+        self._queues: dict[Path, tuple[anyio.Lock, int]] = {}
+
+    @asynccontextmanager
+    async def turn(self, lock_path: Path) -> AsyncIterator[None]:
+        lock, users = self._queues.get(lock_path, (None, 0))
+        if lock is None:
+            lock = anyio.Lock()
+        self._queues[lock_path] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._queues[lock_path]
+            if users == 1:
+                del self._queues[lock_path]  # no key is kept once nobody waits for it
+            else:
+                self._queues[lock_path] = (lock, users - 1)
+
+
 def fingerprint(backend: str, app: AppDef, cfg: Mapping[str, object] | None) -> str:
     """What a submit asked for, as a digest: equal for equal submits, in any process."""
     text = json.dumps(
@@ -91,8 +121,10 @@ class IdempotencyKeys:
         backend: str,
         session: str,
         lock_waiters: anyio.CapacityLimiter | None = None,
+        queues: KeyQueues | None = None,
     ) -> None:
         self.root = state_dir / "idempotency" / backend / session
+        self._queues = queues if queues is not None else KeyQueues()
         self._lock_waiters = lock_waiters
         """Threads for the waits for a key's lock, apart from anyio's default ones: the
         holder needs those to read and record the key, and a retry storm of submits under
@@ -134,6 +166,14 @@ class IdempotencyKeys:
     async def locked(self, key: str) -> AsyncIterator[_Entry]:
         """Hold the key's lock (waiting for another holder) and give its record."""
         base = self._base(key)
+        async with (
+            self._queues.turn(base.with_suffix(".lock")),
+            self._lock_file(key, base) as entry,
+        ):
+            yield entry
+
+    @asynccontextmanager
+    async def _lock_file(self, key: str, base: Path) -> AsyncIterator[_Entry]:
         pending = _Pending()
         try:
             fd = await anyio.to_thread.run_sync(
@@ -210,8 +250,12 @@ async def submit_once(
         await entry.record(handle, submitted)
         try:
             return await launch()
-        except BaseException:
+        except BaseException as e:
+            # A launch cut short by the caller's cancel or by the Supervisor's shutdown
+            # stopped its app (``Supervisor.schedule``): the caller never got the handle,
+            # and a retry must run the work, not be given a stopped app.
+            stopped = isinstance(e, anyio.get_cancelled_exc_class() | ShuttingDown)
             with anyio.CancelScope(shield=True):
-                if not await exists(handle):
+                if stopped or not await exists(handle):
                     await entry.forget()
             raise

@@ -76,7 +76,7 @@ from supervisor.errors import (
 )
 from supervisor.finished import FinishedStatuses
 from supervisor.fsm.ingest import closing_steps
-from supervisor.idempotency import IdempotencyKeys, fingerprint, submit_once
+from supervisor.idempotency import IdempotencyKeys, KeyQueues, fingerprint, submit_once
 from supervisor.logs import (
     EndSignal,
     Stream,
@@ -341,6 +341,13 @@ class Supervisor:
         self._open_waits: set[anyio.CancelScope] = set()
         self._follows: set[anyio.Event | EndSignal] = set()
         self._key_waiters: anyio.CapacityLimiter | None = None  # made in the loop, at first use
+        # One in-process queue per idempotency key: a task waits for its turn there, and
+        # only the one at the head takes a thread to wait for the key's lock file.
+        self._key_queues = KeyQueues()
+        # Launches under way, each set once its app is registered (or the launch failed):
+        # ``close`` waits for them, so an app launched while it closes is stopped with the
+        # rest instead of being left to the backend's close (SIGKILL, recorded FAILED).
+        self._launches: set[anyio.Event] = set()
 
     # --------------------------------------------------------------- lifecycle
     async def __aenter__(self) -> Supervisor:
@@ -455,7 +462,8 @@ class Supervisor:
     async def close(self) -> None:
         """End follows, watches and waits; stop the local apps; release the backends.
 
-        Calls ``begin_shutdown`` first (see there); then cancels the apps of
+        Calls ``begin_shutdown`` first (see there); waits for the launches under
+        way (their submits raise ``ShuttingDown``); then cancels the apps of
         backends that are not durable (local) this Supervisor started and waits
         for them to stop. Durable apps (Docker, Slurm) keep running, and any
         process can follow them on.
@@ -467,6 +475,8 @@ class Supervisor:
         if self._unregister_metrics is not None:
             self._unregister_metrics()
         with anyio.CancelScope(shield=True):
+            while self._launches:  # each ends soon: a launch is bounded, and shielded
+                await next(iter(self._launches)).wait()
             owned = [
                 actor
                 for actor in self._actors.values()
@@ -578,6 +588,8 @@ class Supervisor:
         if handle in self._actors:
             raise DuplicateAppError(f"{handle} was already scheduled by this Supervisor")
         actor = AppActor(handle, info.request, self._observer, on_done=self._forget)
+        launched = anyio.Event()
+        self._launches.add(launched)
         try:
             tasks = await actor.open(tg)
             # Shielded: a launch cut short by the caller's cancel would leave what it
@@ -588,9 +600,18 @@ class Supervisor:
         except BaseException:
             actor.discard()
             raise
-        self._actors[handle] = actor
-        actor.begin(runtime)
+        else:
+            self._actors[handle] = actor
+            actor.begin(runtime)
+        finally:
+            self._launches.discard(launched)
+            launched.set()
         try:
+            if not impl.durable:
+                # ``close`` began during the launch: it stops this (local) app with the
+                # rest. A durable app runs on after ``close`` as the others do: its
+                # handle is returned.
+                self._refuse_if_shutting_down("submit")
             await actor.settle()
             # Another process asking right after this returns must find the app as it is.
             await actor.record_now()
@@ -598,7 +619,11 @@ class Supervisor:
             # The caller was cancelled (or failed) after the launch: no handle reaches it,
             # so nobody could ever stop this app. Stop what was started, then go on raising.
             with anyio.CancelScope(shield=True):
-                actor.request_cancel("the submit was cancelled before it returned")
+                actor.request_cancel(
+                    "the supervisor closed before the submit returned"
+                    if self._shutting_down
+                    else "the submit was cancelled before it returned"
+                )
                 await actor.done.wait()
             raise
         return handle
@@ -721,7 +746,13 @@ class Supervisor:
             return make_handle(backend, self.session, pending[-1].app_id)
 
         return await submit_once(
-            IdempotencyKeys(self.state_dir, backend, self.session, self._key_lock_waiters()),
+            IdempotencyKeys(
+                self.state_dir,
+                backend,
+                self.session,
+                self._key_lock_waiters(),
+                self._key_queues,
+            ),
             idempotency_key,
             submitted=fingerprint(backend, app, cfg),
             exists=self.exists,

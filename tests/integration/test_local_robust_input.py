@@ -4,6 +4,7 @@ processes, real files, and for the cross-process cases real second processes."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -181,6 +182,66 @@ async def test_many_submits_under_one_key_at_once_leave_its_holder_threads(
         assert len(handles) == 12 and len(set(handles)) == 1, handles
         assert (await sv.wait(handles[0], timeout=30)).state is AppState.SUCCEEDED
         assert [a.app_handle for a in await sv.list("local")] == handles[:1]
+
+
+@pytest.mark.anyio
+async def test_a_key_held_elsewhere_holds_up_only_its_own_submits(state_dir: Path) -> None:
+    """Another process holds one key's lock (its submit hangs): retries under that key
+    wait, each in its turn, and submits under other keys go on. Every waiter took one
+    of the eight lock-waiting threads, so eight retries stopped every keyed submit."""
+    small = app(py_role("a", "pass"))
+    async with Supervisor(session="svc") as sv:
+        await sv.submit(small, "local", idempotency_key="warm")  # the key directory exists
+        lock = sv.state_dir / "idempotency" / "local" / "svc"
+        lock /= hashlib.sha256(b"stuck").hexdigest() + ".lock"
+        holder = subprocess.Popen(
+            [sys.executable, "-c", HOLD_LOCK, str(lock)], stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert holder.stdout is not None
+            assert await anyio.to_thread.run_sync(holder.stdout.readline) == "held\n"
+            async with anyio.create_task_group() as retries:
+                for _ in range(12):
+                    retries.start_soon(partial(sv.submit, small, "local", idempotency_key="stuck"))
+                await anyio.sleep(0.3)  # all of them waiting for the key
+                with anyio.fail_after(10):
+                    other = await sv.submit(small, "local", idempotency_key="fresh")
+                assert (await sv.wait(other, timeout=30)).state is AppState.SUCCEEDED
+                holder.kill()  # the kernel lets its lock go: the retries go on
+        finally:
+            holder.kill()
+            await anyio.to_thread.run_sync(holder.wait)
+            assert holder.stdout is not None
+            holder.stdout.close()
+        handles = {a.app_handle for a in await sv.list("local")}
+        assert len(handles) == 3  # warm, fresh, and one run for the twelve retries
+
+
+HOLD_LOCK = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.anyio
+async def test_a_keyed_submit_cut_short_leaves_the_key_to_its_retry(state_dir: Path) -> None:
+    """A request timeout around submit, then the client's retry under the same key: the
+    first submit stopped its app (nobody got its handle), so the retry must run afresh."""
+    sleeper = app(py_role("a", "import time; time.sleep(30)", num_replicas=20))
+    async with Supervisor(session="svc") as sv:
+        for delay in (0.01, 0.03, 0.06):
+            key = f"timed-out-{delay}"
+            with anyio.move_on_after(delay) as timer:
+                await sv.submit(sleeper, "local", idempotency_key=key)
+            if not timer.cancelled_caught:
+                continue  # this machine was faster than the timeout: nothing cut short
+            again = await sv.submit(sleeper, "local", idempotency_key=key)
+            status = sv.status(again)
+            assert status is not None and status.state is AppState.RUNNING, (delay, status)
+            await sv.cancel(again)
 
 
 @pytest.mark.anyio

@@ -293,3 +293,36 @@ async def test_a_block_ended_from_outside_stops_its_apps_as_close_does(
         assert (await other.wait(handle, timeout=BOUND_S)).state is AppState.CANCELLED
         lines = [line async for line in other.log_iter(handle, "s", 0)]
     assert lines == ["ready\n", "got SIGTERM\n"]
+
+
+async def test_a_submit_under_way_when_the_block_ends_is_stopped_with_the_rest(
+    state_dir: Path,
+) -> None:
+    """A task still launching when ``close`` ran: its app was registered after ``close``
+    had gathered the apps to stop, so the backend's close SIGKILLed it (recorded FAILED)
+    while the submit returned a handle as if all were well."""
+    outcomes: list[str | BaseException] = []
+
+    async def submit(sv: Supervisor, n: int) -> None:
+        role = py_role("w", "import time; time.sleep(77)", num_replicas=100)
+        try:
+            outcomes.append(await sv.submit(app(role, name=f"late-{n}"), "local"))
+        except ShuttingDown as e:
+            outcomes.append(e)
+
+    async with anyio.create_task_group() as background:
+        async with Supervisor(session="svc") as sv:
+            for n in range(3):
+                background.start_soon(submit, sv, n)
+            await anyio.sleep(0.1)  # launches under way
+    assert len(outcomes) == 3
+    async with Supervisor(session="reader") as reader:
+        listed = await reader.list("local")
+        described = [await reader.describe(entry.app_handle) for entry in listed]
+    assert described, outcomes  # at least one app was launched
+    for d in described:
+        assert d is not None and d.state is AppState.CANCELLED, d
+        replicas = [r for role in d.roles_statuses for r in role.replicas]
+        assert not [r for r in replicas if r.signal == "SIGKILL"], d
+    returned = {o for o in outcomes if isinstance(o, str)}
+    assert returned <= {entry.app_handle for entry in listed}

@@ -4,7 +4,7 @@ A service that runs for weeks would fill its state directory with the
 records and logs of every app it ever ran. With a ``Retention``, the
 Supervisor removes, every ``interval`` seconds and off the event loop, the
 records, logs and index entry of the settled apps of its session that are
-older than ``max_age`` (since they ended) or beyond the newest ``max_count``;
+older than ``max_age`` (since they ended) or beyond the ``max_count`` that ended last;
 ``asupervisor gc`` does the same once. An app that is not settled, or whose
 end is not recorded while its supervising process lives, is never removed.
 """

@@ -874,7 +874,7 @@ class Supervisor:
         """Remove the records, logs and index entries of this session's settled apps.
 
         Removed: each settled app that ended more than ``older_than`` seconds
-        ago, and each beyond the newest ``keep`` settled apps (either may be
+        ago, and all but the ``keep`` settled apps that ended last (either may be
         None; not both). Never removed: an app followed here and not yet over,
         an app that is not settled, or one whose end is not recorded while its
         supervising process lives, or whose index entry is damaged. Returns the

@@ -40,6 +40,15 @@ class UsageFailure(CliError):
     exit_code = codes.USAGE
 
 
+class Interrupted(CliError):
+    """Ctrl-C outside ``run`` (a ``log -f``): ``Error: interrupted (SIGINT)``, exit 130."""
+
+    exit_code = codes.exit_code_for_signal(signal.SIGINT)
+
+    def __init__(self) -> None:
+        super().__init__("interrupted (SIGINT)")
+
+
 def _reader_gone() -> click.exceptions.Exit:
     """Our stdout's reader went away (``| head -1``): exit as a command SIGPIPE killed.
 
@@ -71,7 +80,7 @@ def translate(exc: BaseException) -> BaseException:
     if isinstance(leaf, BrokenPipeError):
         return _reader_gone()
     if isinstance(leaf, KeyboardInterrupt):
-        return click.exceptions.Exit(codes.exit_code_for_signal(2))
+        return Interrupted()
     if isinstance(leaf, SpecError | InvalidHandleError | UnknownBackendError):
         return UsageFailure(str(leaf))
     if isinstance(leaf, UnknownAppError | MissingExtraError):

@@ -521,7 +521,9 @@ class DurationType(click.ParamType[float]):
     type=DurationType(),
     help="remove settled apps that ended longer ago than this (2h, 7d)",
 )
-@click.option("--keep", type=click.IntRange(min=0), help="keep only the newest N settled apps")
+@click.option(
+    "--keep", type=click.IntRange(min=0), help="keep only the N settled apps that ended last"
+)
 @click.option("--dry-run", is_flag=True, help="only print what would be removed")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.pass_context

@@ -6,6 +6,7 @@ markup or colour codes.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shlex
@@ -62,6 +63,18 @@ def use_color(stream: TextIO) -> bool:
     return stream.isatty() and not os.environ.get("NO_COLOR")
 
 
+class _Console(Console):
+    """rich's console, except that a reader who left is told as the rest of the CLI tells it.
+
+    rich ends the process itself on a broken pipe, with exit 1, which here says the
+    app FAILED; the error goes up instead, to the exit that SIGPIPE would give (141).
+    """
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True  # nothing more to write
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
 def console(stderr: bool = False) -> Console:
     """A console on stdout (or stderr); not a terminal means no colour and no narrow wrap.
 
@@ -71,7 +84,7 @@ def console(stderr: bool = False) -> Console:
     stream = sys.stderr if stderr else sys.stdout
     width = None if stream.isatty() or "COLUMNS" in os.environ else _PIPE_WIDTH
     plain = bool(os.environ.get("NO_COLOR"))
-    return Console(
+    return _Console(
         file=stream,
         stderr=stderr,
         highlight=False,

@@ -40,6 +40,13 @@ class AppEvent:
         return parse_handle(self.handle).backend
 
 
+@dataclass(slots=True)
+class _Gap:
+    """Where a stream dropped events, in its queue: the reader is told there, in order."""
+
+    dropped: int
+
+
 class EventStream:
     """One reader's view of the bus, from the moment it was opened; ends when the bus closes.
 
@@ -50,9 +57,12 @@ class EventStream:
     def __init__(self, bus: EventBus, max_buffer: int) -> None:
         self._bus = bus
         self._max_buffer = max_buffer
-        self._queue: deque[AppEvent] = deque()
+        # Events, and a gap where events were dropped: told when the reader reaches it,
+        # before any event that came after (a reader that keeps pace after a burst
+        # was told of its loss late, or never).
+        self._queue: deque[AppEvent | _Gap] = deque()
+        self._held = 0  # events in the queue (gaps are not counted against max_buffer)
         self._wakeup = anyio.Event()
-        self._dropped = 0
         self._closed = False
 
     # Called by the bus, on the loop, never blocking.
@@ -60,10 +70,13 @@ class EventStream:
         if self._closed:
             return
         for event in events:
-            if len(self._queue) >= self._max_buffer:
-                self._dropped += 1
-            else:
+            if self._held < self._max_buffer:
                 self._queue.append(event)
+                self._held += 1
+            elif self._queue and isinstance(self._queue[-1], _Gap):
+                self._queue[-1].dropped += 1
+            else:
+                self._queue.append(_Gap(1))
         self._wakeup.set()
 
     def _end(self) -> None:
@@ -76,11 +89,12 @@ class EventStream:
     async def __anext__(self) -> AppEvent:
         while True:
             if self._queue:
-                return self._queue.popleft()
-            if self._dropped:
-                dropped, self._dropped = self._dropped, 0
+                item = self._queue.popleft()
+                if isinstance(item, AppEvent):
+                    self._held -= 1
+                    return item
                 raise EventsOverflowError(
-                    f"this event stream fell {dropped} events behind (it holds at most "
+                    f"this event stream fell {item.dropped} events behind (it holds at most "
                     f"{self._max_buffer}); read faster or open it with a larger max_buffer"
                 )
             if self._closed:
@@ -92,6 +106,7 @@ class EventStream:
         """Stop receiving; what is buffered is discarded."""
         self._closed = True
         self._queue.clear()
+        self._held = 0
         self._bus._forget(self)
 
     async def __aenter__(self) -> EventStream:

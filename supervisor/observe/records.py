@@ -2,7 +2,9 @@
 
 Every record carries structured ``extra`` fields (``handle``, ``role``, ``replica``,
 ``source``, ``dest``, ``attempt``, ``reason``) so a JSON formatter or a log shipper
-can index them without parsing the message. Levels: an app's transitions are INFO
+can index them without parsing the message; a field that does not apply is None
+(a restart or a gang stop has no ``source``/``dest``), so a format string naming
+any of them works for every record. Levels: an app's transitions are INFO
 (WARNING when it ends FAILED or UNKNOWN), a replica's are DEBUG (INFO when it
 fails), restarts and gang stops INFO, a broken supervision ERROR with its traceback.
 A disabled level costs one ``isEnabledFor`` per transition.
@@ -27,6 +29,28 @@ _log.addHandler(logging.NullHandler())
 _BAD_ENDS = frozenset({"FAILED", "UNKNOWN"})
 
 
+def _fields(
+    handle: str,
+    role: str | None,
+    replica: int | None,
+    reason: str,
+    *,
+    source: str | None = None,
+    dest: str | None = None,
+    attempt: int | None = None,
+) -> dict[str, object]:
+    """The structured fields, every one of them on every record."""
+    return {
+        "handle": handle,
+        "role": role,
+        "replica": replica,
+        "source": source,
+        "dest": dest,
+        "attempt": attempt,
+        "reason": reason,
+    }
+
+
 def _level(t: Transition) -> int:
     if t.role is None:
         return logging.WARNING if t.dest in _BAD_ENDS else logging.INFO
@@ -46,15 +70,15 @@ def log_transitions(handle: str, transitions: Iterable[Transition]) -> None:
             t.source,
             t.dest,
             f" ({t.msg})" if t.msg else "",
-            extra={
-                "handle": handle,
-                "role": t.role,
-                "replica": t.replica_id,
-                "source": t.source,
-                "dest": t.dest,
-                "attempt": t.attempt,
-                "reason": t.msg,
-            },
+            extra=_fields(
+                handle,
+                t.role,
+                t.replica_id,
+                t.msg,
+                source=t.source,
+                dest=t.dest,
+                attempt=t.attempt,
+            ),
         )
 
 
@@ -71,7 +95,7 @@ def log_action(handle: str, verb: str, keys: Iterable[tuple[str, int]], reason: 
             replica,
             verb,
             reason,
-            extra={"handle": handle, "role": role, "replica": replica, "reason": reason},
+            extra=_fields(handle, role, replica, reason),
         )
 
 
@@ -83,5 +107,5 @@ def log_internal_error(handle: str, doing: str, error: BaseException) -> None:
         doing,
         error,
         exc_info=(type(error), error, error.__traceback__),
-        extra={"handle": handle, "role": None, "replica": None, "reason": str(error)},
+        extra=_fields(handle, None, None, str(error)),
     )

@@ -323,10 +323,29 @@ def test_a_signal_cancels_the_app_before_exiting(
     handle = run.read_line()
     run.proc.send_signal(signum)
     assert run.wait() == code, run.stderr()
-    assert f"{signal.Signals(signum).name}: cancelling {handle}" in run.stderr()
+    name = signal.Signals(signum).name
+    assert f"{name}: cancelling {handle}" in run.stderr()
+    # The documented last line: every non-zero code but 141 comes with one.
+    last = run.stderr().splitlines()[-1]
+    assert last == f"Error: {name}: {handle} CANCELLED: cancelled by request", run.stderr()
     final = cli_json(env, "status", handle)
     assert final["state"] == "CANCELLED"
     assert final["roles"][0]["replicas"][0]["state"] == "CANCELLED"
+
+
+def test_ctrl_c_on_a_log_follow_says_so_and_leaves_the_app(
+    env: dict[str, str], background: Any
+) -> None:
+    run = background("run", "--", "sh", "-c", "echo started; exec sleep 30")
+    handle = run.read_line()
+    follower = background("log", "-f", handle, "sh/0")
+    assert follower.read_line() == "started"
+    follower.proc.send_signal(signal.SIGINT)
+    assert follower.wait() == 130, follower.stderr()
+    assert follower.stderr().splitlines()[-1:] == ["Error: interrupted (SIGINT)"]
+    assert cli_json(env, "status", handle)["state"] == "RUNNING"
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.wait() == 143
 
 
 def test_runopts_local_lists_log_dir(env: dict[str, str]) -> None:
@@ -580,6 +599,25 @@ def test_a_reader_that_leaves_ends_the_command_as_sigpipe_would(env: dict[str, s
     assert reader.stdout is not None and reader.stderr is not None
     assert reader.stdout.readline() == b"seq/0 | 1\n"
     reader.stdout.close()  # the reader leaves, as head does
+    assert reader.wait(TIMEOUT) == 141
+    assert reader.stderr.read() == b""
+    reader.stderr.close()
+
+
+@pytest.mark.parametrize("command", [["status"], ["describe"], ["list"]])
+def test_a_reader_gone_before_a_table_is_printed_is_sigpipe_too(
+    env: dict[str, str], command: list[str]
+) -> None:
+    """rich's console ends the process itself on a broken pipe, with exit 1 (FAILED)."""
+    done = cli(env, "run", "--wait", "--", "true")
+    assert done.returncode == 0, done.stderr
+    handle = done.stdout.splitlines()[0]
+    args = [*command, handle] if command != ["list"] else command
+    reader = subprocess.Popen(
+        [*CLI, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert reader.stdout is not None and reader.stderr is not None
+    reader.stdout.close()  # gone before the first line
     assert reader.wait(TIMEOUT) == 141
     assert reader.stderr.read() == b""
     reader.stderr.close()

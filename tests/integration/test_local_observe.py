@@ -54,7 +54,10 @@ async def test_every_transition_retry_and_end_is_a_log_record_with_structured_fi
     assert status.state is AppState.SUCCEEDED
     records = _records(caplog, handle)
     assert all(r.name == "supervisor" for r in records)
-    transitions = [r for r in records if hasattr(r, "dest")]
+    # Every field on every record: one format string serves them all.
+    fields = "%(handle)s %(role)s %(replica)s %(source)s %(dest)s %(attempt)s %(reason)s"
+    assert all(logging.Formatter(fields).format(r) for r in records)
+    transitions = [r for r in records if r.dest is not None]  # type: ignore[attr-defined]
     # One record per transition, app and replica level, in the app's order.
     assert [(r.role, r.replica, r.source, r.dest) for r in transitions] == [  # type: ignore[attr-defined]
         (t.role, t.replica_id, t.source, t.dest) for t in history
@@ -63,7 +66,7 @@ async def test_every_transition_retry_and_end_is_a_log_record_with_structured_fi
     assert app_level[-1].dest == "SUCCEEDED" and app_level[-1].levelno == logging.INFO
     retried = [r for r in transitions if "exited with code 7" in r.reason]  # type: ignore[attr-defined]
     assert [(r.role, r.source, r.dest) for r in retried] == [("w", "RUNNING", "PENDING")]  # type: ignore[attr-defined]
-    restarts = [r for r in records if "restart" in r.getMessage() and not hasattr(r, "dest")]
+    restarts = [r for r in records if "restart" in r.getMessage() and r.dest is None]  # type: ignore[attr-defined]
     assert len(restarts) == 1
     assert (restarts[0].role, restarts[0].replica) == ("w", 0)  # type: ignore[attr-defined]
     assert restarts[0].reason  # type: ignore[attr-defined]
@@ -164,6 +167,26 @@ async def test_a_reader_that_falls_behind_is_told_how_many_it_missed(state_dir: 
         await stream.aclose()
     assert [e.handle for e in first] == [handle] * 3
     assert nxt.handle == again
+
+
+async def test_the_gap_is_told_where_it_is_before_any_later_event(state_dir: Path) -> None:
+    """A reader that keeps pace after a burst: the loss comes between the events before
+    it and those after it. It was told only once the stream was empty, after newer
+    events (or never, while they kept coming)."""
+    async with Supervisor(session="obs") as sv:
+        stream = sv.events(max_buffer=3)
+        flood = await sv.submit(app(py_role("w", "pass", num_replicas=4), name="flood"), "local")
+        await sv.wait(flood)
+        first = await stream.__anext__()  # room for one more: the next app's first event
+        after = await sv.submit(app(py_role("w", "pass"), name="after"), "local")
+        await sv.wait(after)
+        told = [await stream.__anext__() for _ in range(2)]
+        with pytest.raises(EventsOverflowError, match="events behind"):
+            await stream.__anext__()
+        rest = [await stream.__anext__()]  # the stream goes on after the gap
+        await stream.aclose()
+    assert {e.handle for e in [first, *told]} == {flood}
+    assert rest[0].handle == after
 
 
 async def test_events_end_when_the_supervisor_closes_and_bad_buffer_is_refused(

@@ -194,12 +194,8 @@ async def test_a_key_held_elsewhere_holds_up_only_its_own_submits(state_dir: Pat
         await sv.submit(small, "local", idempotency_key="warm")  # the key directory exists
         lock = sv.state_dir / "idempotency" / "local" / "svc"
         lock /= hashlib.sha256(b"stuck").hexdigest() + ".lock"
-        holder = subprocess.Popen(
-            [sys.executable, "-c", HOLD_LOCK, str(lock)], stdout=subprocess.PIPE, text=True
-        )
+        holder = await anyio.to_thread.run_sync(_hold_lock, lock)
         try:
-            assert holder.stdout is not None
-            assert await anyio.to_thread.run_sync(holder.stdout.readline) == "held\n"
             async with anyio.create_task_group() as retries:
                 for _ in range(12):
                     retries.start_soon(partial(sv.submit, small, "local", idempotency_key="stuck"))
@@ -215,6 +211,16 @@ async def test_a_key_held_elsewhere_holds_up_only_its_own_submits(state_dir: Pat
             holder.stdout.close()
         handles = {a.app_handle for a in await sv.list("local")}
         assert len(handles) == 3  # warm, fresh, and one run for the twelve retries
+
+
+def _hold_lock(lock: Path) -> subprocess.Popen[str]:
+    """Another process holding ``lock`` (as a submit that hangs under its key would)."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(lock)], stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout is not None
+    assert holder.stdout.readline() == "held\n"
+    return holder
 
 
 HOLD_LOCK = """

@@ -310,11 +310,10 @@ async def test_a_submit_under_way_when_the_block_ends_is_stopped_with_the_rest(
         except ShuttingDown as e:
             outcomes.append(e)
 
-    async with anyio.create_task_group() as background:
-        async with Supervisor(session="svc") as sv:
-            for n in range(3):
-                background.start_soon(submit, sv, n)
-            await anyio.sleep(0.1)  # launches under way
+    async with anyio.create_task_group() as background, Supervisor(session="svc") as sv:
+        for n in range(3):
+            background.start_soon(submit, sv, n)
+        await anyio.sleep(0.1)  # launches under way
     assert len(outcomes) == 3
     async with Supervisor(session="reader") as reader:
         listed = await reader.list("local")

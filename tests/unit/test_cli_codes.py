@@ -67,7 +67,8 @@ def test_errors_are_unwrapped_from_single_member_groups() -> None:
 
 def test_keyboard_interrupt_exits_130_and_others_pass_through() -> None:
     mapped = translate(KeyboardInterrupt())
-    assert isinstance(mapped, click.exceptions.Exit) and mapped.exit_code == 130
+    assert isinstance(mapped, CliError) and mapped.exit_code == 130
+    assert mapped.message == "interrupted (SIGINT)"  # click prints it as "Error: ..."
     boom = RuntimeError("bug")
     assert translate(boom) is boom
     two = ExceptionGroup("two", [RuntimeError("a"), RuntimeError("b")])

@@ -63,7 +63,7 @@ async def test_every_transition_retry_and_end_is_a_log_record_with_structured_fi
         (t.role, t.replica_id, t.source, t.dest) for t in history
     ]
     app_level = [r for r in transitions if r.role is None]  # type: ignore[attr-defined]
-    assert app_level[-1].dest == "SUCCEEDED" and app_level[-1].levelno == logging.INFO
+    assert app_level[-1].dest == "SUCCEEDED" and app_level[-1].levelno == logging.INFO  # type: ignore[attr-defined]
     retried = [r for r in transitions if "exited with code 7" in r.reason]  # type: ignore[attr-defined]
     assert [(r.role, r.source, r.dest) for r in retried] == [("w", "RUNNING", "PENDING")]  # type: ignore[attr-defined]
     restarts = [r for r in records if "restart" in r.getMessage() and r.dest is None]  # type: ignore[attr-defined]

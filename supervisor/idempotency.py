@@ -87,9 +87,7 @@ class KeyQueues:
 
     @asynccontextmanager
     async def turn(self, lock_path: Path) -> AsyncIterator[None]:
-        lock, users = self._queues.get(lock_path, (None, 0))
-        if lock is None:
-            lock = anyio.Lock()
+        lock, users = self._queues.get(lock_path) or (anyio.Lock(), 0)
         self._queues[lock_path] = (lock, users + 1)
         try:
             async with lock:

@@ -196,11 +196,11 @@ async def execute(plan: RunPlan, session: str | None, state_dir: Path | None) ->
                 echo_json(status_json(handle, final, times), compact=True)
             else:
                 print_status(console(), handle, final, times)
-        code = codes.exit_code_for(final.state)
         if interrupt.signum is not None:
             name = signal.Signals(interrupt.signum).name
             click.echo(f"Error: {name}: {failure_line(handle, final)}", err=True)
             return codes.exit_code_for_signal(interrupt.signum)
+        code = codes.exit_code_for(final.state)
         if code != codes.OK:
             # One line whether or not --wait printed the transitions: scripts read stderr's end.
             click.echo(f"Error: {failure_line(handle, final)}", err=True)

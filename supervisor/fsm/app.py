@@ -439,6 +439,4 @@ def _exit_reason(model: ReplicaModel, event: Exited) -> str:
     if event.exit_code is None and event.signal is None and event.msg:
         return event.msg  # e.g. an exit status the backend could not learn
     what = f"{name} {describe_exit(event.exit_code, event.signal)}"
-    if not event.msg or event.exit_code == 0:
-        return what
-    return f"{what}: {event.msg.removeprefix(f'{name}: ')}"
+    return f"{what}: {event.msg.removeprefix(f'{name}: ')}" if event.msg else what

@@ -218,18 +218,27 @@ class _Query:
     def path(self) -> Path:
         return self.directory / FILE_NAMES[_STREAM_IDS[self.stream]]
 
-    def until_passes_in(self) -> float:
-        """Seconds until ``finished`` is true by the clock alone (inf without ``until``).
+    @property
+    def clock_end(self) -> float | None:
+        """When ``finished`` is true by the clock alone: anything later is newer than until."""
+        return None if self.until is None else self.until + _UNTIL_GRACE_S
 
-        A quiet replica wakes its follower by no event: without this bound it
+    async def wait_for_change(self, watcher: _Watcher) -> None:
+        """The watcher's wait, bounded by ``clock_end``.
+
+        A quiet replica wakes its follower by no event: without the bound it
         noticed ``until`` only at the watch's 30 s backstop.
         """
-        if self.until is None:
-            return math.inf
-        return max(0.0, self.until + _UNTIL_GRACE_S - time.time()) + _CLOCK_STEP_S
+        end = self.clock_end
+        if end is None:  # the usual follow: no cancel scope per wait
+            await watcher.wait(self.finished_event)
+            return
+        with anyio.move_on_after(max(0.0, end - time.time()) + _CLOCK_STEP_S):
+            await watcher.wait(self.finished_event)
 
     async def finished(self) -> bool:
-        if self.until is not None and time.time() > self.until + _UNTIL_GRACE_S:
+        end = self.clock_end
+        if end is not None and time.time() > end:
             return True  # anything still to come is newer than until
         if self.finished_event is not None and self.finished_event.is_set():
             return True
@@ -339,8 +348,7 @@ async def _follow(query: _Query) -> AsyncGenerator[str, None]:
                 continue  # a new watch: anything before it may have gone unseen
             # An end set since `final` was asked ends the wait at once (every watcher's
             # `wait` sees it): the next pass drains and returns.
-            with anyio.move_on_after(query.until_passes_in()):
-                await watcher.wait(query.finished_event)
+            await query.wait_for_change(watcher)
             await pace.take(query.finished_event)
     finally:
         if watcher is not None:

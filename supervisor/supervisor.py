@@ -1092,14 +1092,17 @@ class Supervisor:
         problem = _timeout_problem(timeout)
         if problem:
             raise SpecError([Problem("timeout", problem)], context="invalid wait")
+        started = time.monotonic()
+        backend = parse_handle(handle).backend
         actor = self._actors.get(handle)
         if actor is not None and actor.done.is_set():
+            metrics.record_wait(backend, time.monotonic() - started)
             return _with_metadata(actor)
         finished = self._finished.get(handle) if actor is None else None
         if finished is not None:  # ended here and left memory: no I/O, even when shutting down
+            metrics.record_wait(backend, time.monotonic() - started)
             return finished
         self._refuse_if_shutting_down(f"wait for {handle}")
-        started = time.monotonic()
         status: AppStatus | None = None
         with anyio.move_on_after(timeout):
             with anyio.CancelScope() as shutdown:  # only begin_shutdown cancels this one
@@ -1112,7 +1115,7 @@ class Supervisor:
                 raise ShuttingDown(f"the Supervisor began shutting down while waiting for {handle}")
         if status is None:
             raise WaitTimeout(f"{handle} was not terminal after {timeout} s")
-        metrics.record_wait(parse_handle(handle).backend, time.monotonic() - started)
+        metrics.record_wait(backend, time.monotonic() - started)
         return status
 
     async def _wait(self, handle: str) -> AppStatus:

@@ -66,12 +66,22 @@ def register_states(source: StateSource) -> Callable[[], None]:
 
 
 def _observe(kind: str, observation: Callable[..., Any]) -> Callable[[Any], Iterable[Any]]:
+    """The callback of one observable counter.
+
+    A (backend, state) counted once is reported from then on, as 0 when nothing
+    is in that state: left out, its series would stop at its last count (the
+    SDK drops a stream its callback no longer reports), and a dashboard would
+    show the last app that ran as running still.
+    """
+    reported: set[tuple[str, str]] = set()
+
     def callback(options: Any) -> Iterable[Any]:
-        totals: dict[tuple[str, str], int] = {}
+        totals = dict.fromkeys(reported, 0)
         for source in list(_sources):
             rows = source.app_states() if kind == "apps" else source.replica_states()
             for backend, state, count in rows:
                 totals[(backend, state)] = totals.get((backend, state), 0) + count
+        reported.update(totals)
         return [
             observation(count, {BACKEND: backend, STATE: state})
             for (backend, state), count in totals.items()

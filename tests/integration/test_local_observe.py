@@ -25,7 +25,7 @@ from supervisor.backends.base import Request
 from supervisor.backends.local import LocalBackend
 from supervisor.events import ReplicaKey
 
-from ..otel_reader import reader, total
+from ..otel_reader import points, reader, total
 from .helpers import app, py_role
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
@@ -228,6 +228,7 @@ async def test_metrics_count_transitions_retries_latencies_and_apps_by_state(
     async with Supervisor(session="obs") as sv:
         handle = await sv.submit(app(role, name="measured"), "local")
         await sv.wait(handle)
+        await sv.wait(handle)  # ended already: counted too, as every wait that returns
         running = await sv.submit(
             app(py_role("s", "import time; time.sleep(60)", num_replicas=2)), "local"
         )
@@ -254,13 +255,15 @@ async def test_metrics_count_transitions_retries_latencies_and_apps_by_state(
         == before["submit"] + 2
     )
     assert (
-        total("asupervisor.wait.duration", **{"asupervisor.backend": "local"}) == before["wait"] + 1
+        total("asupervisor.wait.duration", **{"asupervisor.backend": "local"}) == before["wait"] + 2
     )
     assert apps_now >= 1 and replicas_now >= 2
-    # A closed Supervisor is no longer counted.
-    assert (
-        total(
-            "asupervisor.apps", **{"asupervisor.backend": "local", "asupervisor.state": "RUNNING"}
-        )
-        == 0
-    )
+    # A closed Supervisor is no longer counted: its states read 0 (not a series that
+    # stopped at its last count, which a dashboard would show as still running).
+    for name in ("asupervisor.apps", "asupervisor.replicas"):
+        counted = [
+            p.value
+            for p in points(name)
+            if p.attributes == {"asupervisor.backend": "local", "asupervisor.state": "RUNNING"}
+        ]
+        assert counted == [0], (name, counted)

@@ -61,7 +61,13 @@ from supervisor.backends.base import (
     Request,
 )
 from supervisor.backends.listing import newest_first
-from supervisor.backends.store import Index, IndexEntry, end_is_known, remove_app
+from supervisor.backends.store import (
+    CancelRequests,
+    Index,
+    IndexEntry,
+    end_is_known,
+    remove_app,
+)
 from supervisor.cluster import ClusterInfo, ClusterJob
 from supervisor.errors import (
     BackendError,
@@ -908,6 +914,7 @@ class Supervisor:
         ]
         if not dry_run:
             keys = IdempotencyKeys(self.state_dir, backend, self.session)
+            requests = CancelRequests(self.state_dir, backend)
             handles = [make_handle(backend, e.session, e.app_id) for e in doomed]
 
             def remove() -> None:
@@ -916,6 +923,8 @@ class Supervisor:
                     for entry, handle in zip(doomed, handles, strict=True):
                         try:
                             remove_app(index, entry.session, entry.app_id, entry.app_dir)
+                            # One its owner never read (it died first) would stay for ever.
+                            requests.withdraw(entry.session, entry.app_id)
                         except OSError as e:  # records this process may read but not remove
                             raise BackendError(
                                 f"cannot remove the records of {handle}: {e}", transient=False
@@ -1087,22 +1096,42 @@ class Supervisor:
 
         Raises ``WaitTimeout`` after ``timeout`` seconds, and ``ShuttingDown`` once
         ``begin_shutdown`` (or ``close``) was called before the app ended.
-        ``timeout`` is seconds (>= 0; 0 only looks) or None (no limit).
+        ``timeout`` is seconds (>= 0; 0 only looks) or None (no limit); the records
+        of an app followed elsewhere are read once before it starts to count.
         """
         problem = _timeout_problem(timeout)
         if problem:
             raise SpecError([Problem("timeout", problem)], context="invalid wait")
         started = time.monotonic()
-        backend = parse_handle(handle).backend
+        parsed = parse_handle(handle)
+        status = self._ended_here(handle)
+        if status is None:
+            self._refuse_if_shutting_down(f"wait for {handle}")
+            if timeout is not None and handle not in self._actors:
+                # The deadline bounds the waiting, not the first look: ``timeout=0`` looks
+                # once, and a short one is not spent before the app's records were read.
+                status = await self._settled_on_record(parsed)
+            if status is None:
+                status = await self._wait_within(handle, timeout)
+        metrics.record_wait(parsed.backend, time.monotonic() - started)
+        return status
+
+    def _ended_here(self, handle: str) -> AppStatus | None:
+        """The final status of an app that ended here, held or cached; no I/O."""
         actor = self._actors.get(handle)
-        if actor is not None and actor.done.is_set():
-            metrics.record_wait(backend, time.monotonic() - started)
-            return _with_metadata(actor)
-        finished = self._finished.get(handle) if actor is None else None
-        if finished is not None:  # ended here and left memory: no I/O, even when shutting down
-            metrics.record_wait(backend, time.monotonic() - started)
-            return finished
-        self._refuse_if_shutting_down(f"wait for {handle}")
+        if actor is not None:
+            return _with_metadata(actor) if actor.done.is_set() else None
+        return self._finished.get(handle)
+
+    async def _settled_on_record(self, parsed: AppHandle) -> AppStatus | None:
+        """The recorded status of an app followed elsewhere if it is settled; else None."""
+        described = await self._describe_recorded(parsed)
+        if described is None:
+            raise UnknownAppError(f"no app {parsed}")
+        status = described.to_status()
+        return status if status.is_settled else None
+
+    async def _wait_within(self, handle: str, timeout: float | None) -> AppStatus:
         status: AppStatus | None = None
         with anyio.move_on_after(timeout):
             with anyio.CancelScope() as shutdown:  # only begin_shutdown cancels this one
@@ -1115,7 +1144,6 @@ class Supervisor:
                 raise ShuttingDown(f"the Supervisor began shutting down while waiting for {handle}")
         if status is None:
             raise WaitTimeout(f"{handle} was not terminal after {timeout} s")
-        metrics.record_wait(backend, time.monotonic() - started)
         return status
 
     async def _wait(self, handle: str) -> AppStatus:

@@ -26,6 +26,8 @@ from supervisor import (
     Transition,
     UnknownAppError,
 )
+from supervisor.backends.store import CancelRequests
+from supervisor.specs import parse_handle
 
 from .helpers import app, py_role, running_with
 
@@ -162,6 +164,49 @@ async def test_a_watch_of_a_dead_owners_app_ends_where_wait_does(state_dir: Path
     ], seen
     assert app_level[-1].trigger == "lose" and app_level[-1].msg == status.msg
     assert [t.seq for t in seen] == list(range(len(seen)))
+
+
+def _request_of(state_dir: Path, handle: str) -> Path:
+    """Where a cancel request for ``handle`` is left for its owner to read."""
+    parsed = parse_handle(handle)
+    requests = CancelRequests(state_dir, "local")
+    return requests.directory / CancelRequests.name(parsed.session, parsed.app_id)
+
+
+async def _killed(owner: subprocess.Popen[str]) -> None:
+    owner.kill()
+    await anyio.to_thread.run_sync(owner.wait)
+    assert owner.stdout is not None
+    owner.stdout.close()
+
+
+async def test_a_cancel_of_a_dead_owners_app_leaves_no_request_behind(state_dir: Path) -> None:
+    """Its replicas died with their owner: nothing to stop, and nobody would read a request."""
+    owner, handle = await anyio.to_thread.run_sync(_start_owner, state_dir.parent)
+    await _killed(owner)
+    async with Supervisor(session="reader") as sv:
+        status = await sv.wait(handle, timeout=10)
+        await sv.cancel(handle)
+        assert (await sv.wait(handle, timeout=0)).state is AppState.UNKNOWN
+    assert status.state is AppState.UNKNOWN
+    assert not _request_of(state_dir, handle).exists()
+
+
+async def test_gc_removes_a_cancel_request_its_owner_never_read(state_dir: Path) -> None:
+    """The owner was stopped when the request came, then killed: gc takes the request
+    with the app's records, or it would stay in the shared directory for ever."""
+    owner, handle = await anyio.to_thread.run_sync(_start_owner, state_dir.parent)
+    try:
+        owner.send_signal(signal.SIGSTOP)
+        async with Supervisor(session="reader") as sv:
+            await sv.cancel(handle)
+        assert _request_of(state_dir, handle).exists()
+    finally:
+        await _killed(owner)
+    async with Supervisor(session="owner") as sv:
+        assert (await sv.wait(handle, timeout=10)).state is AppState.UNKNOWN
+        assert await sv.gc("local", keep=0) == [handle]
+    assert not _request_of(state_dir, handle).exists()
 
 
 async def test_a_dead_owners_app_is_unknown_down_to_its_replicas(state_dir: Path) -> None:

@@ -24,6 +24,7 @@ from supervisor import (
     Role,
     SpecError,
     Supervisor,
+    UnknownAppError,
     UnsupportedAsyncLibraryError,
     WaitTimeout,
 )
@@ -340,6 +341,12 @@ async def test_a_wait_timeout_that_is_no_duration_is_a_spec_error(state_dir: Pat
         with pytest.raises(WaitTimeout):
             await sv.wait(handle, timeout=0)  # 0 only looks
         assert (await sv.wait(handle, timeout=30)).state is AppState.SUCCEEDED
+    # Another Supervisor (as another process) reads the records before 0 counts: the
+    # look was cut short before, and every app followed elsewhere read "not terminal".
+    async with Supervisor(session="svc") as other:
+        assert (await other.wait(handle, timeout=0)).state is AppState.SUCCEEDED
+        with pytest.raises(UnknownAppError):
+            await other.wait("local://svc/no-such-app", timeout=0)
 
 
 def test_a_supervisor_is_entered_once(state_dir: Path) -> None:

@@ -798,9 +798,13 @@ class LocalBackend(Backend):
         found = await anyio.to_thread.run_sync(self._read_status, store)
         if found is None:
             return False
-        status, _ = found
+        status, app = found
         if status.is_terminal:
             return True  # nothing left to stop
+        if app is not None and status.is_settled and not app.owner.alive():
+            # Its owner died, and its replicas with it (the reaper stops them all): a
+            # request would have nobody to stop and nobody to read it.
+            return True
         # Also when UNKNOWN: with a damaged record the owner may still be there to read it.
         await anyio.to_thread.run_sync(self._request_cancel, store, handle)
         return True

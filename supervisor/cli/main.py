@@ -250,6 +250,35 @@ def _select(resp: DescribeAppResponse, which: str | None) -> list[tuple[str, int
     return [(role, k)]
 
 
+async def _app_and_replica(
+    sv: Supervisor, handle: str, replica: str | None
+) -> tuple[str, DescribeAppResponse, str | None]:
+    """The app and the ``ROLE[/K]`` that ``log``'s arguments name.
+
+    Also TorchX's form, ``HANDLE/ROLE[/K]`` in one argument, when no app has
+    that whole handle (an app id may contain '/', and an exact one wins).
+    """
+    found = await sv.describe(handle)
+    if found is not None or replica is not None:
+        if found is None:
+            raise CliError(f"no app {handle}")
+        return handle, found, replica
+    head, _, last = handle.rpartition("/")
+    tries = [(head, last)]
+    if last.isdigit():  # HANDLE/ROLE/K, before HANDLE/ROLE with a role named K
+        app, _, role = head.rpartition("/")
+        tries.insert(0, (app, f"{role}/{last}"))
+    for app, which in tries:
+        try:
+            parse_handle(app)
+        except InvalidHandleError:
+            continue
+        found = await sv.describe(app)
+        if found is not None:
+            return app, found, which
+    raise CliError(f"no app {handle}")
+
+
 @cli.command()
 @click.argument("handle", type=HANDLE)
 @click.argument("replica", metavar="[ROLE[/K]]", required=False)
@@ -277,9 +306,10 @@ def log(
 ) -> None:
     """Print an app's output: every replica, one ROLE's, or one ROLE/K's.
 
-    Lines are printed as written. With several replicas each line starts
-    with `role/k | `. T is an ISO-8601 datetime (naive means local time),
-    epoch seconds, or a duration ago: 30s, 10m, 2h, 1d, 1h30m.
+    TorchX's HANDLE/ROLE[/K] in one argument works too. Lines are printed
+    as written. With several replicas each line starts with `role/k | `.
+    T is an ISO-8601 datetime (naive means local time), epoch seconds, or a
+    duration ago: 30s, 10m, 2h, 1d, 1h30m.
     """
     if regex is not None:
         try:
@@ -290,11 +320,12 @@ def log(
 
     async def main() -> None:
         async with _supervisor(ctx) as sv:
-            replicas = _select(await _describe(sv, handle), replica)
-            single = replica is not None and "/" in replica
+            app, described, which = await _app_and_replica(sv, handle, replica)
+            replicas = _select(described, which)
+            single = which is not None and "/" in which
             await follow_logs(
                 sv,
-                handle,
+                app,
                 replicas,
                 query,
                 sys.stdout,

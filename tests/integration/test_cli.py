@@ -232,10 +232,13 @@ def test_log_filters(env: dict[str, str]) -> None:
     assert done.returncode == 0, done.stderr
     handle = done.stdout.strip()
 
-    def log(*args: str) -> str:
-        result = cli(env, "log", handle, *args)
+    def log_of(*args: str) -> str:
+        result = cli(env, "log", *args)
         assert result.returncode == 0, result.stderr
         return result.stdout
+
+    def log(*args: str) -> str:
+        return log_of(handle, *args)
 
     everything = log().splitlines()
     for k in (0, 1):
@@ -258,6 +261,13 @@ def test_log_filters(env: dict[str, str]) -> None:
     ]
     bad = cli(env, "log", handle, "sh/7")
     assert bad.returncode == 2 and "no 7" in bad.stderr
+    # TorchX's HANDLE/ROLE[/K] in one argument.
+    assert log_of(f"{handle}/sh/1", "--streams", "stderr") == "err 1\n"
+    assert log_of(f"{handle}/sh", "--regex", "^out") == "sh/0 | out 0\nsh/1 | out 1\n"
+    bad = cli(env, "log", f"{handle}/nope/0")
+    assert bad.returncode == 2 and "no role 'nope'" in bad.stderr
+    missing = cli(env, "log", f"{handle}x/sh/0")
+    assert missing.returncode == 1 and f"no app {handle}x/sh/0" in missing.stderr
 
 
 # ------------------------------------------------------ a second process

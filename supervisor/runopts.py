@@ -111,6 +111,7 @@ def _coerce(kind: OptType, value: object) -> OptValue:
     got = f"got {type(value).__name__} {_brief(value)}"
     if kind is OptType.STR:
         if isinstance(value, str):
+            _refuse_nul(value, "")
             return str(value)
     elif kind is OptType.INT:
         if isinstance(value, int) and not isinstance(value, bool):
@@ -133,8 +134,16 @@ def _coerce(kind: OptType, value: object) -> OptValue:
                 raise _MismatchError(
                     f"expected list[str], item {i} is {type(item).__name__} {_brief(item)}"
                 )
+            _refuse_nul(item, f"item {i} ")
         return tuple(str(item) for item in value)
     raise _MismatchError(f"expected {kind}, {got}")
+
+
+def _refuse_nul(text: str, where: str) -> None:
+    """No option's text may hold a NUL: every one ends up in a path, an argv or an
+    environment, where the OS refuses it, and that refusal came mid-launch."""
+    if "\0" in text:
+        raise _MismatchError(f"{where}contains a NUL character")
 
 
 _NAME_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")

@@ -95,7 +95,7 @@ from supervisor.observe import EventStream, Observer, metrics
 from supervisor.observe.bus import DEFAULT_MAX_BUFFER
 from supervisor.retention import Retention, limit_problems
 from supervisor.runopts import ResolvedCfg, RunOpts
-from supervisor.specs import AppDef, AppHandle, make_app_id, make_handle, parse_handle
+from supervisor.specs import AppDef, AppHandle, Role, make_app_id, make_handle, parse_handle
 from supervisor.states import TERMINAL, AppState
 from supervisor.status import AppStatus, DescribeAppResponse, ListAppResponse, Transition
 from supervisor.validate import MAX_APP_ID_LENGTH, check_name, validate
@@ -116,6 +116,16 @@ DRYRUN_THREAD_REPLICAS = 100
 """From this many replicas, ``submit`` renders the request in a worker thread."""
 KEY_LOCK_WAITERS = 8
 """Threads at most blocked at once waiting for idempotency keys' locks (more wait unblocked)."""
+
+
+def _replicas_asked(app: object) -> int:
+    """The replicas ``app`` asks for; 0 for what is no app at all (validation says why)."""
+    roles = app.roles if isinstance(app, AppDef) else None
+    if not isinstance(roles, list | tuple):
+        return 0
+    return sum(
+        r.num_replicas for r in roles if isinstance(r, Role) and isinstance(r.num_replicas, int)
+    )
 
 
 def _timeout_problem(timeout: object) -> str:
@@ -738,19 +748,18 @@ class Supervisor:
         await self.prepare(backend)
         if idempotency_key is None:
             return await self.schedule(await self._dryrun_off_loop(app, backend, cfg))
+        problems: builtins.list[Problem] = []
         if not isinstance(idempotency_key, str) or not idempotency_key:
-            problems = [Problem("idempotency_key", "must be a non-empty string")]
-            try:  # pure: the app's and the options' problems are named with the key's
-                await self._dryrun_off_loop(app, backend, cfg)
-            except SpecError as e:
-                problems.extend(e.problems)
+            problems.append(Problem("idempotency_key", "must be a non-empty string"))
+        try:  # pure: the app's and the options' problems are named with the key's
+            info = await self._dryrun_off_loop(app, backend, cfg)
+        except SpecError as e:
+            if not problems:
+                raise
+            problems.extend(e.problems)
+        if problems:
             raise SpecError(problems, context="invalid submit")
-        pending: list[DryRunInfo] = []
-
-        def prepare() -> str:
-            pending.append(self.dryrun(app, backend, cfg))
-            return make_handle(backend, self.session, pending[-1].app_id)
-
+        assert isinstance(idempotency_key, str)  # (checked just above)
         return await submit_once(
             IdempotencyKeys(
                 self.state_dir,
@@ -760,10 +769,12 @@ class Supervisor:
                 self._key_queues,
             ),
             idempotency_key,
-            submitted=fingerprint(backend, app, cfg),
+            # What the options resolve to: 5 and 5.0, or a default left out and given,
+            # are the same submit.
+            submitted=fingerprint(backend, info.app, info.cfg),
             exists=self.exists,
-            prepare=prepare,
-            launch=lambda: self.schedule(pending[-1]),
+            prepare=lambda: make_handle(backend, self.session, info.app_id),
+            launch=lambda: self.schedule(info),
         )
 
     def _key_lock_waiters(self) -> anyio.CapacityLimiter:
@@ -777,8 +788,7 @@ class Supervisor:
     ) -> DryRunInfo:
         """``dryrun``, in a worker thread for a big app: rendering thousands of replicas
         takes tens of milliseconds the host's event loop would otherwise stall for."""
-        size = sum(r.num_replicas for r in app.roles if isinstance(r.num_replicas, int))
-        if size < DRYRUN_THREAD_REPLICAS:  # (bad input is the dryrun's to report)
+        if _replicas_asked(app) < DRYRUN_THREAD_REPLICAS:  # (bad input: the dryrun reports it)
             return self.dryrun(app, backend, cfg)
         return await anyio.to_thread.run_sync(self.dryrun, app, backend, cfg)
 

@@ -18,6 +18,7 @@ Pure: no I/O, no environment lookups.
 
 from __future__ import annotations
 
+import json
 import re
 import warnings
 from collections.abc import Callable, Mapping
@@ -166,13 +167,20 @@ class _Checker:
             return None
         return value
 
-    def check_str_keys(self, path: str, value: object) -> None:
+    def check_json_mapping(self, path: str, value: object) -> None:
+        """String keys and JSON values: the mapping is kept in the app's records as JSON,
+        and a value that is not would fail the submit after its directories were made."""
         if not isinstance(value, Mapping):
             self.add(path, f"must be a mapping, {_kind(value)}")
             return
-        for key in value:
+        for key, item in value.items():
             if not isinstance(key, str):
                 self.add(f"{path}[{_key(key)}]", f"key must be a string, got {type(key).__name__}")
+                continue
+            try:
+                json.dumps(item)
+            except (TypeError, ValueError, RecursionError) as exc:
+                self.add(f"{path}[{_key(key)}]", f"must be JSON data: {exc}")
 
     def check_count(
         self, path: str, value: object, *, minimum: int, unset_ok: bool = False
@@ -195,7 +203,7 @@ class _Checker:
             self.add("app", f"expected an AppDef, got {type(app).__name__}")
             return
         self.guarded("name", lambda: self.check_app_name(app.name))
-        self.guarded("metadata", lambda: self.check_str_keys("metadata", app.metadata))
+        self.guarded("metadata", lambda: self.check_json_mapping("metadata", app.metadata))
         self.guarded("roles", lambda: self.check_roles(app.roles))
 
     def check_app_name(self, name: object) -> None:
@@ -255,7 +263,7 @@ class _Checker:
         self.check_retries(path, role)
         self.check_resource(f"{path}.resource", role.resource)
         self.check_port_map(f"{path}.port_map", role.port_map)
-        self.check_str_keys(f"{path}.metadata", role.metadata)
+        self.check_json_mapping(f"{path}.metadata", role.metadata)
         self.check_mounts(f"{path}.mounts", role.mounts)
 
     def check_args(self, path: str, args: object) -> None:
@@ -335,7 +343,7 @@ class _Checker:
         self.check_count(f"{path}.cpu", resource.cpu, minimum=0, unset_ok=True)
         self.check_count(f"{path}.gpu", resource.gpu, minimum=0, unset_ok=True)
         self.check_count(f"{path}.memMB", resource.memMB, minimum=0, unset_ok=True)
-        self.check_str_keys(f"{path}.capabilities", resource.capabilities)
+        self.check_json_mapping(f"{path}.capabilities", resource.capabilities)
         devices = resource.devices
         if not isinstance(devices, Mapping):
             self.add(f"{path}.devices", f"must be a mapping of str to int, {_kind(devices)}")

@@ -18,6 +18,7 @@ import anyio
 import pytest
 
 from supervisor import (
+    AppDef,
     AppState,
     DuplicateAppError,
     InvalidHandleError,
@@ -156,7 +157,32 @@ async def test_a_key_reused_for_a_different_submit_is_refused(state_dir: Path) -
         with pytest.raises(SpecError, match="different submit"):
             await sv.submit(first, "local", {"stop_grace": 3}, idempotency_key="k")
         assert await sv.submit(first, "local", idempotency_key="k") == handle
+        # The options as they resolve: an int for a float, or a default given, is the same.
+        assert await sv.submit(first, "local", {"stop_grace": 5.0}, idempotency_key="k") == handle
+        assert await sv.submit(first, "local", {"stop_grace": 5}, idempotency_key="k") == handle
         assert (await sv.wait(handle, timeout=30)).state is AppState.SUCCEEDED
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("key", [None, "k"])
+async def test_a_submit_of_no_app_is_a_spec_error_with_or_without_a_key(
+    state_dir: Path, key: str | None
+) -> None:
+    """dryrun named these; submit raised AttributeError/TypeError counting replicas (and,
+    with a key, fingerprinting the app), before any validation."""
+    role = py_role("a", "pass")
+    cases: list[tuple[Any, tuple[str, ...]]] = [
+        (None, ("app",)),
+        (AppDef(name="x", roles=None), ("roles",)),  # type: ignore[arg-type]
+        (AppDef(name="x", roles=["r", None]), ("roles[0]", "roles[1]")),  # type: ignore[list-item]
+        (AppDef(name="x", roles={"r": role}), ("roles",)),  # type: ignore[arg-type]
+    ]
+    async with Supervisor(session="svc") as sv:
+        for bad, fields in cases:
+            with pytest.raises(SpecError) as err:
+                await sv.submit(bad, "local", idempotency_key=key)
+            assert err.value.fields == fields, bad
+        assert await sv.list("local") == []
 
 
 @pytest.mark.anyio

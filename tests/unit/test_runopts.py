@@ -252,6 +252,8 @@ def test_accepted_types(kind: type[object], value: object, resolved: object) -> 
         (list, "a"),
         (list, ["a", 1]),
         (list, {"a": 1}),
+        (str, "/tmp/a\0b"),  # the OS refuses it in a path, argv or environment, mid-launch
+        (list, ["a", "b\0"]),
     ],
 )
 def test_rejected_types(kind: type[object], value: object) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Mapping
+from datetime import date
 from typing import Any
 
 import pytest
@@ -383,6 +384,29 @@ def test_role_metadata_keys() -> None:
     assert only_problem(app_of(trainer(metadata={("t",): 1}))) == Problem(
         "roles[0].metadata[('t',)]", "key must be a string, got tuple"
     )
+
+
+def test_values_kept_as_json_must_be_json() -> None:
+    """Metadata and capabilities go into the app's records as JSON: a value that is not
+    failed the submit with a bare TypeError, after its directories were made."""
+    app = AppDef(
+        name="x",
+        roles=[
+            trainer(
+                metadata={"ok": {"a": [1, None]}, "s": {1, 2}},
+                resource=Resource(capabilities=as_any({"d": date(2026, 1, 1)})),
+            )
+        ],
+        metadata=as_any({"b": b"raw"}),
+    )
+    with pytest.raises(SpecError) as err:
+        validate(app, LOCAL)
+    assert set(err.value.fields) == {
+        "metadata['b']",
+        "roles[0].metadata['s']",
+        "roles[0].resource.capabilities['d']",
+    }
+    assert "must be JSON data: Object of type set is not JSON serializable" in str(err.value)
 
 
 def test_mounts_rejected_where_unsupported() -> None:

@@ -33,7 +33,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from supervisor.components import BUILTINS
+from supervisor.components import BUILTINS, TORCHX_NAMES
 from supervisor.specs import AppDef, Role
 
 __all__ = [
@@ -57,6 +57,7 @@ _ROLE_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
 def load_component(target: str) -> Component:
     """The function ``target`` names; ``click.UsageError`` if there is none."""
+    target = TORCHX_NAMES.get(target, target)
     if target in BUILTINS:
         return BUILTINS[target]
     where, sep, attr = target.rpartition(":")

@@ -27,7 +27,7 @@ from supervisor.cli.render import (
     status_json,
     use_color,
 )
-from supervisor.components import BUILTINS
+from supervisor.components import BUILTINS, TORCHX_NAMES
 from supervisor.runopts import parse_cfg_string
 from supervisor.specs import AppDef
 from supervisor.status import AppStatus, AppTimes
@@ -44,6 +44,7 @@ RUN_HELP = f"""Launch TARGET and supervise it.
 TARGET is one of:
   -- COMMAND [ARGS...]           a one-role app running COMMAND
   NAME [OPTIONS] [ARGS...]       a built-in component: {", ".join(BUILTINS)}
+                                 (TorchX's {", ".join(TORCHX_NAMES)} too)
   package.module:function ...    a component in an importable module
   path/to/file.py:function ...   a component in a file
 

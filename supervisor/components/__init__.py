@@ -21,9 +21,14 @@ from supervisor.components.dist import MASTER_PORT, ddp, parse_j
 from supervisor.components.mpi import mpi
 from supervisor.specs import AppDef
 
-__all__ = ["BUILTINS", "MASTER_PORT", "ddp", "echo", "mpi", "parse_j", "sh"]
+__all__ = ["BUILTINS", "MASTER_PORT", "TORCHX_NAMES", "ddp", "echo", "mpi", "parse_j", "sh"]
 
 BUILTINS: Mapping[str, Callable[..., AppDef]] = MappingProxyType(
     {"echo": echo, "sh": sh, "ddp": ddp, "mpi": mpi}
 )
 """Built-in components by the name the CLI knows them by."""
+
+TORCHX_NAMES: Mapping[str, str] = MappingProxyType(
+    {"utils.echo": "echo", "utils.sh": "sh", "dist.ddp": "ddp"}
+)
+"""TorchX's names of the built-ins that stand in for its own, so its command lines port."""

@@ -20,7 +20,7 @@ from supervisor.cli.components import (
     load_component,
 )
 from supervisor.cli.main import cli
-from supervisor.components import echo, sh
+from supervisor.components import BUILTINS, echo, sh
 
 CAPTURED: dict[str, Any] = {}
 
@@ -120,9 +120,18 @@ def test_file_function_loads(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("torchx", "ours"), [("utils.echo", "echo"), ("utils.sh", "sh"), ("dist.ddp", "ddp")]
+)
+def test_torchx_names_of_the_builtins_load_them(torchx: str, ours: str) -> None:
+    """``torchx run utils.echo --msg hi`` ports as ``asupervisor run utils.echo --msg hi``."""
+    assert load_component(torchx) is BUILTINS[ours]
+
+
+@pytest.mark.parametrize(
     ("target", "match"),
     [
         ("nope", "unknown component 'nope'"),
+        ("utils.python", "unknown component 'utils.python'"),  # none of ours stands in
         (":echo", "unknown component"),
         ("supervisor.components:", "unknown component"),
         ("no_such_module_xyz:f", "cannot import 'no_such_module_xyz'"),

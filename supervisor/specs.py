@@ -190,8 +190,13 @@ class AppDef:
         roles = [dataclasses.replace(r, **changes) if r.name == name else r for r in self.roles]
         return dataclasses.replace(self, roles=roles)
 
-    def with_env(self, env: Mapping[str, str], *, roles: Sequence[str] | None = None) -> AppDef:
-        """A copy with ``env`` merged into every role's environment (or only ``roles``')."""
+    def with_env(
+        self, env: Mapping[str, str], *, roles: str | Sequence[str] | None = None
+    ) -> AppDef:
+        """A copy with ``env`` merged into every role's environment (or only ``roles``':
+        a role's name, or several)."""
+        if isinstance(roles, str):  # one name, not its letters
+            roles = (roles,)
         unknown = sorted(set(roles or ()) - {r.name for r in self.roles})
         if unknown:
             raise ValueError(f"no role named {', '.join(map(repr, unknown))}")

@@ -89,8 +89,13 @@ rank 0's store then failed with EADDRINUSE (seen once in CI with 20000-39999).
 """
 
 
-def parse_j(j: str) -> tuple[int, int]:
-    """``"NxM"`` -> (N nodes, M processes per node); a bare ``"M"`` means one node."""
+def parse_j(j: str | int) -> tuple[int, int]:
+    """``"NxM"`` -> (N nodes, M processes per node); a bare ``"M"`` (or the int M) means one
+    node."""
+    if isinstance(j, int) and not isinstance(j, bool):
+        j = str(j)
+    if not isinstance(j, str):
+        raise ValueError(f"-j {j!r}: expected NNODESxNPROC_PER_NODE (e.g. 2x4) or NPROC")
     found = _J.fullmatch(j.strip())
     if found is None:
         raise ValueError(f"-j {j!r}: expected NNODESxNPROC_PER_NODE (e.g. 2x4) or NPROC")
@@ -115,7 +120,18 @@ def _free_port() -> int:
 
 
 def _per_proc(total: int, nproc: int) -> int:
+    """A node's share for one of its ``nproc`` ranks, rounded up: never 0 of something."""
     return -1 if total < 0 else -(-total // nproc)
+
+
+def _node_resource(cpu: int, gpu: int, mem_mb: int) -> Resource:
+    """The per-node request; ValueError naming the option for a value that is no count
+    (a rank's share would otherwise turn -5 into "unset" before validation saw it)."""
+    given: tuple[tuple[str, object], ...] = (("cpu", cpu), ("gpu", gpu), ("memMB", mem_mb))
+    for option, value in given:
+        if not isinstance(value, int) or isinstance(value, bool) or value < -1:
+            raise ValueError(f"--{option} {value!r}: expected a count >= 0, or -1 for unset")
+    return Resource(cpu=cpu, gpu=gpu, memMB=mem_mb)
 
 
 def ddp(
@@ -174,7 +190,7 @@ def ddp(
         raise ValueError(f"--mode {mode!r}: expected rank or torchrun")
     if h is not None and h not in NAMED_RESOURCES:
         raise ValueError(f"--h {h!r}: expected one of {', '.join(NAMED_RESOURCES)}")
-    node = NAMED_RESOURCES[h] if h else Resource(cpu=cpu, gpu=gpu, memMB=memMB)
+    node = NAMED_RESOURCES[h] if h else _node_resource(cpu, gpu, memMB)
     role = role_name(script, m)
     target = ["-m", m] if m else [str(script)]
     port = str(rdzv_port or (_free_port() if nnodes == 1 else 0))
@@ -217,7 +233,7 @@ def ddp(
                     resource=Resource(
                         cpu=_per_proc(node.cpu, nproc),
                         gpu=_per_proc(node.gpu, nproc),
-                        memMB=node.memMB // nproc if node.memMB > 0 else node.memMB,
+                        memMB=_per_proc(node.memMB, nproc),
                     ),
                     metadata={PROCS_PER_NODE: nproc},
                 )

@@ -78,6 +78,26 @@ def test_parse_j_rejects(j: str) -> None:
         parse_j(j)
 
 
+def test_parse_j_takes_an_int_as_the_api_may_pass_it() -> None:
+    assert parse_j(4) == (1, 4)
+    with pytest.raises(ValueError, match="-j"):
+        parse_j(None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("option", ["cpu", "gpu", "memMB"])
+@pytest.mark.parametrize("value", [-5, True, 1.5, "2"])
+def test_ddp_refuses_a_resource_that_is_no_count(option: str, value: object) -> None:
+    """Each rank's share of -5 was -1 ("unset"), so nothing ever saw the bad value."""
+    with pytest.raises(ValueError, match=f"--{option}"):
+        ddp("train.py", j="1x4", **{option: value})  # type: ignore[arg-type]
+
+
+def test_a_ranks_share_of_memory_is_rounded_up() -> None:
+    """3 MB over 4 ranks was 0 MB each: no limit at all."""
+    (role,) = ddp("train.py", j="1x4", memMB=3).roles
+    assert role.resource.memMB == 1
+
+
 def test_ddp_role_env_resources_and_placement() -> None:
     app = ddp("train.py", "--lr", "0.1", j="2x3", max_retries=2, cpu=6, memMB=3000)
     validate(app, LOCAL)

@@ -32,6 +32,8 @@ def test_with_env_merges_into_a_copy_and_leaves_the_original() -> None:
     everywhere = app.with_env({"B": "2"})
     assert [dict(r.env)["B"] for r in everywhere.roles] == ["2", "2"]
     assert dict(app.roles[1].with_env({"C": "3"}).env) == {"C": "3"}
+    # One name given as a string is that role, not a role per letter of it.
+    assert app.with_env({"B": "2"}, roles="trainer") == app.with_env({"B": "2"}, roles=["trainer"])
 
 
 def test_replace_role_changes_only_the_named_role() -> None:

@@ -9,7 +9,8 @@ or ``path/to/file.py:function``. Its signature becomes a click command:
   ``na_me``, and ``-n`` for a one-letter name), required when it has no
   default; types come from annotations: ``str``, ``int``, ``float``,
   ``bool`` (a ``--x/--no-x`` flag), ``list[str]`` and friends (repeat the
-  option), ``dict[str, str]`` (``k=v,k2=v2``); ``X | None`` is ``X``;
+  option), ``dict[str, str]`` (``k=v,k2=v2``; repeated, the pairs are merged);
+  ``X | None`` is ``X``;
 * ``*args`` takes every remaining argument, options included, so
   ``run ddp train.py --lr 0.1`` hands ``--lr 0.1`` to the script.
 
@@ -117,8 +118,8 @@ class KeyValue(click.ParamType[dict[str, str]]):
     def convert(
         self, value: object, param: click.Parameter | None, ctx: click.Context | None
     ) -> dict[str, str]:
-        if isinstance(value, dict):
-            return value
+        if isinstance(value, Mapping):  # a default
+            return dict(value)
         out: dict[str, str] = {}
         for piece in str(value).split(","):
             if not piece.strip():
@@ -135,6 +136,7 @@ class _Kind:
     type: click.ParamType[Any]
     multiple: bool = False
     flag: bool = False
+    merged: bool = False  # repeatable, each one's pairs merged into one dict
 
 
 def _kind_of(annotation: Any, default: Any, where: str) -> _Kind:
@@ -154,7 +156,8 @@ def _kind_of(annotation: Any, default: Any, where: str) -> _Kind:
     if origin in (list, tuple, Sequence) and args and args[0] in _SCALARS and homogeneous:
         return _Kind(_SCALARS[args[0]], multiple=True)
     if origin in (dict, Mapping) and args == (str, str):
-        return _Kind(KeyValue())
+        # ``--env A=1 --env B=2`` is both, not the last one alone.
+        return _Kind(KeyValue(), multiple=True, merged=True)
     raise click.UsageError(f"{where}: unsupported parameter type {annotation!r}")
 
 
@@ -193,6 +196,7 @@ class _Binding:
     default: Any = None
     variadic: bool = False
     multiple: bool = False
+    merged: bool = False
 
 
 def component_command(fn: Component, name: str) -> tuple[click.Command, list[_Binding]]:
@@ -226,7 +230,13 @@ def component_command(fn: Component, name: str) -> tuple[click.Command, list[_Bi
             continue
         params.append(_option(p, kind, has_default, helps.get(p.name, "")))
         bindings.append(
-            _Binding(p.name, positional=by_position, default=p.default, multiple=kind.multiple)
+            _Binding(
+                p.name,
+                positional=by_position,
+                default=p.default,
+                multiple=kind.multiple,
+                merged=kind.merged,
+            )
         )
     command = click.Command(
         name,
@@ -264,7 +274,10 @@ def _option(p: inspect.Parameter, kind: _Kind, has_default: bool, help: str) -> 
     extra: dict[str, Any] = {}
     if has_default:
         default = p.default
-        extra["default"] = tuple(default) if kind.multiple and default is not None else default
+        if kind.merged:
+            extra["default"] = None if default is None else (default,)
+        else:
+            extra["default"] = tuple(default) if kind.multiple and default is not None else default
         extra["show_default"] = default not in (None, ())
     elif kind.flag:
         extra["default"] = False
@@ -314,6 +327,11 @@ def call_component(fn: Component, name: str, args: Sequence[str], parent: click.
 
 
 def _plain(value: Any, b: _Binding) -> Any:
+    if b.merged:
+        merged: dict[str, str] = {}
+        for pairs in value:
+            merged.update(pairs)
+        return merged
     if b.multiple:
         return list(value)
     return value

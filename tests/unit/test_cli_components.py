@@ -6,6 +6,7 @@ import sys
 import textwrap
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import click
@@ -215,6 +216,22 @@ def test_every_type_converts(parent: click.Context) -> None:
         "some_thing": "dashed",
     }
     assert call(typed, ["--count", "1", "--some_thing", "under"], parent)["some_thing"] == "under"
+
+
+def test_a_repeated_mapping_option_merges_its_pairs(parent: click.Context) -> None:
+    """``--env A=1 --env B=2`` kept only B=2, silently."""
+    args = ["--count", "1", "--env", "A=1,B=x=y", "--env", "C=2", "--env", "A=3"]
+    assert call(typed, args, parent)["env"] == {"A": "3", "B": "x=y", "C": "2"}
+
+    def labelled(labels: Mapping[str, str] = MappingProxyType({"team": "ml"})) -> AppDef:
+        CAPTURED["labels"] = labels
+        return _app()
+
+    assert call(labelled, [], parent)["labels"] == {"team": "ml"}
+    assert call(labelled, ["--labels", "a=1", "--labels", "b=2"], parent)["labels"] == {
+        "a": "1",
+        "b": "2",
+    }
 
 
 @pytest.mark.parametrize(

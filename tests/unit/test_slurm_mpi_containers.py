@@ -183,6 +183,34 @@ def test_volume_mounts_and_odd_paths_are_refused() -> None:
     assert [p.field for p in e.value.problems] == ["roles[0].mounts[0]", "roles[0].mounts[1]"]
 
 
+@pytest.mark.parametrize(
+    ("cfg", "ctx", "named"),
+    [
+        ({"log_dir": "/runs/a:b"}, CTX, "app's directory"),
+        ({}, DryrunContext(session="team:a", app_id="hello-0001", cwd="/p"), "app's directory"),
+        ({}, DryrunContext(session="svc", app_id="h,1", cwd="/p"), "app's directory"),
+        ({}, DryrunContext(session="svc", app_id="h", cwd="/home/me/a:b"), "working directory"),
+    ],
+)
+def test_paths_mounted_for_the_app_are_refused_with_a_colon_or_comma(
+    cfg: dict[str, object], ctx: DryrunContext, named: str
+) -> None:
+    """Its directory and the working directory are mounted too: a ':' in one (from the
+    session, the app id, log_dir or the cwd) was rendered into --container-mounts."""
+    opts = slurm_run_opts().resolve(cfg)
+    with pytest.raises(SpecError) as e:
+        render(
+            _container_app(),
+            opts,
+            ctx,
+            facts=PYXIS,
+            default_log_dir=Path("/state/logs"),
+            job_dir=None,
+        )
+    assert [p.field for p in e.value.problems] == ["roles[0].image"]
+    assert named in str(e.value) and "--container-mounts" in str(e.value)
+
+
 def test_mpirun_cannot_run_in_a_container() -> None:
     app = mpi("./hello", plugin="mpirun")
     role = app.roles[0]

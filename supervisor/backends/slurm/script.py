@@ -484,6 +484,17 @@ def _container_options(
     if not rendered or problems:
         return (), problems
     # The app's directory (logs, the log pump) and the working directory, as on the node.
+    implicit = (
+        ("the app's directory (log_dir/session/app id)", str(app_dir)),
+        ("the working directory (job_dir, else the current one)", str(workdir)),
+    )
+    for what, path in implicit:
+        if _unmountable(path):
+            problems.append(
+                Problem(f"roles[{i}].image", f"pyxis cannot mount {what} {path!r}: {_COLON}")
+            )
+    if problems:
+        return (), problems
     mounts = [f"{app_dir}:{app_dir}", f"{workdir}:{workdir}"]
     for j, mount in enumerate(role.mounts):
         where = f"roles[{i}].mounts[{j}]"
@@ -496,9 +507,8 @@ def _container_options(
                 Problem(where, "pyxis (enroot) has no named volumes: use a BindMount of a path")
             )
             continue
-        paths = (mount.src_path, mount.dst_path)
-        if any("," in p or ":" in p for p in paths):
-            problems.append(Problem(where, "pyxis cannot mount a path with ',' or ':' in it"))
+        if _unmountable(mount.src_path) or _unmountable(mount.dst_path):
+            problems.append(Problem(where, f"pyxis cannot mount it: {_COLON}"))
             continue
         mounts.append(item)
     options = (
@@ -507,6 +517,14 @@ def _container_options(
         f"--container-workdir={workdir}",
     )
     return options, problems
+
+
+_COLON = "a path with ',' or ':' in it cannot be given to --container-mounts"
+
+
+def _unmountable(path: str) -> bool:
+    """',' separates pyxis's mounts and ':' a mount's parts: neither can be in a path."""
+    return "," in path or ":" in path
 
 
 def render(

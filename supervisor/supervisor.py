@@ -967,15 +967,25 @@ class Supervisor:
         return at if at is not None else 0.0
 
     async def _retain(self, retention: Retention) -> None:
-        """Apply ``retention`` to every backend in use, every ``interval`` seconds."""
+        """Apply ``retention`` every ``interval`` seconds to each backend in use here or
+        holding apps of this session: a restarted service that has only waited for
+        requests so far still has its last run's apps to sweep."""
         while True:
             await anyio.sleep(retention.interval)
-            for name in list(self._backends):
+            for name in await anyio.to_thread.run_sync(self._backends_with_apps):
                 try:
                     await self.gc(name, older_than=retention.max_age, keep=retention.max_count)
                 except Exception:
                     # The next sweep tries again; the apps are not harmed by a late one.
                     _log.warning("retention sweep of backend %s failed", name, exc_info=True)
+
+    def _backends_with_apps(self) -> builtins.list[str]:
+        """Blocking: the registered backends in use here or indexing apps of this session."""
+        return [
+            name
+            for name in self._registry.names()
+            if name in self._backends or (Index(self.state_dir, name).root / self.session).is_dir()
+        ]
 
     # ------------------------------------------------------------ the cluster
     def _cluster_backend(self, backend: str, what: str) -> Any:

@@ -223,6 +223,22 @@ async def test_retention_option_sweeps_the_settled_apps_periodically(state_dir: 
         assert described is not None and described.state is AppState.SUCCEEDED
 
 
+async def test_retention_sweeps_the_apps_of_a_backend_this_process_has_not_used(
+    state_dir: Path,
+) -> None:
+    """A restarted service that only waits for requests: the apps its last run left are
+    swept too. Only the backends used by this very Supervisor were before."""
+    async with Supervisor(session="svc") as first:
+        handles = []
+        for _ in range(3):  # one after the other: the last one ended last
+            handles.append(await first.submit(app(SHORT), "local"))
+            assert (await first.wait(handles[-1], timeout=30)).state is AppState.SUCCEEDED
+    async with Supervisor(session="svc", retention=Retention(max_count=1, interval=0.1)):
+        with anyio.fail_after(30):
+            while await anyio.to_thread.run_sync(_indexed, state_dir, "svc") != {handles[-1]}:  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+
+
 async def test_retention_is_checked_naming_every_field() -> None:
     with pytest.raises(SpecError) as caught:
         Retention(max_age=-1, max_count=True, interval=0)

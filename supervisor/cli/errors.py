@@ -65,13 +65,17 @@ def _reader_gone() -> click.exceptions.Exit:
 
 
 class ExitOnBrokenPipe(click.Group):
-    """The root group: a stdout whose reader left ends any command as ``_reader_gone`` says."""
+    """The root group: a stdout whose reader left ends any command as ``_reader_gone`` says,
+    and Ctrl-C outside ``run_async`` (loading a component) as ``Interrupted``, not as
+    click's "Aborted!" with exit 1, which reads as FAILED."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except BrokenPipeError:
             raise _reader_gone() from None
+        except KeyboardInterrupt:
+            raise Interrupted() from None
 
 
 def translate(exc: BaseException) -> BaseException:

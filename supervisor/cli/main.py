@@ -262,7 +262,7 @@ async def _app_and_replica(
     if found is not None or replica is not None:
         if found is None:
             raise CliError(f"no app {handle}")
-        return handle, found, replica
+        return handle, _with_replicas(handle, found), replica
     head, _, last = handle.rpartition("/")
     tries = [(head, last)]
     if last.isdigit():  # HANDLE/ROLE/K, before HANDLE/ROLE with a role named K
@@ -275,8 +275,16 @@ async def _app_and_replica(
             continue
         found = await sv.describe(app)
         if found is not None:
-            return app, found, which
+            return app, _with_replicas(app, found), which
     raise CliError(f"no app {handle}")
+
+
+def _with_replicas(handle: str, found: DescribeAppResponse) -> DescribeAppResponse:
+    """``found``, unless its record is too damaged to say which replicas it has: then the
+    reason, rather than no lines and exit 0 (or "no role" for the role it does have)."""
+    if not found.roles and not found.roles_statuses:
+        raise CliError(f"cannot tell the replicas of {handle}: {found.msg or 'none recorded'}")
+    return found
 
 
 @cli.command()

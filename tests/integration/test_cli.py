@@ -209,6 +209,23 @@ def test_run_without_wait_prints_only_the_handle_and_stays_to_the_end(
     assert cli_json(env, "status", handle)["state"] == "SUCCEEDED"
 
 
+def test_log_of_an_app_whose_record_is_damaged_says_why(
+    env: dict[str, str], state_dir: Path
+) -> None:
+    """Its app.json cut short (a crash mid-write): `log` printed nothing and exited 0, and
+    `log H echo/0` said "no role 'echo'"."""
+    done = cli(env, "--session", "d", "run", "--", "echo", "hello")
+    assert done.returncode == 0, done.stderr
+    handle = done.stdout.strip()
+    record = state_dir / "logs" / "d" / handle.rpartition("/")[2] / "app.json"
+    record.write_bytes(record.read_bytes()[:30])
+    for args in ((), ("echo/0",)):
+        result = cli(env, "log", handle, *args)
+        assert result.returncode == 1, (args, result.stderr)
+        assert result.stderr.startswith(f"Error: cannot tell the replicas of {handle}: ")
+        assert f"damaged record: {record}" in result.stderr and result.stdout == ""
+
+
 def test_run_log_prefixes_every_replica(env: dict[str, str]) -> None:
     done = cli(
         env, "run", "--wait", "--log", "sh", "--num_replicas", "2",
@@ -356,6 +373,25 @@ def test_ctrl_c_on_a_log_follow_says_so_and_leaves_the_app(
     assert cli_json(env, "status", handle)["state"] == "RUNNING"
     run.proc.send_signal(signal.SIGTERM)
     assert run.wait() == 143
+
+
+def test_ctrl_c_while_a_component_loads_says_so(
+    env: dict[str, str], background: Any, tmp_path: Path
+) -> None:
+    """Before any app exists: click said "Aborted!" and exited 1, which reads as FAILED."""
+    component = tmp_path / "slow.py"
+    component.write_text(
+        "import time\n"
+        "print('loading', flush=True)\n"
+        "time.sleep(30)\n"
+        "def slow():\n"
+        "    raise AssertionError('never called')\n"
+    )
+    run = background("run", "--wait", f"{component}:slow")
+    assert run.read_line() == "loading"
+    run.proc.send_signal(signal.SIGINT)
+    assert run.wait() == 130, run.stderr()
+    assert run.stderr().splitlines()[-1:] == ["Error: interrupted (SIGINT)"]
 
 
 def test_runopts_local_lists_log_dir(env: dict[str, str]) -> None:

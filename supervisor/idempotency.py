@@ -34,8 +34,8 @@ from pathlib import Path
 
 import anyio
 
-from supervisor.backends.store import read_json_or_none, write_json_atomic
-from supervisor.errors import Problem, ShuttingDown, SpecError
+from supervisor.backends.store import DISK_FULL, read_json_or_none, write_json_atomic
+from supervisor.errors import Problem, ShuttingDown, SpecError, SubmitError
 from supervisor.specs import AppDef
 
 __all__ = ["IdempotencyKeys", "KeyQueues", "fingerprint", "submit_once"]
@@ -180,6 +180,9 @@ class IdempotencyKeys:
                 abandon_on_cancel=True,
                 limiter=self._lock_waiters,
             )
+        except OSError as e:
+            pending.abandon()
+            raise _not_kept(key, "take", e) from e
         except BaseException:
             pending.abandon()
             raise
@@ -209,12 +212,23 @@ class _Entry:
     async def record(self, handle: str, submitted: str) -> None:
         """Durably map the key to ``handle`` (replaced atomically: never half a record)."""
         data = {"key": self.key, "handle": handle, "submitted": submitted}
-        await anyio.to_thread.run_sync(lambda: write_json_atomic(self.path, data, durable=True))
+        try:
+            await anyio.to_thread.run_sync(lambda: write_json_atomic(self.path, data, durable=True))
+        except OSError as e:
+            raise _not_kept(self.key, "record", e) from e
         self.handle = handle
 
     async def forget(self) -> None:
         await anyio.to_thread.run_sync(lambda: self.path.unlink(missing_ok=True))
         self.handle = None
+
+
+def _not_kept(key: str, doing: str, error: OSError) -> SubmitError:
+    """The key's file work failed (a full disk, a state directory not writable): nothing
+    was launched, and a full disk may have room again for a retry."""
+    return SubmitError(
+        f"cannot {doing} idempotency key {key!r}: {error}", transient=error.errno in DISK_FULL
+    )
 
 
 async def submit_once(

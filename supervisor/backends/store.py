@@ -38,7 +38,7 @@ import stat
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from supervisor.backends.swap import create_beside, open_beside, swap_into_place
 from supervisor.errors import BackendError, DamagedRecordError, DuplicateAppError
@@ -109,6 +109,10 @@ def lock_file(path: Path, wait: bool) -> int | None:
     return fd
 
 
+DISK_FULL: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
+"""The errors of a file system with no room left (for everyone, or for this user)."""
+
+
 def append_bytes(path: Path, data: bytes) -> None:
     """``data`` at the end of the file at ``path`` (made if missing), with no file object.
 
@@ -118,7 +122,15 @@ def append_bytes(path: Path, data: bytes) -> None:
     """
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
-        write_all(fd, data)
+        start = os.lseek(fd, 0, os.SEEK_END)
+        try:
+            write_all(fd, data)
+        except OSError:
+            # Part of it written before the disk filled: no reader may take a torn line,
+            # and the caller writes all of it again.
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)
+            raise
     finally:
         os.close(fd)
 
@@ -475,6 +487,9 @@ class AppStore:
         self.app_dir = app_dir
         # The file the next state.json goes into, made after the write before it.
         self._spare_state: Path | None = None
+        # The seq after the last transition this object appended to the journal: a write
+        # whose state.json failed (a full disk) is tried again with the same transitions.
+        self._journaled = 0
 
     @property
     def cancel_path(self) -> Path:
@@ -496,21 +511,27 @@ class AppStore:
                 "it was submitted before, here or by another process; submit it again "
                 "under a new app id, or pass idempotency_key= to submit to get its handle"
             ) from None
-        made: set[Path] = set()
-        for d in replica_dirs:
-            if d.parent not in made:  # one role directory serves all its replicas
-                os.makedirs(d.parent, exist_ok=True)
-                made.add(d.parent)
-            os.mkdir(d)
-        self.write_app(app_record)
+        try:
+            made: set[Path] = set()
+            for d in replica_dirs:
+                if d.parent not in made:  # one role directory serves all its replicas
+                    os.makedirs(d.parent, exist_ok=True)
+                    made.add(d.parent)
+                os.mkdir(d)
+            self.write_app(app_record)
+        except OSError:
+            self.release()  # claimed, and nothing will run in it (a full disk): given back
+            raise
 
     def reserve(self, size: int) -> bool:
         """Set ``size`` bytes of the app's file system aside for its final record.
 
         The replicas' output shares that file system: once it is full, the
         record that says how the app ended could not be written, and other
-        processes would see it running for ever. Best effort: False when the
-        space could not be set aside (the app then runs without a reserve).
+        processes would see it running for ever. False when the file system
+        cannot set space aside (the app then runs without a reserve); OSError
+        (ENOSPC, EDQUOT) when it is full already: an app launched then could
+        not record even its start, and other processes would call it UNKNOWN.
         """
         path = self.app_dir / RESERVE
         try:
@@ -519,8 +540,10 @@ class AppStore:
                 os.posix_fallocate(fd, 0, size)
             finally:
                 os.close(fd)
-        except OSError:
+        except OSError as e:
             path.unlink(missing_ok=True)
+            if e.errno in DISK_FULL:
+                raise
             return False
         return True
 
@@ -555,9 +578,12 @@ class AppStore:
         otherwise). Apps that outlive their Supervisor get their final record from
         another process, which would leave that file behind.
         """
-        if transitions:
-            lines = "".join(t.to_json_line() + "\n" for t in transitions)
+        # Those journaled by a write that failed after its append are not appended again.
+        new = [t for t in transitions if t.seq >= self._journaled]
+        if new:
+            lines = "".join(t.to_json_line() + "\n" for t in new)
             append_bytes(self.app_dir / "transitions.jsonl", lines.encode())
+            self._journaled = new[-1].seq + 1
         record = {
             "format": RECORD_FORMAT,
             "status": status.to_json(),

@@ -23,12 +23,14 @@ from typing import Any, cast
 import anyio
 import pytest
 
-from supervisor import AppState, Supervisor
+from supervisor import AppState, SubmitError, Supervisor
 from supervisor.backends.base import AppTasks, EventSink, Request
 from supervisor.backends.local.backend import LocalBackend, LocalRuntime
 from supervisor.backends.local.process import ReplicaProcess
+from supervisor.backends.store import AppStore, Owner
 from supervisor.events import ReplicaKey
 from supervisor.logs.lines import MAX_LINE_BYTES
+from supervisor.status import AppStatus, Transition
 
 from .helpers import app, py_role, running_with, until
 
@@ -166,6 +168,70 @@ async def test_a_final_record_that_cannot_be_written_is_said_and_nothing_hangs(
         assert "No space left on device" in status.msg
     record = json.loads((app_dir / "state.json").read_text())
     assert record["final"] is False  # the older record stayed whole, not half a new one
+
+
+def _fill(mount: Path, leave: int) -> Path:
+    """Fill ``mount`` up, then give back ``leave`` bytes; the filler file, to remove."""
+    filler = mount / "filler"
+    with filler.open("wb", buffering=0) as f, contextlib.suppress(OSError):  # ENOSPC: full
+        while True:
+            f.write(b"\0" * 65536)
+    size = filler.stat().st_size
+    os.truncate(filler, max(size - leave, 0))
+    return filler
+
+
+@pytest.mark.parametrize("leave", [0, 16 << 10])
+async def test_a_submit_with_no_room_gives_its_app_id_back(
+    small_tmpfs: Path, tmp_path: Path, leave: int
+) -> None:
+    """A full disk: the directory it had claimed stayed, so the same id was "already taken"
+    for good (after gc too). Nearly full (no room for the final record's reserve): it
+    launched an app that could not record even its start, UNKNOWN to every other process."""
+    filler = _fill(small_tmpfs, leave)
+    cfg = {"log_dir": str(small_tmpfs)}
+    async with Supervisor(session="svc", state_dir=tmp_path / "state") as sv:
+        spec = app(py_role("r", "print('ran')"))
+        with pytest.raises(SubmitError, match="No space left on device"):
+            await sv.schedule(sv.dryrun(spec, "local", cfg, app_id="nightly-42"))
+        assert not (small_tmpfs / "svc" / "nightly-42").exists()
+        assert await sv.list("local") == []
+        filler.unlink()
+        handle = await sv.schedule(sv.dryrun(spec, "local", cfg, app_id="nightly-42"))
+        assert (await sv.wait(handle, timeout=60)).state is AppState.SUCCEEDED
+
+
+async def test_a_keyed_submit_with_no_room_for_its_key_is_a_submit_error(
+    small_tmpfs: Path,
+) -> None:
+    """The key's record is the first thing written: its OSError came out bare."""
+    filler = _fill(small_tmpfs, 0)
+    async with Supervisor(session="svc", state_dir=small_tmpfs / "state") as sv:
+        spec = app(py_role("r", "pass"))
+        with pytest.raises(SubmitError, match="idempotency key 'k'") as err:
+            await sv.submit(spec, "local", idempotency_key="k")
+        assert err.value.transient
+        filler.unlink()
+        handle = await sv.submit(spec, "local", idempotency_key="k")
+        assert (await sv.wait(handle, timeout=60)).state is AppState.SUCCEEDED
+
+
+def test_a_write_whose_state_failed_journals_its_transitions_once(small_tmpfs: Path) -> None:
+    """The journal took the transitions, then state.json found the disk full; the same
+    write once there was room (the final record's, with its reserve given back) appended
+    them again: seq 0 1 2 0 1 2 3, and a watch from another process gave each twice."""
+    store = AppStore(small_tmpfs / "app")
+    store.app_dir.mkdir()
+    owner = Owner.current()
+    status = AppStatus(AppState.RUNNING)
+    steps = [Transition(n, 0.0, "A", "B", "go") for n in range(4)]
+    store.write_state(status, steps[:2], False, owner, ready_next=True)
+    filler = _fill(small_tmpfs, 0)
+    with pytest.raises(OSError, match="No space left on device"):
+        store.write_state(status, steps[2:], True, owner)
+    filler.unlink()
+    store.write_state(status, steps[2:], True, owner)
+    assert [t.seq for t in store.read_transitions()] == [0, 1, 2, 3]
 
 
 async def test_a_removed_app_directory_is_its_apps_problem_only(tmp_path: Path) -> None:

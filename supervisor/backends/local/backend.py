@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import os
 import socket
 import time
@@ -54,6 +53,7 @@ from supervisor.backends.pids import owner_exit
 from supervisor.backends.replicas import ReplicaRuntime
 from supervisor.backends.serial import SerialWorker
 from supervisor.backends.store import (
+    DISK_FULL,
     AppRecord,
     AppStore,
     CancelRequests,
@@ -102,8 +102,6 @@ LOCAL_CAPABILITIES = Capabilities(
     requires_image=False,
     replicas_hint="raise it with cfg max_replicas_per_role=N",
 )
-
-_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 def _reserve_size(replicas: int) -> int:
@@ -214,10 +212,20 @@ class LocalRuntime(ReplicaRuntime):
             request=request.to_json(),
         )
         self.store.create([Path(s.launch.log_dir) for s in self._slots.values()], record)
-        self._backend.index.add(
-            request.session, request.app_id, self.store.app_dir, request.app.name
-        )
-        self.store.reserve(_reserve_size(len(self._slots)))
+        try:
+            self._backend.index.add(
+                request.session, request.app_id, self.store.app_dir, request.app.name
+            )
+            self.store.reserve(_reserve_size(len(self._slots)))
+        except OSError:
+            self._release_store()
+            raise
+
+    def _release_store(self) -> None:
+        """Blocking: a launch that started nothing gives its app id back (a retry once
+        there is room may take it again) and leaves nothing for ``list`` or ``gc``."""
+        self._backend.index.remove(self.request.session, self.request.app_id)
+        self.store.release()
 
     async def start(self) -> None:
         # Several replicas: the reaper's first move into a cgroup after a quiet while
@@ -515,7 +523,7 @@ class LocalRuntime(ReplicaRuntime):
         except OSError as e:
             # The replicas' output filled the disk: the space set aside at the start is
             # the final record's. Earlier records wait for space like everything else.
-            if not final or e.errno not in _DISK_FULL or not self.store.release_reserve():
+            if not final or e.errno not in DISK_FULL or not self.store.release_reserve():
                 raise
             self.store.write_state(status, transitions, final, self._owner, ready_next=True)
         if final:

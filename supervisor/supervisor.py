@@ -1274,9 +1274,13 @@ class Supervisor:
                 if status.is_settled:
                     # A scheduler may tell the end before the app's owner recorded it:
                     # its journal gets a little while to catch up, then the follow ends.
+                    # Not for UNKNOWN: that is what is said once nobody is left to record
+                    # an end (its owner died, its record is damaged).
                     now = time.monotonic()
                     settled_at = now if settled_at is None else settled_at
                     if _journal_ends(described.transitions, status.state):
+                        return
+                    if status.state is AppState.UNKNOWN:
                         return
                     if now - settled_at >= RECORDED_END_GRACE_S:
                         return

@@ -18,6 +18,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+import supervisor.supervisor as supervisor_module
 from supervisor import (
     AppState,
     ReplicaState,
@@ -138,9 +139,14 @@ def _start_owner(tmp_path: Path) -> tuple[subprocess.Popen[str], str]:
     return proc, line.split()[1]
 
 
-async def test_a_watch_of_a_dead_owners_app_ends_where_wait_does(state_dir: Path) -> None:
+async def test_a_watch_of_a_dead_owners_app_ends_where_wait_does(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The owner died before recording an end: the watch's last step is the UNKNOWN
-    that ``wait`` returns, numbered after the journal, not a RUNNING left hanging."""
+    that ``wait`` returns, numbered after the journal, not a RUNNING left hanging. And at
+    once, as ``wait`` does: it waited out the grace a live owner gets to record its end
+    (5 s; an hour here, past the test's bound)."""
+    monkeypatch.setattr(supervisor_module, "RECORDED_END_GRACE_S", 3600.0)
     owner, handle = await anyio.to_thread.run_sync(_start_owner, state_dir.parent)
     try:
         async with Supervisor(session="reader") as sv:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import signal
@@ -57,13 +58,13 @@ without --wait (quietly then); Slurm keeps its jobs, so there `run` returns
 once the job is submitted (exit 0) unless --wait or --log is given.
 --wait prints every transition to stderr and the final status table on
 stdout; --log prints every replica's output (`role/k | line`) and implies
---wait. Ctrl-C or SIGTERM cancels the app, waits for its replicas to stop,
-and exits 130 or 143.
+--wait. Ctrl-C, SIGTERM or SIGHUP (its terminal closed) cancels the app,
+waits for its replicas to stop, and exits 130, 143 or 129.
 
 \b
 Exit codes, once the app ended: 0 SUCCEEDED, 1 FAILED (or a launch
 error), 2 usage error (invalid app or --cfg), 3 CANCELLED, 4 UNKNOWN,
-130 SIGINT, 143 SIGTERM. Every non-zero code comes with one line on
+130 SIGINT, 143 SIGTERM, 129 SIGHUP. Every non-zero code comes with one line on
 stderr, `Error: HANDLE STATE: cause` for an app that did not succeed.
 """
 
@@ -150,14 +151,19 @@ def run(
     ctx.exit(run_async(main))
 
 
+_STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""What cancels the app: Ctrl-C, a kill, the terminal closing (SIGHUP, which otherwise
+ended this process at once and left the app UNKNOWN, its replicas killed unrecorded)."""
+
+
 def _handled_signals() -> list[signal.Signals]:
-    """SIGINT and SIGTERM, except one this process was started ignoring (``cmd &``, nohup)."""
-    return [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not signal.SIG_IGN]
+    """``_STOPPING``, except one this process was started ignoring (``cmd &``, nohup)."""
+    return [s for s in _STOPPING if signal.getsignal(s) is not signal.SIG_IGN]
 
 
 @dataclass
 class _Interrupt:
-    """The first SIGINT/SIGTERM seen; it decides the exit code."""
+    """The first stopping signal seen; it decides the exit code."""
 
     signum: int | None = None
 
@@ -199,7 +205,8 @@ async def execute(plan: RunPlan, session: str | None, state_dir: Path | None) ->
                 print_status(console(), handle, final, times)
         if interrupt.signum is not None:
             name = signal.Signals(interrupt.signum).name
-            click.echo(f"Error: {name}: {failure_line(handle, final)}", err=True)
+            with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone
+                click.echo(f"Error: {name}: {failure_line(handle, final)}", err=True)
             return codes.exit_code_for_signal(interrupt.signum)
         code = codes.exit_code_for(final.state)
         if code != codes.OK:
@@ -236,11 +243,15 @@ async def _on_signals(
         name = signal.Signals(signum).name
         if interrupt.signum is None:
             interrupt.signum = signum
-            err.print(
-                f"{name}: cancelling {handle}; waiting for its replicas to stop", markup=False
-            )
+            with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone
+                err.print(
+                    f"{name}: cancelling {handle}; waiting for its replicas to stop",
+                    markup=False,
+                )
             await sv.cancel(handle)
         else:
-            err.print(
-                f"{name}: already cancelling {handle}; waiting for its replicas", markup=False
-            )
+            with contextlib.suppress(OSError):
+                err.print(
+                    f"{name}: already cancelling {handle}; waiting for its replicas",
+                    markup=False,
+                )

@@ -342,7 +342,9 @@ def test_log_follow_ends_soon_after_the_owner_is_killed(
     assert final["roles"][0]["replicas"][0]["state"] == "UNKNOWN"
 
 
-@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize(
+    ("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)]
+)
 def test_a_signal_cancels_the_app_before_exiting(
     env: dict[str, str], background: Any, signum: int, code: int
 ) -> None:

@@ -922,30 +922,32 @@ class Supervisor:
             for rank, (at, entry) in enumerate(settled)
             if (keep is not None and rank >= keep) or (cutoff is not None and at < cutoff)
         ]
-        if not dry_run:
-            keys = IdempotencyKeys(self.state_dir, backend, self.session)
-            requests = CancelRequests(self.state_dir, backend)
-            handles = [make_handle(backend, e.session, e.app_id) for e in doomed]
+        handles = [make_handle(backend, e.session, e.app_id) for e in doomed]
+        if dry_run:
+            return handles
+        keys = IdempotencyKeys(self.state_dir, backend, self.session)
+        requests = CancelRequests(self.state_dir, backend)
 
-            def remove() -> None:
-                removed: builtins.list[str] = []
-                try:
-                    for entry, handle in zip(doomed, handles, strict=True):
-                        try:
-                            remove_app(index, entry.session, entry.app_id, entry.app_dir)
-                            # One its owner never read (it died first) would stay for ever.
-                            requests.withdraw(entry.session, entry.app_id)
-                        except OSError as e:  # records this process may read but not remove
-                            raise BackendError(
-                                f"cannot remove the records of {handle}: {e}", transient=False
-                            ) from e
-                        removed.append(handle)
-                finally:
-                    # A key of a removed app would otherwise stay on disk for ever.
-                    keys.forget_handles(removed)
+        def remove() -> builtins.list[str]:
+            removed: builtins.list[str] = []
+            try:
+                for entry, handle in zip(doomed, handles, strict=True):
+                    try:
+                        if not remove_app(index, entry.session, entry.app_id, entry.app_dir):
+                            continue  # another gc (another process) took it first
+                        # One its owner never read (it died first) would stay for ever.
+                        requests.withdraw(entry.session, entry.app_id)
+                    except OSError as e:  # records this process may read but not remove
+                        raise BackendError(
+                            f"cannot remove the records of {handle}: {e}", transient=False
+                        ) from e
+                    removed.append(handle)
+            finally:
+                # A key of a removed app would otherwise stay on disk for ever.
+                keys.forget_handles(removed)
+            return removed
 
-            await anyio.to_thread.run_sync(remove)
-        return [make_handle(backend, e.session, e.app_id) for e in doomed]
+        return await anyio.to_thread.run_sync(remove)
 
     async def _settled_at(self, backend: str, entry: IndexEntry) -> float | None:
         """When a removable app ended (else submitted); None when it must stay."""

@@ -916,9 +916,13 @@ class Index:
             # ended app, in another process) is not written back.
             write_json_atomic(path, data, only_over=True)
 
-    def remove(self, session: str, app_id: str) -> None:
-        """Drop the app's entry (its records go separately, after it)."""
-        self.entry_path(session, app_id).unlink(missing_ok=True)
+    def remove(self, session: str, app_id: str) -> bool:
+        """Drop the app's entry (its records go separately, after it); False if none."""
+        try:
+            self.entry_path(session, app_id).unlink()
+        except FileNotFoundError:
+            return False
+        return True
 
     def lookup(self, session: str, app_id: str) -> Path | None:
         """The app's directory; None for an app never indexed here.
@@ -1009,17 +1013,19 @@ def end_is_known(app_dir: Path) -> bool:
     return app is not None and not app.owner.alive()
 
 
-def remove_app(index: Index, session: str, app_id: str, app_dir: Path | None) -> None:
-    """The app's index entry, then its directory: records and logs.
+def remove_app(index: Index, session: str, app_id: str, app_dir: Path | None) -> bool:
+    """The app's index entry, then its directory: records and logs. False when its entry
+    was gone already (another ``gc`` removed it first, and goes on to its directory).
 
     The directory goes only when it is one of an app (named by its app id):
     an entry that names another place loses only itself.
     """
-    index.remove(session, app_id)
-    if app_dir is None or not app_dir.as_posix().endswith("/" + app_id):
-        return
-    if app_dir.is_dir() and not app_dir.is_symlink():
+    if not index.remove(session, app_id):
+        return False
+    ours = app_dir is not None and app_dir.as_posix().endswith("/" + app_id)
+    if ours and app_dir is not None and app_dir.is_dir() and not app_dir.is_symlink():
         shutil.rmtree(app_dir, ignore_errors=True)
+    return True
 
 
 class CancelRequests:

@@ -239,6 +239,27 @@ async def test_retention_sweeps_the_apps_of_a_backend_this_process_has_not_used(
                 await anyio.sleep(0.05)
 
 
+async def test_gcs_at_once_report_each_app_once(state_dir: Path) -> None:
+    """Four at once over the same apps said they removed 198 of 80: each reported every
+    app it found, also those another had removed first."""
+    async with Supervisor(session="svc") as sv:
+        handles = [await sv.submit(app(SHORT), "local") for _ in range(12)]
+        for handle in handles:
+            assert (await sv.wait(handle, timeout=30)).state is AppState.SUCCEEDED
+    removed: list[list[str]] = []
+
+    async def collect() -> None:
+        async with Supervisor(session="svc") as other:
+            removed.append(await other.gc("local", keep=0))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(4):
+            tg.start_soon(collect)
+    everything = [h for each in removed for h in each]
+    assert sorted(everything) == sorted(handles)
+    assert await anyio.to_thread.run_sync(_indexed, state_dir, "svc") == set()
+
+
 async def test_retention_is_checked_naming_every_field() -> None:
     with pytest.raises(SpecError) as caught:
         Retention(max_age=-1, max_count=True, interval=0)

@@ -393,6 +393,12 @@ def cancel(
                 click.echo(f"{handle} already ended: {found.state.name}", err=True)
                 return
             await sv.cancel(handle)
+        if found.state is AppState.UNKNOWN:
+            # Its backend was asked all the same: what it did depends on why (a local app
+            # whose owner died has nothing left to stop; a container behind an engine
+            # that is away may still run).
+            click.echo(f"cancel requested: {handle} (UNKNOWN: {found.msg})", err=True)
+            return
         click.echo(f"cancel requested: {handle}", err=True)
 
     run_async(main)

@@ -340,6 +340,10 @@ def test_log_follow_ends_soon_after_the_owner_is_killed(
     final = cli_json(env, "status", handle)
     assert final["state"] == "UNKNOWN"
     assert final["roles"][0]["replicas"][0]["state"] == "UNKNOWN"
+    # A cancel says what the app is and why, not only "cancel requested".
+    cancelled = cli(env, "cancel", handle)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert cancelled.stderr == f"cancel requested: {handle} (UNKNOWN: {final['msg']})\n"
 
 
 @pytest.mark.parametrize(

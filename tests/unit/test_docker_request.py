@@ -18,7 +18,13 @@ from supervisor import (
 )
 from supervisor.backends.base import DryrunContext
 from supervisor.backends.docker.options import DOCKER_CAPABILITIES, docker_run_opts
-from supervisor.backends.docker.request import LABEL, DockerRequest, container_name, render
+from supervisor.backends.docker.request import (
+    LABEL,
+    DockerRequest,
+    container_name,
+    network_name,
+    render,
+)
 from supervisor.backends.docker.runtime import exit_signal
 from supervisor.validate import validate
 
@@ -250,6 +256,16 @@ def test_every_name_a_replica_resolves_is_a_dns_label_and_unique() -> None:
     assert names[0] == container_name(app_id, roles[0].name, 0)
     # A name that already is a label is kept as it is.
     assert container_name("app-1234", "trainer", 3) == "app-1234-trainer-3"
+
+
+@pytest.mark.parametrize("app_id", ["nightly 42", "a:b", "x;rm -rf"])
+def test_an_app_id_an_engine_refuses_in_a_network_name_still_names_one(app_id: str) -> None:
+    """An explicit app id may hold what an engine refuses in a network's name: the
+    network was ``asupervisor-nightly 42``, and the submit failed at the engine."""
+    req = _render(_app(), DryrunContext(session="s1", app_id=app_id, cwd="/w"))
+    assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", req.network), req.network
+    assert req.network != _render(_app(), DryrunContext("s1", app_id + "x", "/w")).network
+    assert network_name("app-1234") == "asupervisor-app-1234"
 
 
 @pytest.mark.parametrize("host", ["/run/docker.sock", "bogus://x", "unix://", "localhost:2375"])

@@ -180,6 +180,20 @@ _DNS_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?")
 _NOT_DNS = re.compile(r"[^A-Za-z0-9-]+")
 
 
+_NETWORK_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+_NOT_NETWORK = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def network_name(app_id: str) -> str:
+    """``asupervisor-{app_id}``, or, for an app id an engine would refuse in a network's
+    name (``[A-Za-z0-9][A-Za-z0-9_.-]*``: an explicit id may hold a space or a ':'), the
+    same with those characters as ``-`` and the hash of the id, so names stay unique."""
+    if _NETWORK_NAME.fullmatch(app_id):
+        return f"asupervisor-{app_id}"
+    digest = hashlib.sha256(app_id.encode()).hexdigest()[:8]
+    return f"asupervisor-{_NOT_NETWORK.sub('-', app_id)}-{digest}"
+
+
 def container_name(app_id: str, role: str, replica_id: int) -> str:
     """``{app_id}-{role}-{k}``, or, when that is not a DNS label, a label made from it.
 
@@ -374,7 +388,7 @@ def render(
     # Absolute (relative to the dry run's directory): other processes read it.
     log_root = Path(ctx.cwd, cfg.get_str("log_dir") or default_log_dir)
     app_dir = log_root / ctx.session / ctx.app_id
-    network = joined or f"asupervisor-{ctx.app_id}"
+    network = joined or network_name(ctx.app_id)
     base_labels = {
         LABEL.SESSION: ctx.session,
         LABEL.APP_ID: ctx.app_id,

@@ -8,6 +8,7 @@ logs released at once.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -105,6 +106,37 @@ async def test_a_cancelled_submit_leaves_no_replica_running(state_dir: Path) -> 
                 break
     # The sweep reached the window this guards: processes spawned, no handle returned.
     assert exercised_after_spawn > 0
+
+
+async def test_a_submit_cut_by_an_asyncio_cancel_leaves_no_app_behind(state_dir: Path) -> None:
+    """``asyncio.timeout`` cancels natively, through anyio's shield, into the launch: the
+    app stayed listed SUBMITTED, followed by nobody, and later read UNKNOWN. The caller's
+    task is cancelled a few loop steps later each time, until submit returns first."""
+    leftovers: list[str] = []
+    cuts = 0
+    async with Supervisor(session="svc") as sv:
+        for steps in range(2000):
+            token = f"asv-native-cut-{os.getpid()}-{steps}"
+            role = py_role("s", "import time; time.sleep(600)", args=[token])
+            info = sv.dryrun(app(role), "local")
+            launch = asyncio.ensure_future(sv.schedule(info))
+            for _ in range(steps):
+                await asyncio.sleep(0)
+            launch.cancel()
+            try:
+                handle: str | None = await launch
+            except asyncio.CancelledError:
+                handle = None
+            if handle is not None:
+                await sv.cancel(handle)
+                await sv.wait(handle, timeout=30)
+                break
+            cuts += 1
+            listed = [a for a in await sv.list("local") if a.app_id == info.app_id]
+            leftovers += [f"{a.app_id} {a.state.name} after {steps} steps" for a in listed]
+            assert running_with(token) == [], f"cancelled after {steps} steps"
+    assert cuts > 0
+    assert leftovers == []
 
 
 # ------------------------------------------------------------------ item 11

@@ -181,6 +181,7 @@ class LocalRuntime(ReplicaRuntime):
         self._base_env = request.base_env(os.environ)
         # Kept as the records are written: the final one's index entry needs them.
         self._times = AppTimes()
+        self._claimed = False  # the app directory is this launch's (``release_store``)
         # Attempts being started now: a spawn is "alone" (the reaper may fork it straight
         # into the app's cgroup) only when no other replica starts with it.
         self._starting = 0
@@ -212,18 +213,25 @@ class LocalRuntime(ReplicaRuntime):
             request=request.to_json(),
         )
         self.store.create([Path(s.launch.log_dir) for s in self._slots.values()], record)
+        self._claimed = True
         try:
             self._backend.index.add(
                 request.session, request.app_id, self.store.app_dir, request.app.name
             )
             self.store.reserve(_reserve_size(len(self._slots)))
         except OSError:
-            self._release_store()
+            self.release_store()
             raise
 
-    def _release_store(self) -> None:
-        """Blocking: a launch that started nothing gives its app id back (a retry once
-        there is room may take it again) and leaves nothing for ``list`` or ``gc``."""
+    def release_store(self) -> None:
+        """Blocking: a launch that failed gives its app id back (a retry may take it
+        again) and leaves nothing for ``list`` or ``gc``: no handle reached anyone.
+
+        Only the directory this launch claimed: never that of another app of the same id.
+        """
+        if not self._claimed:
+            return
+        self._claimed = False
         self._backend.index.remove(self.request.session, self.request.app_id)
         self.store.release()
 
@@ -663,11 +671,15 @@ class LocalBackend(Backend):
             await runtime.start()
         except BaseException:
             # Cancelled (or failed) part-way: no handle will reach anyone, so the
-            # replicas already spawned are stopped here, not left running unowned.
+            # replicas already spawned are stopped here, not left running unowned, and
+            # the app leaves no record (one of SUBMITTED nobody follows, before). The
+            # shield holds off anyio's cancels only: an asyncio-native one (a caller's
+            # ``asyncio.timeout``) lands inside the launch too, and ends here.
             with anyio.CancelScope(shield=True):
                 runtime.kill_all()
                 with contextlib.suppress(BackendError):
                     await runtime.aclose()
+                await self.records.run(runtime.release_store)
             raise
         return runtime
 

@@ -34,6 +34,7 @@ __all__ = [
     "EventsOverflowError",
     "InvalidHandleError",
     "MissingExtraError",
+    "NotEnteredError",
     "Problem",
     "ShuttingDown",
     "SpecError",
@@ -114,6 +115,14 @@ class UnsupportedAsyncLibraryError(SupervisorError, RuntimeError):
     Backends watch files and processes with asyncio-only machinery (inotify
     readers, subprocess pipes), so the Supervisor refuses at once on entry
     instead of failing at the first submit with an error from deep inside.
+    """
+
+
+class NotEnteredError(SupervisorError, RuntimeError):
+    """The Supervisor is used outside its ``async with``: before it, or entered again.
+
+    Its verbs need the task group the block holds (the apps' actors, the backends'
+    tasks). After ``close`` they raise ``ShuttingDown`` instead.
     """
 
 

@@ -73,6 +73,7 @@ from supervisor.errors import (
     BackendError,
     DamagedRecordError,
     DuplicateAppError,
+    NotEnteredError,
     Problem,
     ShuttingDown,
     SpecError,
@@ -370,7 +371,9 @@ class Supervisor:
         if self._stack is not None or self._closed:
             # Its apps, backends and shutdown belong to one ``async with``: a second
             # would start with every verb refusing (closed) or share the first's apps.
-            raise RuntimeError("a Supervisor is entered once: make a new one for each `async with`")
+            raise NotEnteredError(
+                "a Supervisor is entered once: make a new one for each `async with`"
+            )
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -524,8 +527,12 @@ class Supervisor:
             raise failures[0]
 
     def _task_group(self) -> TaskGroup:
-        if self._tg is None or self._closed:
-            raise RuntimeError("use the Supervisor inside `async with Supervisor(...) as sv:`")
+        if self._closed:
+            # Reads still work after ``close`` through the backends it had in use; one it
+            # never used cannot start now.
+            raise ShuttingDown("the Supervisor is closed: this needs a backend it had not used")
+        if self._tg is None:
+            raise NotEnteredError("use the Supervisor inside `async with Supervisor(...) as sv:`")
         return self._tg
 
     def backend(self, name: str) -> Backend:
@@ -1198,6 +1205,8 @@ class Supervisor:
         """
         if max_buffer < 1:
             raise SpecError([Problem("max_buffer", "must be at least 1")], context="invalid events")
+        if self._tg is None and not self._closed:  # it would wait for a close never coming
+            raise NotEnteredError("use the Supervisor inside `async with Supervisor(...) as sv:`")
         return self._observer.bus.open(max_buffer)
 
     async def watch(self, handle: str) -> AsyncIterator[Transition]:

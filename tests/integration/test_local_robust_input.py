@@ -22,9 +22,12 @@ from supervisor import (
     AppState,
     DuplicateAppError,
     InvalidHandleError,
+    NotEnteredError,
     Role,
+    ShuttingDown,
     SpecError,
     Supervisor,
+    SupervisorError,
     UnknownAppError,
     UnsupportedAsyncLibraryError,
     WaitTimeout,
@@ -382,15 +385,34 @@ def test_a_supervisor_is_entered_once(state_dir: Path) -> None:
 
     async def twice() -> None:
         async with sv:
-            with pytest.raises(RuntimeError, match="entered once"):
+            with pytest.raises(NotEnteredError, match="entered once"):
                 async with sv:
                     pass
             assert sv.status("local://svc/x") is None  # the first goes on
-        with pytest.raises(RuntimeError, match="entered once"):
+        with pytest.raises(NotEnteredError, match="entered once"):
             async with sv:
                 pass
 
     anyio.run(twice)
+
+
+@pytest.mark.anyio
+async def test_a_supervisor_used_outside_its_block_says_so(state_dir: Path) -> None:
+    """Before the block: ``events()`` waited for ever for a close that never came, and the
+    other verbs raised a bare RuntimeError. After ``close`` inside the block, a read
+    needing a backend it never used said "use it inside `async with`", as it was."""
+    sv = Supervisor(session="svc")
+    with pytest.raises(NotEnteredError):
+        sv.events()
+    with pytest.raises(NotEnteredError):
+        await sv.describe("local://svc/x")
+    with pytest.raises(SupervisorError):  # one tree for every error raised on purpose
+        await sv.submit(app(py_role("a", "pass")), "local")
+    async with Supervisor(session="svc") as closed:
+        await closed.close()
+        with pytest.raises(ShuttingDown, match="closed"):
+            await closed.describe("local://svc/x")
+        assert [e async for e in closed.events()] == []
 
 
 @pytest.mark.anyio

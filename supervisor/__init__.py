@@ -33,7 +33,7 @@ from supervisor.errors import (
 from supervisor.logs import Stream
 from supervisor.observe import AppEvent, EventStream
 from supervisor.retention import Retention
-from supervisor.runopts import ResolvedCfg, RunOpt, RunOpts
+from supervisor.runopts import OptType, ResolvedCfg, RunOpt, RunOpts
 from supervisor.specs import (
     NULL_RESOURCE,
     AppDef,
@@ -51,6 +51,7 @@ from supervisor.specs import (
 from supervisor.states import AppState, ReplicaState
 from supervisor.status import (
     AppStatus,
+    AppTimes,
     DescribeAppResponse,
     ListAppResponse,
     ReplicaStatus,
@@ -70,6 +71,7 @@ __all__ = [
     "AppHandle",
     "AppState",
     "AppStatus",
+    "AppTimes",
     "BackendError",
     "BindMount",
     "ClusterInfo",
@@ -86,6 +88,7 @@ __all__ = [
     "MissingExtraError",
     "NodeInfo",
     "NotEnteredError",
+    "OptType",
     "PartitionInfo",
     "Problem",
     "ReplicaState",

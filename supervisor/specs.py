@@ -187,6 +187,12 @@ class AppDef:
         if name not in {r.name for r in self.roles}:
             known = ", ".join(repr(r.name) for r in self.roles) or "none"
             raise ValueError(f"no role named {name!r} (roles: {known})")
+        fields = [f.name for f in dataclasses.fields(Role)]
+        unknown = [key for key in changes if key not in fields]
+        if unknown:  # (a bare TypeError from the constructor, before)
+            raise ValueError(
+                f"Role has no field {', '.join(map(repr, unknown))} (fields: {', '.join(fields)})"
+            )
         roles = [dataclasses.replace(r, **changes) if r.name == name else r for r in self.roles]
         return dataclasses.replace(self, roles=roles)
 

@@ -55,6 +55,7 @@ from supervisor.actor import AppActor
 from supervisor.backends.base import (
     Backend,
     BackendContext,
+    BackendFactory,
     BackendRegistry,
     DryrunContext,
     LogTarget,
@@ -321,7 +322,7 @@ class Supervisor:
         session: str | None = None,
         *,
         state_dir: str | Path | None = None,
-        backends: Mapping[str, Any] | None = None,
+        backends: Mapping[str, BackendFactory | str] | None = None,
         retention: Retention | None = None,
     ) -> None:
         if retention is not None and not isinstance(retention, Retention):
@@ -365,6 +366,7 @@ class Supervisor:
         # ``close`` waits for them, so an app launched while it closes is stopped with the
         # rest instead of being left to the backend's close (SIGKILL, recorded FAILED).
         self._launches: set[anyio.Event] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None  # the one that entered it
 
     # --------------------------------------------------------------- lifecycle
     async def __aenter__(self) -> Supervisor:
@@ -382,6 +384,7 @@ class Supervisor:
                 "through asyncio); start it with anyio.run(main) or asyncio.run(main), not "
                 "under trio or another event loop"
             ) from None
+        self._loop = asyncio.get_running_loop()
         self._stack = AsyncExitStack()
         outer = await self._stack.enter_async_context(anyio.create_task_group())
         self._tg = await outer.start(self._hold_tasks)
@@ -487,6 +490,7 @@ class Supervisor:
         for them to stop. Durable apps (Docker, Slurm) keep running, and any
         process can follow them on.
         """
+        self._check_loop()
         self.begin_shutdown()
         if self._closed:
             return
@@ -525,6 +529,22 @@ class Supervisor:
                 failures.append(e)
         if failures:
             raise failures[0]
+
+    def _check_loop(self) -> None:
+        """Refuse a verb from another event loop (another thread's) than the one that
+        entered this Supervisor: its tasks, events and locks are that loop's, and such a
+        call hung for good or left its app recorded wrongly."""
+        if self._loop is None:
+            return  # not entered: the verb says so itself
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is not self._loop:
+            raise NotEnteredError(
+                "this Supervisor belongs to the event loop that entered it, in another "
+                "thread: use it from that loop, or enter a Supervisor of this loop's own"
+            )
 
     def _task_group(self) -> TaskGroup:
         if self._closed:
@@ -604,6 +624,7 @@ class Supervisor:
 
     async def schedule(self, info: DryRunInfo) -> str:
         """Launch a dry-run request; returns the handle once the launch was recorded."""
+        self._check_loop()
         self._refuse_if_shutting_down("schedule")
         tg = self._task_group()
         impl = self.backend(info.backend)
@@ -666,6 +687,7 @@ class Supervisor:
         recorded state, as does any app that ended. Returns the app's status;
         ``UnknownAppError`` for no app.
         """
+        self._check_loop()
         self._refuse_if_shutting_down("attach")
         actor = self._actors.get(handle)
         if actor is not None:
@@ -739,6 +761,7 @@ class Supervisor:
         returns the first submit's handle instead of starting a second run;
         see ``supervisor.idempotency``.
         """
+        self._check_loop()
         self._refuse_if_shutting_down("submit")
         started = time.monotonic()
         handle = await self._submit(app, backend, cfg, idempotency_key)
@@ -805,6 +828,7 @@ class Supervisor:
         ``submit`` does this itself; call it before a bare ``dryrun`` of such a
         backend to see the request exactly as ``submit`` would send it.
         """
+        self._check_loop()
         impl = await self._loaded(backend)
         await impl.prepare()
 
@@ -818,7 +842,9 @@ class Supervisor:
         if name not in self._backends:
             module = self._registry.unimported(name)
             if module is not None:
-                await anyio.to_thread.run_sync(importlib.import_module, module)
+                # One that cannot be imported is said by ``backend`` (UnknownBackendError).
+                with contextlib.suppress(ImportError):
+                    await anyio.to_thread.run_sync(importlib.import_module, module)
         return self.backend(name)
 
     def statistics(self) -> dict[str, dict[str, Any]]:
@@ -842,6 +868,7 @@ class Supervisor:
         return observed if observed is not None else self._finished.get(handle)
 
     async def describe(self, handle: str) -> DescribeAppResponse | None:
+        self._check_loop()
         parsed = parse_handle(handle)
         actor = self._actors.get(handle)
         if actor is not None:
@@ -881,6 +908,7 @@ class Supervisor:
         ``limit`` (at most that many, the newest). Settled apps are listed from
         the index alone (see ``supervisor.backends.store``).
         """
+        self._check_loop()
         query = _ListQuery.of(state, since, name, limit)
         impl = await self._loaded(backend)
         apps = await impl.list()
@@ -904,6 +932,7 @@ class Supervisor:
         handles removed (with ``dry_run``: those that would be), newest first.
         The file work runs in a worker thread.
         """
+        self._check_loop()
         problems = limit_problems(older_than, keep, age="older_than", count="keep")
         if problems:  # Retention's checks, named as this call spells them
             raise SpecError(problems, context="invalid gc")
@@ -1012,6 +1041,7 @@ class Supervisor:
         With ``partition``, that partition and its nodes only. A backend with no
         cluster (local, docker) raises ``SpecError``.
         """
+        self._check_loop()
         info: ClusterInfo = await self._cluster_backend(backend, "show").cluster_info(partition)
         return info
 
@@ -1028,6 +1058,7 @@ class Supervisor:
         Filters: the job's ``user``, its Slurm ``states`` (PENDING, RUNNING, ...;
         any case) and ``partition``.
         """
+        self._check_loop()
         impl = self._cluster_backend(backend, "list")
         jobs: builtins.list[ClusterJob] = await impl.cluster_jobs()
         wanted = {s.upper() for s in states}
@@ -1052,6 +1083,7 @@ class Supervisor:
         Never another session's app, nor a job this library did not launch: what
         ``cancel_matching`` (and ``asupervisor cancel --state/--partition/--all``) stops.
         """
+        self._check_loop()
         # One state alone is one state (not its letters); AppState members as themselves.
         given = [states] if isinstance(states, str | AppState) else list(states)
         wanted = {s.name if isinstance(s, AppState) else str(s).upper() for s in given}
@@ -1090,6 +1122,7 @@ class Supervisor:
 
     async def cancel(self, handle: str) -> None:
         """Ask the app to stop and return at once; repeating it, or a finished app, is fine."""
+        self._check_loop()
         actor = self._actors.get(handle)
         if actor is not None:
             if actor.runtime is not None and not actor.done.is_set():
@@ -1108,10 +1141,12 @@ class Supervisor:
         backend that cannot hold (local, docker) raises ``SpecError``; an app
         nobody recorded raises ``UnknownAppError``.
         """
+        self._check_loop()
         await self._hold(handle, release=False)
 
     async def release(self, handle: str) -> None:
         """Let a held app start (Slurm: ``scontrol release``); see ``hold``."""
+        self._check_loop()
         await self._hold(handle, release=True)
 
     async def _hold(self, handle: str, *, release: bool) -> None:
@@ -1128,6 +1163,7 @@ class Supervisor:
         ``timeout`` is seconds (>= 0; 0 only looks) or None (no limit); the records
         of an app followed elsewhere are read once before it starts to count.
         """
+        self._check_loop()
         problem = _timeout_problem(timeout)
         if problem:
             raise SpecError([Problem("timeout", problem)], context="invalid wait")
@@ -1203,13 +1239,14 @@ class Supervisor:
         than ``max_buffer`` events behind gets ``EventsOverflowError`` once (the
         stream goes on after the gap); publishing never waits for a reader.
         """
+        self._check_loop()
         if max_buffer < 1:
             raise SpecError([Problem("max_buffer", "must be at least 1")], context="invalid events")
         if self._tg is None and not self._closed:  # it would wait for a close never coming
             raise NotEnteredError("use the Supervisor inside `async with Supervisor(...) as sv:`")
         return self._observer.bus.open(max_buffer)
 
-    async def watch(self, handle: str) -> AsyncIterator[Transition]:
+    async def watch(self, handle: str) -> AsyncGenerator[Transition, None]:
         """Every transition of an app, app and replica level, in order, to the end.
 
         Of an app launched here, each as it happens. Of an app another process
@@ -1218,6 +1255,7 @@ class Supervisor:
         transitions so far, once ``begin_shutdown`` is called. ``UnknownAppError``
         for a handle of no app.
         """
+        self._check_loop()
         actor = self._actors.get(handle)
         if actor is None:
             async for recorded in self._watch_recorded(handle):
@@ -1368,12 +1406,13 @@ class Supervisor:
         until: datetime | float | None = None,
         should_tail: bool = False,
         streams: Stream | str | None = None,
-    ) -> AsyncIterator[str]:
+    ) -> AsyncGenerator[str, None]:
         """Lines of one replica's output, each with its ``\\n``; see logs.iter_log_lines.
 
         A follow (``should_tail=True``) ends with the app, or, after the lines
         already in the files, once ``begin_shutdown`` is called.
         """
+        self._check_loop()
         query = check_log_query(streams, regex, since, until, k)  # before any lookup
         target, app_end = await self._log_target(handle, role_name, k)
         finished: EndSignal | None = app_end

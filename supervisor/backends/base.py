@@ -385,6 +385,21 @@ class BackendRegistry:
 
     def __init__(self, extra: Mapping[str, BackendFactory | str] | None = None) -> None:
         self._specs: dict[str, BackendFactory | str] = dict(BUILTIN_BACKENDS)
+        problems: list[Problem] = []
+        for name, spec in (extra or {}).items():
+            where = f"backends[{name!r}]"
+            if not isinstance(name, str) or not name:
+                problems.append(Problem(where, "a backend's name is a non-empty string"))
+            elif isinstance(spec, str):
+                module, attr = _module_and_attr(spec)
+                if not module or not attr:
+                    problems.append(Problem(where, f"{spec!r} is not 'package.module:factory'"))
+            elif not callable(spec):
+                problems.append(
+                    Problem(where, f"a backend class or factory, or 'module:factory'; got {spec!r}")
+                )
+        if problems:
+            raise SpecError(problems, context="invalid backends")
         self._specs.update(extra or {})
         self._scanned = False
 
@@ -432,7 +447,10 @@ class BackendRegistry:
             )
         if isinstance(spec, str):
             module, attr = _module_and_attr(spec)
-            loaded: BackendFactory = getattr(importlib.import_module(module), attr)
+            try:
+                loaded: BackendFactory = getattr(importlib.import_module(module), attr)
+            except (ImportError, AttributeError) as e:
+                raise UnknownBackendError(f"backend {name!r} ({spec}) cannot be loaded: {e}") from e
             self._specs[name] = loaded
             return loaded
         return spec

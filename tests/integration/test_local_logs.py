@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import anyio
 import pytest
@@ -179,7 +178,7 @@ async def test_follows_that_stop_early_leave_nothing_on_the_running_app(
 
         async def first_line() -> str:
             # Closed at once, as a careful caller does (else asyncio closes it later).
-            lines = cast(AsyncGenerator[str, None], sv.log_iter(handle, "t", 0, should_tail=True))
+            lines = sv.log_iter(handle, "t", 0, should_tail=True)
             async with aclosing(lines):
                 async for line in lines:
                     return line

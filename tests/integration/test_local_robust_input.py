@@ -4,6 +4,7 @@ processes, real files, and for the cross-process cases real second processes."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import math
@@ -413,6 +414,33 @@ async def test_a_supervisor_used_outside_its_block_says_so(state_dir: Path) -> N
         with pytest.raises(ShuttingDown, match="closed"):
             await closed.describe("local://svc/x")
         assert [e async for e in closed.events()] == []
+
+
+@pytest.mark.anyio
+async def test_a_supervisor_used_from_another_threads_loop_says_so(state_dir: Path) -> None:
+    """Its tasks and events are its own loop's: a submit from another thread's loop hung
+    for good, or returned a handle whose app was later recorded UNKNOWN."""
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app(py_role("a", "pass")), "local")
+
+        async def elsewhere() -> list[str]:
+            refused = []
+            for verb in (
+                lambda: sv.submit(app(py_role("b", "pass")), "local"),
+                lambda: sv.describe(handle),
+                lambda: sv.wait(handle, timeout=5),
+                lambda: sv.cancel(handle),
+            ):
+                try:
+                    await asyncio.wait_for(verb(), 10)
+                except NotEnteredError as e:
+                    refused.append(str(e))
+            return refused
+
+        refused = await anyio.to_thread.run_sync(asyncio.run, elsewhere())
+        assert len(refused) == 4 and all("another thread" in m for m in refused), refused
+        assert (await sv.wait(handle, timeout=30)).state is AppState.SUCCEEDED
+        assert [a.app_handle for a in await sv.list("local")] == [handle]
 
 
 @pytest.mark.anyio

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import Supervisor, UnknownBackendError
+from supervisor import SpecError, Supervisor, UnknownBackendError
 from supervisor.backends.base import BackendRegistry
 from supervisor.backends.local import LocalBackend
 
@@ -44,3 +44,14 @@ async def test_supervisor_uses_its_own_registry(state_dir: Path) -> None:
         assert "log_dir" in sv.run_opts("alias")
         with pytest.raises(UnknownBackendError):
             sv.run_opts("nope")
+
+
+def test_backends_that_are_no_backend_are_refused_naming_each() -> None:
+    """``backends={"x": 42}`` was taken, then failed at the first use with a bare
+    "'int' object is not callable"; a module that is not there, with ModuleNotFoundError."""
+    with pytest.raises(SpecError) as err:
+        BackendRegistry({"x": 42, "y": "no-colon", "z": LocalBackend})  # type: ignore[dict-item]
+    assert err.value.fields == ("backends['x']", "backends['y']")
+    registry = BackendRegistry({"gone": "no_such_module_xyz:Backend"})
+    with pytest.raises(UnknownBackendError, match=r"'gone'.*cannot be loaded"):
+        registry.factory("gone")

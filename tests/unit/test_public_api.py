@@ -9,11 +9,12 @@ import sys
 import supervisor
 
 EXPECTED = {
-    "NULL_RESOURCE", "AppDef", "AppEvent", "AppHandle", "AppState", "AppStatus", "BackendError",
+    "NULL_RESOURCE", "AppDef", "AppEvent", "AppHandle", "AppState", "AppStatus", "AppTimes",
+    "BackendError",
     "BindMount", "ClusterInfo", "ClusterJob", "DamagedRecordError", "DescribeAppResponse",
     "DeviceMount", "DryRunInfo", "EventStream", "EventsOverflowError",
     "DuplicateAppError", "InvalidHandleError", "ListAppResponse", "MissingExtraError",
-    "NodeInfo", "NotEnteredError", "PartitionInfo", "Problem", "ReplicaState",
+    "NodeInfo", "NotEnteredError", "OptType", "PartitionInfo", "Problem", "ReplicaState",
     "ReplicaStatus", "Retention",
     "ResolvedCfg", "Resource", "RetryPolicy", "Role", "RoleStatus", "RunOpt", "RunOpts",
     "ShuttingDown", "SpecError", "Stream", "SubmitError", "Supervisor", "SupervisorError",

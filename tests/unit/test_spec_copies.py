@@ -47,6 +47,8 @@ def test_replace_role_changes_only_the_named_role() -> None:
 def test_an_unknown_role_name_is_an_error_naming_it() -> None:
     with pytest.raises(ValueError, match="'nope'"):
         _app().replace_role("nope", num_replicas=1)
+    with pytest.raises(ValueError, match="Role has no field 'num_replica'"):
+        _app().replace_role("trainer", num_replica=4)
     with pytest.raises(ValueError, match="'nope'"):
         _app().with_env({"A": "2"}, roles=["nope"])
 

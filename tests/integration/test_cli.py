@@ -26,6 +26,16 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "supervisor.cli.main"]
+# Started as from a shell, whatever this process ignores (a CI runner under nohup
+# ignores SIGHUP, and an ignored signal stays ignored across exec).
+AS_FROM_A_SHELL = [
+    sys.executable,
+    "-c",
+    "import os, signal, sys\n"
+    "signal.signal(signal.SIGHUP, signal.SIG_DFL)\n"
+    "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+    "os.execv(sys.executable, [sys.executable, '-m', 'supervisor.cli.main', *sys.argv[1:]])",
+]
 TIMEOUT = 30.0
 
 
@@ -67,7 +77,7 @@ class Background:
     def __init__(self, env: dict[str, str], args: list[str], stderr: Path) -> None:
         self._stderr = stderr.open("w")
         self.proc = subprocess.Popen(
-            [*CLI, *args], env=env, stdout=subprocess.PIPE, stderr=self._stderr
+            [*AS_FROM_A_SHELL, *args], env=env, stdout=subprocess.PIPE, stderr=self._stderr
         )
         self.stderr_path = stderr
         self._buffer = b""

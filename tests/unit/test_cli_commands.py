@@ -155,12 +155,20 @@ def test_state_dir_and_session_options(tmp_path: Path, state_dir: Path) -> None:
 
 
 def test_a_signal_ignored_at_start_stays_ignored() -> None:
+    hangup = signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as a shell starts it
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
+        assert _handled_signals() == [signal.SIGTERM, signal.SIGHUP]
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nohup
         assert _handled_signals() == [signal.SIGTERM]
     finally:
         signal.signal(signal.SIGINT, previous)
-    assert _handled_signals() == [signal.SIGINT, signal.SIGTERM]
+        signal.signal(signal.SIGHUP, hangup)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        assert _handled_signals() == [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
+    finally:
+        signal.signal(signal.SIGHUP, hangup)
 
 
 def test_list_shows_a_damaged_index_entry_with_its_reason(state_dir: Path) -> None:

@@ -35,7 +35,7 @@ from typing import Any, ClassVar, TypeVarTuple, Unpack
 import anyio
 from anyio.abc import TaskGroup
 
-from supervisor.errors import Problem, SpecError, UnknownBackendError
+from supervisor.errors import MissingExtraError, Problem, SpecError, UnknownBackendError
 from supervisor.events import ReplicaEvent, ReplicaKey
 from supervisor.runopts import ResolvedCfg, RunOpts
 from supervisor.specs import AppDef, AppHandle, make_handle
@@ -449,6 +449,8 @@ class BackendRegistry:
             module, attr = _module_and_attr(spec)
             try:
                 loaded: BackendFactory = getattr(importlib.import_module(module), attr)
+            except MissingExtraError:
+                raise  # it names the extra to install
             except (ImportError, AttributeError) as e:
                 raise UnknownBackendError(f"backend {name!r} ({spec}) cannot be loaded: {e}") from e
             self._specs[name] = loaded

@@ -86,6 +86,14 @@ _ARBITRARY_ROLES = st.builds(
 )
 
 
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner),
+    max_leaves=6,
+)
+"""What metadata and capabilities may hold: they are kept in the app's records as JSON."""
+
+
 def _hashable(value: object) -> bool:
     try:
         hash(value)
@@ -179,11 +187,11 @@ def _valid_roles(draw: st.DrawFn, caps: Capabilities, name: str) -> Role:
             cpu=draw(_UNSET_OR),
             gpu=draw(st.integers(-1, 8)),
             memMB=draw(_UNSET_OR),
-            capabilities=draw(st.dictionaries(st.text(max_size=5), _ANY, max_size=2)),
+            capabilities=draw(st.dictionaries(st.text(max_size=5), _JSON, max_size=2)),
             devices=draw(st.dictionaries(st.text(min_size=1, max_size=5), st.integers(0, 4))),
         ),
         port_map=draw(st.dictionaries(st.text(max_size=5), st.integers(1, 65535), max_size=3)),
-        metadata=draw(st.dictionaries(st.text(max_size=5), _ANY, max_size=3)),
+        metadata=draw(st.dictionaries(st.text(max_size=5), _JSON, max_size=3)),
         mounts=mounts,
     )
 
@@ -200,7 +208,7 @@ def _valid_apps(draw: st.DrawFn) -> tuple[AppDef, Capabilities]:
             max_size=12,
         ).filter(lambda s: not any(c.isspace() for c in s))
     )
-    metadata = draw(st.dictionaries(st.text(max_size=5), _ANY, max_size=2))
+    metadata = draw(st.dictionaries(st.text(max_size=5), _JSON, max_size=2))
     return AppDef(name=app_name, roles=roles, metadata=metadata), caps
 
 

@@ -124,6 +124,19 @@ async def test_replicas_rendezvous_by_name_on_the_internal_network(
         assert await stdout(sv, handle, "w", 1) == ["rank1 got welcome\n"]
 
 
+@pytest.mark.parametrize("app_id", ["nightly 42", "etl:2026-12-05"])
+async def test_an_app_id_no_network_name_may_hold_still_runs(
+    engine: EngineUnderTest, app_id: str
+) -> None:
+    """Its network was ``asupervisor-nightly 42``, which the engine refused."""
+    async with Supervisor(session=engine.session) as sv:
+        app = AppDef("dns", [py("w", RENDEZVOUS, num_replicas=2)])
+        handle = await sv.schedule(sv.dryrun(app, "docker", engine.cfg, app_id=app_id))
+        status = await sv.wait(handle, timeout=90)
+        assert status.state is AppState.SUCCEEDED, status
+        assert (await stdout(sv, handle, "w", 1)) == ["rank1 got welcome\n"]
+
+
 OUTSIDE = (
     "import socket\ntry:\n    socket.create_connection(('10.255.255.1', 9), timeout=2)\n"
     "    print('reached outside')\nexcept OSError as e:\n    print('no route', e.errno)"

@@ -242,8 +242,9 @@ async def submit_once(
 ) -> str:
     """The handle recorded under ``key`` if its app exists; else launch and record.
 
-    ``prepare`` does the dry run and returns the handle the launch will have;
-    ``launch`` schedules that dry run. A launch that fails leaves no record
+    ``prepare`` returns the handle the launch will have (its dry run done
+    already: bad input is refused before any key is taken); ``launch``
+    schedules that dry run. A launch that fails leaves no record
     behind unless its app came to exist anyway, so a retry can try again.
     ``submitted`` fingerprints the submit (``fingerprint``): the same key with
     a different one is a SpecError naming ``idempotency_key``.

@@ -1177,7 +1177,7 @@ class Supervisor:
                 # once, and a short one is not spent before the app's records were read.
                 status = await self._settled_on_record(parsed)
             if status is None:
-                status = await self._wait_within(handle, timeout)
+                status = await self._wait_within(handle, parsed, timeout)
         metrics.record_wait(parsed.backend, time.monotonic() - started)
         return status
 
@@ -1196,13 +1196,15 @@ class Supervisor:
         status = described.to_status()
         return status if status.is_settled else None
 
-    async def _wait_within(self, handle: str, timeout: float | None) -> AppStatus:
+    async def _wait_within(
+        self, handle: str, parsed: AppHandle, timeout: float | None
+    ) -> AppStatus:
         status: AppStatus | None = None
         with anyio.move_on_after(timeout):
             with anyio.CancelScope() as shutdown:  # only begin_shutdown cancels this one
                 self._open_waits.add(shutdown)
                 try:
-                    status = await self._wait(handle)
+                    status = await self._wait(handle, parsed)
                 finally:
                     self._open_waits.discard(shutdown)
             if shutdown.cancelled_caught:
@@ -1211,7 +1213,7 @@ class Supervisor:
             raise WaitTimeout(f"{handle} was not terminal after {timeout} s")
         return status
 
-    async def _wait(self, handle: str) -> AppStatus:
+    async def _wait(self, handle: str, parsed: AppHandle) -> AppStatus:
         actor = self._actors.get(handle)
         if actor is not None:
             await actor.done.wait()
@@ -1220,7 +1222,6 @@ class Supervisor:
         if finished is not None:
             return finished
         # Another process follows this app: its backend tells when its records say it ended.
-        parsed = parse_handle(handle)
         try:
             impl = await self._loaded(parsed.backend)
             status = await impl.wait_foreign(parsed)

@@ -1022,8 +1022,12 @@ def remove_app(index: Index, session: str, app_id: str, app_dir: Path | None) ->
     """
     if not index.remove(session, app_id):
         return False
-    ours = app_dir is not None and app_dir.as_posix().endswith("/" + app_id)
-    if ours and app_dir is not None and app_dir.is_dir() and not app_dir.is_symlink():
+    if (
+        app_dir is not None
+        and app_dir.as_posix().endswith("/" + app_id)
+        and app_dir.is_dir()
+        and not app_dir.is_symlink()
+    ):
         shutil.rmtree(app_dir, ignore_errors=True)
     return True
 

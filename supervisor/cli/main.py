@@ -258,16 +258,13 @@ async def _app_and_replica(
     Also TorchX's form, ``HANDLE/ROLE[/K]`` in one argument, when no app has
     that whole handle (an app id may contain '/', and an exact one wins).
     """
-    found = await sv.describe(handle)
-    if found is not None or replica is not None:
-        if found is None:
-            raise CliError(f"no app {handle}")
-        return handle, _with_replicas(handle, found), replica
-    head, _, last = handle.rpartition("/")
-    tries = [(head, last)]
-    if last.isdigit():  # HANDLE/ROLE/K, before HANDLE/ROLE with a role named K
-        app, _, role = head.rpartition("/")
-        tries.insert(0, (app, f"{role}/{last}"))
+    tries = [(handle, replica)]
+    if replica is None:
+        head, _, last = handle.rpartition("/")
+        if last.isdigit():  # HANDLE/ROLE/K, before HANDLE/ROLE with a role named K
+            app, _, role = head.rpartition("/")
+            tries.append((app, f"{role}/{last}"))
+        tries.append((head, last))
     for app, which in tries:
         try:
             parse_handle(app)

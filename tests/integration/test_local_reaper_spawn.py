@@ -1,12 +1,13 @@
-"""The reaper's two ways of starting a replica inside its app's cgroup agree.
+"""The reaper's ways of starting a replica inside its app's cgroup agree.
 
-A spawn that comes alone forks straight into the cgroup (clone3 with
-CLONE_INTO_CGROUP); one of a burst, or one shortly after another, steps the
-reaper into the cgroup for a vfork (``posix_spawn``). Which one runs is a cost
-decision (see ``Reaper.spawn``), so both must give the same result: the replica
-inside the app's cgroup, in a session of its own, with the given cwd,
-environment, output and no other descriptor, and the same words when it cannot
-start.
+A spawn that comes alone is cloned straight into the cgroup (clone3 with
+CLONE_INTO_CGROUP): by ``_cspawn.c`` sharing the reaper's memory until the exec
+("vfork"), or, where that was not built, by a fork from Python ("clone"); one
+of a burst, or one shortly after another, steps the reaper into the cgroup for
+``posix_spawn`` ("move"). Which one runs is a cost decision (see
+``Reaper.spawn``), so all must give the same result: the replica inside the
+app's cgroup, in a session of its own, with the given cwd, environment, output
+and no other descriptor, and the same words when it cannot start.
 
 The reaper's code runs in a child interpreter (``python -I -S``, as the real
 reaper does) because it sets signal dispositions of the process it runs in.
@@ -15,6 +16,8 @@ reaper does) because it sets signal dispositions of the process it runs in.
 from __future__ import annotations
 
 import json
+import os
+import platform
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -22,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from supervisor.backends.local.reaper_client import _cspawn_path
 
 pytestmark = pytest.mark.integration
 
@@ -38,14 +43,15 @@ spec.loader.exec_module(reaper)
 leaky = os.open(os.devnull, os.O_RDONLY)
 os.set_inheritable(leaky, True)
 ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-r = reaper.Reaper(ours, None)
-# Which way started each replica: "clone" (clone3 into the cgroup) or "move" (posix_spawn).
+r = reaper.Reaper(ours, None, os.environ["CSPAWN"])
+# Which way started each replica: "vfork" (clone3 into the cgroup from C), "clone"
+# (the same from Python) or "move" (posix_spawn).
 taken = []
 _into, _inside = r._spawn_into, r._spawn_inside
 def _spy_into(*args):
     pid = _into(*args)
     if pid is not None:
-        taken.append("clone")
+        taken.append("clone" if r.cspawn is None else "vfork")
     return pid
 def _spy_inside(*args):
     taken.append("move")
@@ -62,7 +68,7 @@ sent = []
 r.send = lambda **msg: sent.append(msg)
 out = {"cgroup": r.cgroup, "runs": []}
 SHOW = ("echo $$ $(cut -d: -f3 /proc/self/cgroup | tail -n1) $(cut -d' ' -f6 /proc/$$/stat)"
-        " $PWD $PROBE_VAR; ls /proc/$$/fd")
+        " $PWD $PROBE_VAR $(grep -E '^Sig(Blk|Ign)' /proc/$$/status | cut -f2); ls /proc/$$/fd")
 plain = sys.argv[2]
 here = os.path.dirname(plain)
 cases = [
@@ -77,9 +83,11 @@ cases = [
     # Nowhere, the last place not a directory: its error, "not a directory", is said.
     ("nowhere-last-not-a-dir", ["no-such-program-here"], "/tmp", f"/nonexistent:{plain}"),
 ]
-for way in ("clone", "move"):
+built = r.cspawn
+for way in ("vfork", "clone", "move"):
     for i, (name, argv, cwd, path) in enumerate(cases):
-        r.clone_into = way == "clone"
+        r.cspawn = built if way == "vfork" else None
+        r.clone_into = way != "move"
         r.last_move = float("-inf")  # a quiet while since the last move
         read_end, write_end = os.pipe()
         sent.clear()
@@ -123,6 +131,7 @@ def _run_probe(probe: str, *args: str) -> Any:
     file as its first argument; what it printed, as JSON."""
     done = subprocess.run(
         [sys.executable, "-I", "-S", "-c", probe, str(REAPER), *args],
+        env={**os.environ, "CSPAWN": _cspawn_path()},
         capture_output=True,
         text=True,
         timeout=60,
@@ -131,30 +140,47 @@ def _run_probe(probe: str, *args: str) -> Any:
     return json.loads(done.stdout)
 
 
-def test_both_ways_start_the_replica_inside_its_cgroup_and_fail_alike(tmp_path: Path) -> None:
+WAYS = ("vfork", "clone", "move")
+
+
+def test_the_spawn_in_c_was_built() -> None:
+    """The install builds ``_cspawn.c`` where it can (x86-64 Linux with a C compiler),
+    and the vfork way below needs it: without it the tests of that way would pass on
+    the fork from Python instead."""
+    if platform.machine() != "x86_64":
+        pytest.skip(f"_cspawn.c has no clone3 for {platform.machine()}: the fork from Python")
+    assert _cspawn_path(), "supervisor/backends/local/_cspawn.c was not built (a C compiler?)"
+
+
+def test_every_way_starts_the_replica_inside_its_cgroup_and_fails_alike(tmp_path: Path) -> None:
     out = _probe(tmp_path)
     if out["cgroup"] is None:
         pytest.skip("no writable cgroup v2 here (needs root): the reaper spawns without one")
     runs = {(r["way"], r["case"]): r for r in out["runs"]}  # type: ignore[attr-defined]
-    for way in ("clone", "move"):
+    for way in WAYS:
         ok = runs[way, "ok"]
         assert ok["reply"]["op"] == "spawned", ok
         shown, *fds = ok["line"].splitlines()
-        pid, cgroup, sid, cwd, var = shown.split()
+        pid, cgroup, sid, cwd, var, blocked, ignored = shown.split()
         # Its own session, its app's cgroup, the cwd and environment it was given.
         assert int(pid) == ok["reply"]["pid"] and int(sid) == int(pid)
         assert ok["group"].endswith(cgroup), (ok["group"], cgroup)
         assert (cwd, var) == ("/tmp", f"{way}-ok")
+        # No signal blocked, none of the standard ones ignored: not SIGPIPE or SIGXFSZ,
+        # which Python ignores. (glibc's posix_spawn leaves its own two internal
+        # signals, 32 and 33, ignored; a program's C library sets them up again.)
+        assert int(blocked, 16) == 0, (way, blocked)
+        assert int(ignored, 16) & ((1 << 31) - 1) == 0, (way, ignored)
         # Its stdio and nothing else: not the reaper's socket, pipes or inherited ones.
         assert fds == ["0", "1", "2"], (way, fds)
     # Past a place where it cannot run, the next place's program runs, either way.
-    for way in ("clone", "move"):
+    for way in WAYS:
         later = runs[way, "found-later"]
         assert later["reply"]["op"] == "spawned", later
         assert later["line"] == f"{way}-found-later"
     # Which way ran.
-    assert runs["clone", "ok"]["taken"] == "clone"
-    assert runs["move", "ok"]["taken"] == "move"
+    for way in WAYS:
+        assert runs[way, "ok"]["taken"] == way
     # The same failures, in the same words, whichever way was taken.
     for case, errno_, words in [
         ("missing", 2, "No such file or directory"),
@@ -163,8 +189,8 @@ def test_both_ways_start_the_replica_inside_its_cgroup_and_fail_alike(tmp_path: 
         ("missing-and-bad-cwd", 2, "No such file or directory: /no/such/dir"),
         ("nowhere-last-not-a-dir", 20, "Not a directory"),
     ]:
-        replies = [runs[way, case]["reply"] for way in ("clone", "move")]
-        assert replies[0] == replies[1], replies
+        replies = [runs[way, case]["reply"] for way in WAYS]
+        assert replies[0] == replies[1] == replies[2], replies
         assert replies[0]["op"] == "failed"
         assert (replies[0]["errno"], replies[0]["error"]) == (errno_, words)
 
@@ -188,7 +214,7 @@ def spawn(i, alone=True):
     os.close(read_end)
     ways.append(taken.pop())
 # The quiet while is set, not slept: a loaded machine must not decide the way taken.
-spawn(0)                        # alone, after a quiet while: forked into the cgroup
+spawn(0)                        # alone, after a quiet while: cloned into the cgroup
 theirs.send(b"{}")              # another message waits: a burst
 spawn(1)
 ours.recv(16)
@@ -212,7 +238,7 @@ r.stop_everything()
     out = _run_probe(probe)
     if out["cgroup"] is None:
         pytest.skip("no writable cgroup v2 here (needs root): the reaper spawns without one")
-    assert out["ways"] == ["clone", "move", "move", "clone", "move", "move"]
+    assert out["ways"] == ["vfork", "move", "move", "vfork", "move", "move"]
 
 
 def test_the_replies_to_a_burst_go_out_together_after_its_spawns() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import email
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -26,7 +27,7 @@ OUTSIDE = Path("/")
 SUPERVISORD = "supervisor==4.3.0"
 BACKEND_EXTRAS = {"aiodocker", "aiohttp", "httpx"}
 _SKIP = shutil.ignore_patterns(
-    ".venv", ".git", "__pycache__", "*.egg-info", "build", "dist", ".*_cache", ".hypothesis"
+    ".venv", ".git", "__pycache__", "*.egg-info", "build", "dist", ".*_cache", ".hypothesis", "*.so"
 )
 
 
@@ -94,6 +95,10 @@ def test_wheel_and_sdist_carry_the_license_and_the_metadata(dist: Path) -> None:
         meta = email.message_from_bytes(z.read("asupervisor-0.1.0.dist-info/METADATA"))
     assert "asupervisor-0.1.0.dist-info/licenses/LICENSE" in names
     assert {"supervisor/py.typed", "supervisor/__main__.py"} <= set(names)
+    # The reaper's spawn into a cgroup, built from its C source (x86-64: see _cspawn.c).
+    if platform.machine() == "x86_64":
+        built = [n for n in names if n.startswith("supervisor/backends/local/_cspawn.")]
+        assert any(n.endswith(".so") for n in built), built
     assert meta["License-Expression"] == "Apache-2.0"
     classifiers = meta.get_all("Classifier") or []
     for expected in (
@@ -111,6 +116,7 @@ def test_wheel_and_sdist_carry_the_license_and_the_metadata(dist: Path) -> None:
     (sdist,) = dist.glob("asupervisor-*.tar.gz")
     with tarfile.open(sdist) as t:
         assert "asupervisor-0.1.0/LICENSE" in t.getnames()
+        assert "asupervisor-0.1.0/supervisor/backends/local/_cspawn.c" in t.getnames()
 
 
 def test_the_core_install_brings_no_backend_extra(core: Path) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import array
 import contextlib
 import errno
+import importlib.util
 import json
 import os
 import select
@@ -101,6 +102,13 @@ class _Outgoing:
     ident: int | None
 
 
+def _cspawn_path() -> str:
+    """The reaper's spawn into a cgroup in C (``_cspawn.c``) as built, "" where it was not:
+    it is loaded by path, since the reaper imports nothing of the package."""
+    spec = importlib.util.find_spec(f"{__package__}._cspawn")
+    return spec.origin if spec is not None and spec.origin is not None else ""
+
+
 def _start_reaper() -> tuple[socket.socket, subprocess.Popen[bytes]]:
     """Blocking (a fork and an exec, a few milliseconds): called in a worker thread.
 
@@ -110,7 +118,7 @@ def _start_reaper() -> tuple[socket.socket, subprocess.Popen[bytes]]:
     try:
         # -I -S: no site-packages, no user paths: a start in milliseconds.
         popen = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(_SCRIPT), str(os.getpid())],
+            [sys.executable, "-I", "-S", str(_SCRIPT), str(os.getpid()), _cspawn_path()],
             stdin=theirs.fileno(),
             stdout=subprocess.DEVNULL,
             start_new_session=True,

@@ -43,6 +43,7 @@
 enum { STEP_CLONE = 0, STEP_SETUP = 1, STEP_CHDIR = 2, STEP_EXEC = 3 };
 
 #define CHILD_STACK_SIZE (64 * 1024)
+#define KERNEL_SIGSET_SIZE (_NSIG / 8)
 
 struct spawn_job {
     const char *const *places; /* where the program may be, in PATH's order */
@@ -51,7 +52,7 @@ struct spawn_job {
     const char *cwd;
     const int *stdio;            /* three descriptors, for 0, 1 and 2 */
     const int *signals_restored; /* ignored here, default in the replica; 0-terminated */
-    sigset_t mask;               /* the reaper's own, the replica's at its start */
+    sigset_t mask;               /* the reaper's own (as the kernel keeps it), the replica's */
     volatile int error;          /* set by a child that did not reach its program */
     volatile int step;
 };
@@ -100,7 +101,7 @@ static int spawn_child(void *arg)
     if (chdir(job->cwd) < 0)
         return child_fails(job, errno);
     job->step = STEP_SETUP;
-    if (sigprocmask(SIG_SETMASK, &job->mask, NULL) < 0)
+    if (syscall(SYS_rt_sigprocmask, SIG_SETMASK, &job->mask, NULL, KERNEL_SIGSET_SIZE) < 0)
         return child_fails(job, errno);
     /* As Popen: the first error that is not "not there", else the last one. */
     job->step = STEP_EXEC;
@@ -173,9 +174,14 @@ __attribute__((visibility("default"))) long asv_spawn_into_cgroup(
     job.cwd = cwd;
     job.stdio = stdio;
     job.signals_restored = signals_restored;
+    /* From the kernel itself: the C library's calls leave its own two signals unblocked. */
     sigset_t all;
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, &job.mask);
+    memset(&all, 0xff, sizeof all);
+    if (syscall(SYS_rt_sigprocmask, SIG_BLOCK, &all, &job.mask, KERNEL_SIGSET_SIZE) < 0) {
+        int error = errno;
+        munmap(stack, CHILD_STACK_SIZE);
+        return -error;
+    }
     struct clone_args args;
     memset(&args, 0, sizeof args);
     args.flags = CLONE_VM | CLONE_VFORK | CLONE_INTO_CGROUP;
@@ -185,7 +191,7 @@ __attribute__((visibility("default"))) long asv_spawn_into_cgroup(
     args.cgroup = (uint64_t)cgroup_fd;
     long pid = clone3_running(&args, spawn_child, &job);
     /* Here the child has exec'd or exited: it no longer uses the stack or ``job``. */
-    pthread_sigmask(SIG_SETMASK, &job.mask, NULL);
+    syscall(SYS_rt_sigprocmask, SIG_SETMASK, &job.mask, NULL, KERNEL_SIGSET_SIZE);
     munmap(stack, CHILD_STACK_SIZE);
     if (pid < 0)
         return pid;

@@ -53,6 +53,8 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from supervisor.actor import AppActor
 from supervisor.backends.base import (
+    AppRuntime,
+    AppTasks,
     Backend,
     BackendContext,
     BackendFactory,
@@ -299,6 +301,45 @@ def _with_metadata(actor: AppActor) -> AppStatus:
     status = actor.status()
     extra = actor.metadata()
     return dataclasses.replace(status, metadata={**status.metadata, **extra}) if extra else status
+
+
+async def _launched(
+    tg: TaskGroup, impl: Backend, request: Request, actor: AppActor, tasks: AppTasks
+) -> tuple[AppRuntime, BaseException | None]:
+    """``impl.launch``, whole, whatever befalls its caller: the runtime, and the cancel
+    that reached the caller meanwhile (to raise once the app is stopped), if any.
+
+    A launch cut short would leave what it had started (processes, a Slurm job,
+    containers) with no handle and no record. anyio's shield holds off anyio's
+    cancels only: an asyncio-native one (the caller's ``asyncio.timeout``) went
+    through it into the launch, which left created and started containers of an
+    app nobody could find. So the launch runs in a task of the Supervisor's, and
+    such a cancel interrupts only the caller's wait for it.
+    """
+    done = anyio.Event()
+    launched: list[AppRuntime] = []
+    failed: list[BaseException] = []
+
+    async def launch() -> None:
+        try:
+            with anyio.CancelScope(shield=True):
+                launched.append(await impl.launch(request, actor.post, tasks))
+        except BaseException as e:  # the caller's to raise, not the task group's
+            failed.append(e)
+        finally:
+            done.set()
+
+    tg.start_soon(launch, name=f"launch of {request.app_id}")
+    cut: BaseException | None = None
+    while not done.is_set():
+        try:
+            with anyio.CancelScope(shield=True):
+                await done.wait()
+        except BaseException as e:  # a native cancel of the caller: the launch goes on
+            cut = cut or e
+    if failed:
+        raise failed[0] if cut is None else cut
+    return launched[0], cut
 
 
 class Supervisor:
@@ -636,11 +677,7 @@ class Supervisor:
         self._launches.add(launched)
         try:
             tasks = await actor.open(tg)
-            # Shielded: a launch cut short by the caller's cancel would leave what it
-            # had started (processes, a Slurm job, containers) with no handle and no
-            # record. The cancel lands just below instead, where the app is stopped.
-            with anyio.CancelScope(shield=True):
-                runtime = await impl.launch(info.request, actor.post, tasks)
+            runtime, cut = await _launched(tg, impl, info.request, actor, tasks)
         except BaseException:
             actor.discard()
             raise
@@ -651,6 +688,8 @@ class Supervisor:
             self._launches.discard(launched)
             launched.set()
         try:
+            if cut is not None:
+                raise cut
             if not impl.durable:
                 # ``close`` began during the launch: it stops this (local) app with the
                 # rest. A durable app runs on after ``close`` as the others do: its

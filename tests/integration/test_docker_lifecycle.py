@@ -6,6 +6,7 @@ if it leaves a container or network behind.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from pathlib import Path
@@ -319,3 +320,31 @@ async def test_a_containers_start_is_recorded_when_it_started_not_when_a_busy_ho
     # The engine answered once the container ran: it started before the hold began.
     assert started <= began + 0.1 < held_until - 2.5, (started, began, held_until)
     assert ended - started >= 0.8, (started, ended)
+
+
+async def test_a_submit_cut_by_an_asyncio_timeout_leaves_no_container_running(
+    engine: EngineUnderTest,
+) -> None:
+    """``asyncio.timeout`` cancels natively, through anyio's shield: a launch it cut
+    short left the containers it had created and started, and the network, with no
+    record (gone from ``list``, still running). Cut at several points, each submit
+    leaves nothing behind (the fixture checks the engine); what was launched ends
+    CANCELLED, and a submit left to finish works."""
+    app = AppDef(
+        "cut", [Role(name="w", image=IMAGE, entrypoint="sleep", args=["30"], num_replicas=2)]
+    )
+    cfg = {**engine.cfg, "stop_grace": 1.0}
+    cuts = 0
+    async with Supervisor(session=engine.session) as sv:
+        for delay in (0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 30.0):
+            try:
+                async with asyncio.timeout(delay):
+                    handle = await sv.submit(app, "docker", cfg)
+            except TimeoutError:
+                cuts += 1
+                continue
+            await sv.cancel(handle)
+            await sv.wait(handle)
+        states = [a.state for a in await sv.list("docker")]
+    assert cuts > 0
+    assert states and set(states) == {AppState.CANCELLED}, states

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import time
@@ -243,3 +244,34 @@ async def test_a_replicas_start_is_recorded_when_it_started_not_when_a_busy_host
             running, record, held_until = await start_seen_after_a_hold(sv, {}, state_dir)
     assert record["attempt"] == 0, record
     assert running.at == record["started"] < held_until - 1.5, (running, held_until)
+
+
+async def test_a_submit_cut_by_an_asyncio_timeout_leaves_no_job_behind(
+    facts: dict[str, object], state_dir: Path
+) -> None:
+    """``asyncio.timeout`` cancels natively, through anyio's shield, into the launch: a
+    job sbatch had queued was left with no record. Cut at several points, no job of
+    the app stays queued or running, and what was launched ends CANCELLED."""
+    app = AppDef(name="cut", roles=[Role(name="s", entrypoint="sleep", args=["120"])])
+    cuts, alive = 0, []
+    async with Supervisor(session="svc") as sv:
+        # 5 ms to 0.4 s, then long enough to finish: a launch (sbatch) takes about 50 ms.
+        for delay in [0.005 * 1.4**k for k in range(14)] + [60.0]:
+            info = sv.dryrun(app, "slurm")
+            try:
+                async with asyncio.timeout(delay):
+                    handle = await sv.schedule(info)
+            except TimeoutError:
+                cuts += 1
+            else:
+                await sv.cancel(handle)
+                await sv.wait(handle, timeout=60)
+            names = ",".join(info.request.job_names)  # type: ignore[attr-defined]
+            queued = await anyio.run_process(
+                ["squeue", "--noheader", "--format=%i", f"--name={names}", "--states=PD,R,S"]
+            )
+            alive += queued.stdout.decode().split()
+        states = [a.state for a in await sv.list("slurm")]
+    assert cuts > 0
+    assert alive == []
+    assert states and set(states) == {AppState.CANCELLED}, states

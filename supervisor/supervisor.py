@@ -53,8 +53,6 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from supervisor.actor import AppActor
 from supervisor.backends.base import (
-    AppRuntime,
-    AppTasks,
     Backend,
     BackendContext,
     BackendFactory,
@@ -102,6 +100,7 @@ from supervisor.runopts import ResolvedCfg, RunOpts
 from supervisor.specs import AppDef, AppHandle, Role, make_app_id, make_handle, parse_handle
 from supervisor.states import TERMINAL, AppState
 from supervisor.status import AppStatus, DescribeAppResponse, ListAppResponse, Transition
+from supervisor.uncut import run_uncut
 from supervisor.validate import MAX_APP_ID_LENGTH, check_name, validate
 
 __all__ = ["DryRunInfo", "Supervisor", "default_session", "default_state_dir"]
@@ -303,45 +302,6 @@ def _with_metadata(actor: AppActor) -> AppStatus:
     return dataclasses.replace(status, metadata={**status.metadata, **extra}) if extra else status
 
 
-async def _launched(
-    tg: TaskGroup, impl: Backend, request: Request, actor: AppActor, tasks: AppTasks
-) -> tuple[AppRuntime, BaseException | None]:
-    """``impl.launch``, whole, whatever befalls its caller: the runtime, and the cancel
-    that reached the caller meanwhile (to raise once the app is stopped), if any.
-
-    A launch cut short would leave what it had started (processes, a Slurm job,
-    containers) with no handle and no record. anyio's shield holds off anyio's
-    cancels only: an asyncio-native one (the caller's ``asyncio.timeout``) went
-    through it into the launch, which left created and started containers of an
-    app nobody could find. So the launch runs in a task of the Supervisor's, and
-    such a cancel interrupts only the caller's wait for it.
-    """
-    done = anyio.Event()
-    launched: list[AppRuntime] = []
-    failed: list[BaseException] = []
-
-    async def launch() -> None:
-        try:
-            with anyio.CancelScope(shield=True):
-                launched.append(await impl.launch(request, actor.post, tasks))
-        except BaseException as e:  # the caller's to raise, not the task group's
-            failed.append(e)
-        finally:
-            done.set()
-
-    tg.start_soon(launch, name=f"launch of {request.app_id}")
-    cut: BaseException | None = None
-    while not done.is_set():
-        try:
-            with anyio.CancelScope(shield=True):
-                await done.wait()
-        except BaseException as e:  # a native cancel of the caller: the launch goes on
-            cut = cut or e
-    if failed:
-        raise failed[0] if cut is None else cut
-    return launched[0], cut
-
-
 class Supervisor:
     """Launches apps on backends and follows them; use as ``async with Supervisor() as sv``.
 
@@ -538,6 +498,18 @@ class Supervisor:
         self._closed = True
         if self._unregister_metrics is not None:
             self._unregister_metrics()
+        if self._tg is None:  # never entered: nothing runs
+            await self._shut_down()
+            return
+        # In a task of its own: an asyncio-native cancel (a timeout around the block,
+        # Ctrl-C under ``asyncio.run``) cut the shutdown before it ended the task
+        # group, and leaving ``async with`` then waited for ever.
+        _, cut = await run_uncut(self._tg, "close", self._shut_down)
+        if cut is not None:
+            raise cut
+
+    async def _shut_down(self) -> None:
+        """``close``'s work, from the launches under way to the task group's end."""
         with anyio.CancelScope(shield=True):
             while self._launches:  # each ends soon: a launch is bounded, and shielded
                 await next(iter(self._launches)).wait()
@@ -677,7 +649,14 @@ class Supervisor:
         self._launches.add(launched)
         try:
             tasks = await actor.open(tg)
-            runtime, cut = await _launched(tg, impl, info.request, actor, tasks)
+            # In a task of its own: an asyncio-native cancel of the caller (through
+            # anyio's shield) left what the launch had started with no handle and no
+            # record. Such a cancel is raised below, where the app is stopped.
+            runtime, cut = await run_uncut(
+                tg,
+                f"launch of {handle}",
+                functools.partial(impl.launch, info.request, actor.post, tasks),
+            )
         except BaseException:
             actor.discard()
             raise
@@ -1165,7 +1144,14 @@ class Supervisor:
         actor = self._actors.get(handle)
         if actor is not None:
             if actor.runtime is not None and not actor.done.is_set():
-                await actor.runtime.record_cancel()  # durable first, then carried out
+                try:
+                    await actor.runtime.record_cancel()  # durable first, then carried out
+                except anyio.get_cancelled_exc_class():
+                    # Asked all the same: a cancel of the caller cut the record short
+                    # (an asyncio-native one goes through anyio's shields), and the app
+                    # ran on for good, its record saying a cancel was under way.
+                    actor.request_cancel()
+                    raise
             actor.request_cancel()
             return
         parsed = parse_handle(handle)

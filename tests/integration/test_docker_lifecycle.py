@@ -348,3 +348,48 @@ async def test_a_submit_cut_by_an_asyncio_timeout_leaves_no_container_running(
         states = [a.state for a in await sv.list("docker")]
     assert cuts > 0
     assert states and set(states) == {AppState.CANCELLED}, states
+
+
+async def test_a_cancel_cut_by_an_asyncio_timeout_still_stops_the_app(
+    engine: EngineUnderTest,
+) -> None:
+    """The cancel is recorded (a hop to a thread) before it is carried out; an
+    asyncio-native cancel of the caller cut it there, and the app ran on for good:
+    ``wait`` timed out, and the close waited for the app's end (30 s and more)."""
+    app = AppDef("cut", [Role(name="w", image=IMAGE, entrypoint="sleep", args=["600"])])
+    async with Supervisor(session=engine.session) as sv:
+        handle = await sv.submit(app, "docker", {**engine.cfg, "stop_grace": 1.0})
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0):
+                await sv.cancel(handle)
+        status = await sv.wait(handle, timeout=30)
+    assert status.state is AppState.CANCELLED, status
+
+
+async def test_leaving_the_block_cut_by_an_asyncio_cancel_gives_the_app_up(
+    engine: EngineUnderTest,
+) -> None:
+    """An asyncio-native cancel during the close (a timeout around the block, Ctrl-C
+    under ``asyncio.run``) cut it before it gave its running apps up: another
+    Supervisor could then only observe them, and their cancel was carried out by
+    nobody while the cut process lived. Now the close ends first, then the cancel is
+    raised, and another Supervisor takes the app over and stops it."""
+    app = AppDef("cut", [Role(name="w", image=IMAGE, entrypoint="sleep", args=["600"])])
+    handles: list[str] = []
+    launched = asyncio.Event()
+
+    async def block() -> None:
+        async with Supervisor(session=engine.session) as sv:
+            handles.append(await sv.submit(app, "docker", {**engine.cfg, "stop_grace": 1.0}))
+            launched.set()
+
+    task = asyncio.ensure_future(block())
+    await launched.wait()
+    task.cancel()  # as the block is left
+    with anyio.fail_after(60), pytest.raises(asyncio.CancelledError):
+        await task
+    async with Supervisor(session=engine.session) as other:
+        await other.attach(handles[0])
+        await other.cancel(handles[0])
+        status = await other.wait(handles[0], timeout=30)
+    assert status.state is AppState.CANCELLED, status

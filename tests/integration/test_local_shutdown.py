@@ -9,6 +9,7 @@ The bounds are ``fail_after`` limits far below the app's minute and the readers'
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator
@@ -22,7 +23,7 @@ from supervisor import AppEvent, AppState, ShuttingDown, Supervisor, Transition
 from supervisor.backends.local.backend import LocalRuntime
 from supervisor.errors import BackendError
 
-from .helpers import app, pid_alive, py_role
+from .helpers import app, pid_alive, py_role, running_with
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
@@ -325,3 +326,45 @@ async def test_a_submit_under_way_when_the_block_ends_is_stopped_with_the_rest(
         assert not [r for r in replicas if r.signal == "SIGKILL"], d
     returned = {o for o in outcomes if isinstance(o, str)}
     assert returned <= {entry.app_handle for entry in listed}
+
+
+IGNORES_TERM = (
+    "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "print('up', flush=True); time.sleep(60)"
+)
+
+
+async def test_leaving_the_block_cut_by_an_asyncio_cancel_still_ends_it(state_dir: Path) -> None:
+    """An asyncio-native cancel during the close (a timeout around the block, Ctrl-C
+    under ``asyncio.run``) went through anyio's shield and cut it before it ended the
+    task group: leaving ``async with`` then waited for ever, and the reaper ran on. Cut
+    at several points, the block is left with the cancel once the apps are stopped,
+    and nothing of it runs on."""
+    reapers = f"reaper.py\0{os.getpid()}\0"
+    before = running_with(reapers)
+    for steps in (0, 1, 2, 5, 20, 100):
+        token = f"asv-cut-close-{os.getpid()}-{steps}"
+        leaving = asyncio.Event()
+
+        async def block(token: str = token, leaving: asyncio.Event = leaving) -> None:
+            async with Supervisor(session="cut") as sv:
+                role = py_role("w", IGNORES_TERM, num_replicas=2, args=[token])
+                handle = await sv.submit(app(role), "local", {"stop_grace": 0.5})
+                async for line in sv.log_iter(handle, "w", 1, should_tail=True):
+                    if line.startswith("up"):
+                        break
+                leaving.set()
+
+        task = asyncio.ensure_future(block())
+        await leaving.wait()
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        task.cancel()
+        with anyio.fail_after(30):  # for ever, before
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        assert running_with(token) == [], f"cut after {steps} steps"
+        assert running_with(reapers) == before, f"cut after {steps} steps"
+    async with Supervisor(session="cut") as other:
+        states = {a.state for a in await other.list("local")}
+    assert states == {AppState.CANCELLED}

@@ -42,7 +42,10 @@ async def run_uncut(
         finally:
             done.set()
 
-    tg.start_soon(run, name=name)
+    try:
+        tg.start_soon(run, name=name)
+    except RuntimeError:  # ``tg`` has ended already (a crash): here, as it can be
+        await run()
     cut: BaseException | None = None
     while not done.is_set():
         try:

@@ -27,7 +27,8 @@ async def run_uncut(
     caller: its result, and the cancel that reached the caller meanwhile (the caller's to
     raise once it has done what must follow), or None.
 
-    Raises what ``work`` raised; the caller's cancel instead, if there was one.
+    Raises what ``work`` raised; the caller's cancel instead, if there was one (with
+    the failure as its cause: ``close`` raising a backend's failure is not lost).
     """
     done = anyio.Event()
     results: list[_T] = []
@@ -54,5 +55,7 @@ async def run_uncut(
         except BaseException as e:  # an asyncio-native cancel of the caller: work goes on
             cut = cut or e
     if failures:
-        raise failures[0] if cut is None else cut
+        if cut is None:
+            raise failures[0]
+        raise cut from failures[0]  # the caller's cancel goes on; the failure stays told
     return results[0], cut

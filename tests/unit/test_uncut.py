@@ -46,8 +46,9 @@ async def test_the_works_failure_is_raised_and_a_cut_wins_over_it() -> None:
         task = asyncio.ensure_future(run_uncut(tg, "fails", fails))
         await asyncio.sleep(0.02)
         task.cancel()
-        with pytest.raises(asyncio.CancelledError):
+        with pytest.raises(asyncio.CancelledError) as cut:
             await task
+        assert isinstance(cut.value.__cause__, ValueError)
 
 
 async def test_a_task_group_that_has_ended_runs_the_work_in_the_caller() -> None:

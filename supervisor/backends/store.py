@@ -512,16 +512,25 @@ class AppStore:
                 "under a new app id, or pass idempotency_key= to submit to get its handle"
             ) from None
         try:
-            made: set[Path] = set()
-            for d in replica_dirs:
-                if d.parent not in made:  # one role directory serves all its replicas
-                    os.makedirs(d.parent, exist_ok=True)
-                    made.add(d.parent)
-                os.mkdir(d)
+            self.make_replica_dirs(replica_dirs)
             self.write_app(app_record)
         except OSError:
             self.release()  # claimed, and nothing will run in it (a full disk): given back
             raise
+
+    @staticmethod
+    def make_replica_dirs(replica_dirs: Sequence[Path]) -> None:
+        """Make replica directories (and their roles') inside the claimed app directory.
+
+        A backend may make some with ``create`` and the rest later, while the first
+        replicas start (see the local backend's ``LocalRuntime.start``).
+        """
+        made: set[Path] = set()
+        for d in replica_dirs:
+            if d.parent not in made:  # one role directory serves all its replicas
+                os.makedirs(d.parent, exist_ok=True)
+                made.add(d.parent)
+            os.mkdir(d)
 
     def reserve(self, size: int) -> bool:
         """Set ``size`` bytes of the app's file system aside for its final record.

@@ -50,6 +50,20 @@ def test_apply_touches_args_env_values_and_metadata_only() -> None:
     assert tuple(role.args) == ("--id=${replica_id}", "$${rank0_env}")  # the original is untouched
 
 
+@given(st.lists(plain_text, max_size=4), st.dictionaries(plain_text, plain_text, max_size=4))
+def test_apply_gives_a_role_without_macros_back(args: list[str], env: dict[str, str]) -> None:
+    role = Role(name="r", entrypoint="e", args=args, env=env)
+    assert VALUES.apply(role) is role  # frozen: nothing to copy for (a dry run's hot path)
+    escaped = Role(name="r", entrypoint="e", args=[*args, "$$"], env=env)
+    out = VALUES.apply(escaped)
+    assert tuple(out.args) == (*args, "$")
+    assert tuple(escaped.args) == (*args, "$$")
+    with_metadata = Role(name="r", entrypoint="e", args=args, env=env, metadata={"k": ["v"]})
+    copied = VALUES.apply(with_metadata)
+    assert copied.metadata == {"k": ["v"]}
+    assert copied.metadata["k"] is not with_metadata.metadata["k"]  # new containers
+
+
 backends = st.from_regex(r"[A-Za-z][A-Za-z0-9_.+-]{0,10}", fullmatch=True)
 # "." and ".." would name a directory, not an app (issue 8), and NUL ends a path: refused.
 sessions = st.text(min_size=1, max_size=20).filter(

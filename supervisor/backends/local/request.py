@@ -341,6 +341,7 @@ def render(
     # Absolute, so the records point at the same place from any directory.
     log_root = Path(os.path.normpath(Path(ctx.cwd, cfg.get_str("log_dir") or default_log_dir)))
     app_dir = log_root / ctx.session / ctx.app_id
+    app_dir_text = str(app_dir)
     prepend_cwd = cfg.get_bool("prepend_cwd", False)
     auto_gpus = cfg.get_bool("auto_set_cuda_visible_devices", False)
     gpus = _gpu_blocks(app, ctx.gpu_count) if auto_gpus else {}
@@ -357,13 +358,14 @@ def render(
                 rank0_env=RANK0_ENV,
             )
             resolved = values.apply(role)
-            replica_dir = app_dir / role.name / str(k)
+            # Joined as strings: pathlib's joins were a fifth of a big app's dry run.
+            replica_dir = os.path.join(app_dir_text, role.name, str(k))
             role_env = dict(resolved.env)
             role_path = role_env.pop("PATH", None)
             env: dict[str, str] = {
                 "PYTHONUNBUFFERED": "1",
-                "TORCHELASTIC_ERROR_FILE": str(replica_dir / "error.json"),
-                "PET_LOG_DIR": str(replica_dir),
+                "TORCHELASTIC_ERROR_FILE": os.path.join(replica_dir, "error.json"),
+                "PET_LOG_DIR": replica_dir,
                 **role_env,
             }
             env.update(
@@ -388,7 +390,7 @@ def render(
                     argv=(resolved.entrypoint, *resolved.args),
                     env=env,
                     cwd=workdir,
-                    log_dir=str(replica_dir),
+                    log_dir=replica_dir,
                     path_prepend=path_prepend or None,
                     path_append=None if prepend_cwd else workdir,
                 )

@@ -142,3 +142,36 @@ def test_the_examples_are_found() -> None:
     assert (ROOT / "README.md") in documents()
     counts = {lang: sum(b.lang == lang for b in RUN) for lang in ("python", "sh")}
     assert all(counts.values()), json.dumps(counts)
+
+
+# What a Python example imports of the reader's own code (a module of the service it
+# shows), typed as the example uses it: mypy checks the example, not the service.
+READER_MODULES = {
+    "jobs_api": "from starlette.applications import Starlette\n\napp: Starlette\n",
+}
+
+
+def test_python_examples_pass_mypy_strict(tmp_path: Path) -> None:
+    """The examples are code users copy: typed as the library is (``mypy --strict``), every
+    one, run or not. Each is checked as a module of its own, with the project's settings."""
+    examples = tmp_path / "examples"
+    examples.mkdir()
+    for name, text in READER_MODULES.items():
+        (examples / f"{name}.py").write_text(text)
+    where: dict[str, str] = {}
+    for n, block in enumerate(b for b in BLOCKS if b.lang == "python"):
+        module = examples / f"example_{n}.py"
+        module.write_text(block.code)
+        where[module.name] = block.id
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-error-summary", str(examples)],
+        cwd=ROOT,  # the project's settings (pyproject.toml) and its cache
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    report = done.stdout
+    for name, block_id in where.items():
+        report = report.replace(f"{examples / name}:", f"{block_id}, the block's line ")
+    assert done.returncode == 0, report + done.stderr

@@ -418,10 +418,11 @@ class LocalRuntime(ReplicaRuntime):
         batch = slot.dirs
         if batch is not None:
             await batch.made.wait()
-            if batch.error is not None:
+            if batch.error is None:
+                slot.dirs = None
+            elif not slot.stopped:  # (a stop that came meanwhile is answered below)
                 self._dir_failed(key, slot, batch.error)
                 return
-            slot.dirs = None
         if slot.stopped:
             # A stop decided before the spawn: nothing starts, the stop is answered here.
             self.emit(Exited(role=key[0], replica_id=key[1], attempt=slot.attempt, exit_code=None))

@@ -321,7 +321,12 @@ class LocalRuntime(ReplicaRuntime):
 
     def _dir_failed(self, key: ReplicaKey, slot: _Slot, error: OSError) -> None:
         """The replica cannot start: its directory (its logs, its error file) is not there."""
-        reason = f"cannot create {slot.launch.log_dir}: {error.strerror or error}"
+        self._not_started(
+            key, slot, f"cannot create {slot.launch.log_dir}: {error.strerror or error}"
+        )
+
+    def _not_started(self, key: ReplicaKey, slot: _Slot, reason: str) -> None:
+        """The attempt could not be started: its exit says why, as a shell's 127 would."""
         self.emit(
             Exited(
                 role=key[0],
@@ -456,15 +461,7 @@ class LocalRuntime(ReplicaRuntime):
             self._backend.log_sink.write(
                 log, "stderr", f"asupervisor: {msg}\n".encode(), time.time()
             )
-            self.emit(
-                Exited(
-                    role=key[0],
-                    replica_id=key[1],
-                    attempt=slot.attempt,
-                    exit_code=SPAWN_FAILED_CODE,
-                    msg=f"{key[0]}/{key[1]}: {msg}",
-                )
-            )
+            self._not_started(key, slot, msg)
             return
         slot.proc = proc
         slot.done = Flag()
@@ -579,7 +576,9 @@ class LocalRuntime(ReplicaRuntime):
 
     async def start_attempt(self, key: ReplicaKey) -> None:
         slot = self._slots[key]
-        unmade = await self._backend.records.run(self._prepare_attempt, slot.launch, slot.dirs)
+        unmade = await self._backend.records.run(
+            self._prepare_attempt, slot.launch, slot.dirs is not None
+        )
         if unmade is not None:
             self._dir_failed(key, slot, unmade)
             return
@@ -589,11 +588,11 @@ class LocalRuntime(ReplicaRuntime):
         await self._spawn(key, slot)
 
     @staticmethod
-    def _prepare_attempt(launch: ReplicaLaunch, dirs: _DirBatch | None) -> OSError | None:
+    def _prepare_attempt(launch: ReplicaLaunch, make_dir: bool) -> OSError | None:
         """Blocking: the replica's directory made if its first making failed (a full disk
         then; why it still cannot be is returned), and the error file of the attempt
         before removed."""
-        if dirs is not None:
+        if make_dir:
             try:
                 os.makedirs(launch.log_dir, exist_ok=True)
             except OSError as e:

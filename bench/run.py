@@ -65,8 +65,11 @@ CASES: dict[str, Callable[[dict[str, Any]], Json]] = {
     "apps": case_apps.run_case,
 }
 
+# ``rounds``: each row's repetitions over that many children, the rows of one N side by
+# side in each round (``bench.util.run_rows``), for the cases whose targets are ratios.
 FULL: dict[str, dict[str, Any]] = {
     "wait": {
+        "rounds": 3,
         "runs": [
             *(("asupervisor", n, 5) for n in (1, 10, 100, 1000)),
             *(("anyio", n, 5) for n in (1, 10, 100, 1000)),
@@ -76,6 +79,7 @@ FULL: dict[str, dict[str, Any]] = {
         ],
     },
     "submit": {
+        "rounds": 3,
         # 15 repetitions up to 100 replicas (a second or two each): the medians of 5 moved
         # by 10 % from run to run at 100, across a target's line.
         "runs": [
@@ -140,7 +144,7 @@ FULL: dict[str, dict[str, Any]] = {
     # 1,000 short apps run, then listed 5 times per query: about a minute.
     "list_index": {"runs": [("asupervisor", 1000, 5)]},
     # 1,000 replicas of `true` as one app, then as 1,000 apps: under a minute.
-    "apps": {"runs": [(impl, 1000, 3) for impl in case_apps.IMPLS]},
+    "apps": {"rounds": 3, "runs": [(impl, 1000, 3) for impl in case_apps.IMPLS]},
 }
 
 QUICK: dict[str, dict[str, Any]] = {

@@ -410,24 +410,72 @@ def run_child(module: str, args: Sequence[str], *, timeout: float) -> Json:
 def run_rows(
     module: str, plan: dict[str, Any], fill: Callable[[Json, Json, int], None]
 ) -> list[Json]:
-    """One child per ``(implementation, N, repetitions)`` of ``plan["runs"]``, a row each.
+    """A row per ``(implementation, N, repetitions)`` of ``plan["runs"]``.
 
-    ``fill(row, result, n)`` adds the case's figures from a child that succeeded.
+    ``fill(row, result, n)`` adds the case's figures from the children that
+    succeeded. With ``plan["rounds"]`` (R > 1), each row's repetitions are
+    split over R children (``rounds_of``), run in R rounds; in each round
+    the rows of one N follow each other (``interleaved``). A ratio then
+    divides figures taken seconds apart, R times over, not minutes apart,
+    where a change in the machine's load may lie between them (one build
+    gave 1.59x and 2.48x a Popen loop at N = 100 in two runs 20 minutes
+    apart here). Such a case's children write ``{"samples": [...]}`` only; the
+    row's result gathers them in round order.
     """
+    runs = [tuple(run) for run in plan["runs"]]
+    rounds = int(plan.get("rounds", 1))
+    results: list[list[Json]] = [[] for _ in runs]
+    for round_no in range(rounds):
+        for at in interleaved(runs) if rounds > 1 else range(len(runs)):
+            impl, n, reps = runs[at]
+            share = rounds_of(reps, rounds)[round_no]
+            if share:
+                results[at].append(
+                    run_child(
+                        module,
+                        ["--impl", impl, "--n", str(n), "--reps", str(share)],
+                        timeout=plan.get("timeout_s", 900),
+                    )
+                )
     rows: list[Json] = []
-    for impl, n, reps in plan["runs"]:
-        result = run_child(
-            module,
-            ["--impl", impl, "--n", str(n), "--reps", str(reps)],
-            timeout=plan.get("timeout_s", 900),
-        )
+    for (impl, n, reps), parts in zip(runs, results, strict=True):
+        result = parts[0] if len(parts) == 1 else _gathered(parts)
         row: Json = {"impl": impl, "n": n, "reps": reps, "wall_s": result.get("wall_s")}
+        if rounds > 1:
+            row["children"] = len(parts)
         if "error" in result:
             row["error"] = result["error"]
         else:
             fill(row, result, n)
         rows.append(row)
     return rows
+
+
+def rounds_of(reps: int, rounds: int) -> list[int]:
+    """``reps`` repetitions over ``rounds`` children, the first ones taking the rest
+    (5 over 3: 2, 2, 1); a round with no repetition left runs no child."""
+    return [reps // rounds + (1 if k < reps % rounds else 0) for k in range(rounds)]
+
+
+def interleaved(runs: Sequence[tuple[Any, ...]]) -> list[int]:
+    """The indexes of ``runs`` ordered by N, the plan's order kept among those of one N."""
+    return sorted(range(len(runs)), key=lambda at: int(runs[at][1]))
+
+
+def _gathered(parts: list[Json]) -> Json:
+    """The children of one row as one result: the first error, else every sample in order."""
+    for part in parts:
+        if "error" in part:
+            return part
+    walls = [part.get("wall_s") for part in parts]
+    gathered: Json = {
+        "samples": [sample for part in parts for sample in part["samples"]],
+        "wall_s": sum(w for w in walls if isinstance(w, int | float)),
+    }
+    killed = sum(int(part.get("leftover_processes_killed", 0)) for part in parts)
+    if killed:
+        gathered["leftover_processes_killed"] = killed
+    return gathered
 
 
 def _last_line(text: str) -> str:

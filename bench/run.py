@@ -45,7 +45,7 @@ from bench import (
     case_supervise,
     case_wait,
 )
-from bench.util import REPO, Json, log, machine_info, write_json
+from bench.util import REPO, Json, kept_scratch, log, machine_info, write_json
 
 RESULTS = REPO / "bench" / "results"
 PUBLISHED = REPO / "docs" / "bench" / "results.json"
@@ -272,19 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     _warn_if_scratch_is_slow(results["machine"]["scratch"])
     started = time.monotonic()
-    for name in selected:
-        log(f"case {name} ...")
-        t0 = time.monotonic()
-        try:
-            case = CASES[name](plan[name])
-        except Exception:
-            case = {"error": traceback.format_exc(limit=5)}
-            log(f"case {name} failed:\n{case['error']}")
-        case["elapsed_s"] = time.monotonic() - t0
-        results["cases"][name] = case
-        log(f"case {name} done in {case['elapsed_s']:.0f} s")
-        results["elapsed_s"] = time.monotonic() - started
-        write_json(dated, results)
+    with kept_scratch():
+        _run_cases(selected, plan, results, dated, started)
     results["machine"]["loadavg_at_end"] = list(os.getloadavg())
     results["elapsed_s"] = time.monotonic() - started
     write_json(dated, results)
@@ -301,6 +290,29 @@ def main(argv: list[str] | None = None) -> int:
     log(f"all cases done in {results['elapsed_s'] / 60:.1f} min: {dated}")
     print(rendered)
     return 0
+
+
+def _run_cases(
+    selected: list[str],
+    plan: dict[str, dict[str, Any]],
+    results: Json,
+    dated: Path,
+    started: float,
+) -> None:
+    """Each selected case in turn, ``results`` written after each (a later failure keeps them)."""
+    for name in selected:
+        log(f"case {name} ...")
+        t0 = time.monotonic()
+        try:
+            case = CASES[name](plan[name])
+        except Exception:
+            case = {"error": traceback.format_exc(limit=5)}
+            log(f"case {name} failed:\n{case['error']}")
+        case["elapsed_s"] = time.monotonic() - t0
+        results["cases"][name] = case
+        log(f"case {name} done in {case['elapsed_s']:.0f} s")
+        results["elapsed_s"] = time.monotonic() - started
+        write_json(dated, results)
 
 
 def merge_into_latest(latest: Path, results: Json) -> Json | None:

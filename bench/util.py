@@ -17,6 +17,7 @@ import os
 import platform
 import resource
 import secrets
+import shutil
 import signal
 import statistics
 import subprocess
@@ -33,6 +34,9 @@ import anyio
 
 REPO = Path(__file__).resolve().parent.parent
 TAG_ENV = "ASUPERVISOR_BENCH_TAG"
+KEPT_SCRATCH_ENV = "ASUPERVISOR_BENCH_SCRATCH"
+"""Set by the driver (``kept_scratch``): the children's scratch directories go there and
+stay until the whole run ends."""
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 Json = dict[str, Any]
@@ -496,9 +500,39 @@ def _stop_group(proc: subprocess.Popen[bytes]) -> None:
 
 @contextlib.contextmanager
 def scratch(prefix: str = "asv-bench-") -> Iterator[Path]:
-    """A temporary directory, removed afterwards even if replicas still write to it."""
+    """A temporary directory for a child: inside the driver's ``kept_scratch`` (removed
+    when the whole run ends), or of its own, removed afterwards even if replicas still
+    write to it."""
+    kept = os.environ.get(KEPT_SCRATCH_ENV)
+    if kept:
+        yield Path(tempfile.mkdtemp(prefix=prefix, dir=kept))
+        return
     with tempfile.TemporaryDirectory(prefix=prefix, ignore_cleanup_errors=True) as tmp:
         yield Path(tmp)
+
+
+@contextlib.contextmanager
+def kept_scratch() -> Iterator[Path]:
+    """One directory for every child's scratch, removed only once the run is over.
+
+    A child's scratch holds thousands of files (records, logs, replica
+    directories). Removed as the child ended, they made creating files slow
+    for the children after it: on ext4 without a journal (this project's
+    VMs) a new inode skips every one freed recently, for 5 s to minutes (see
+    "Running" in docs/benchmarks.md). Each child's figures then depended on
+    what the one before it removed.
+    """
+    root = Path(tempfile.mkdtemp(prefix="asv-bench-run-"))
+    before = os.environ.get(KEPT_SCRATCH_ENV)
+    os.environ[KEPT_SCRATCH_ENV] = str(root)
+    try:
+        yield root
+    finally:
+        if before is None:
+            del os.environ[KEPT_SCRATCH_ENV]
+        else:
+            os.environ[KEPT_SCRATCH_ENV] = before
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def write_stamp_script(directory: Path) -> Path:

@@ -1,14 +1,19 @@
-"""The bench's rounds: a row's repetitions split over children, the rows of one N together.
+"""The bench's driver: how its children are ordered and what they leave for the next one.
 
 The figures of a ratio target must come from children run close together in
-time; these tests pin how ``bench.util.run_rows`` splits and orders them.
+time (``bench.util.run_rows``'s rounds), and no child's figures may pay for
+the files the one before it removed (``kept_scratch``).
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
-from bench.util import interleaved, rounds_of, run_rows
+import pytest
+
+from bench.util import KEPT_SCRATCH_ENV, interleaved, kept_scratch, rounds_of, run_rows, scratch
 
 
 def test_repetitions_split_over_rounds_first_rounds_take_the_rest() -> None:
@@ -44,3 +49,28 @@ def test_a_rows_children_are_gathered_into_one_result() -> None:
     assert [(r["reps"], r["children"]) for r in rows] == [(3, 2), (1, 1)]
     assert all("error" not in r for r in rows)
     assert all(isinstance(s, float) and s > 0 for r in rows for s in r["samples"])
+
+
+def test_children_scratch_stays_until_the_run_is_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.delenv(KEPT_SCRATCH_ENV, raising=False)
+    with kept_scratch() as root:
+        assert os.environ[KEPT_SCRATCH_ENV] == str(root)
+        with scratch() as first:
+            (first / "record").write_text("x")
+        with scratch() as second:
+            pass
+        assert first.parent == root and (first / "record").exists()
+        assert second.parent == root and second != first
+    assert not root.exists()
+    assert KEPT_SCRATCH_ENV not in os.environ
+
+
+def test_a_child_alone_removes_its_scratch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.delenv(KEPT_SCRATCH_ENV, raising=False)
+    with scratch() as alone:
+        (alone / "record").write_text("x")
+    assert not alone.exists()

@@ -41,6 +41,10 @@ class ReplicaSlot(Protocol):
         """Held while an attempt is started or ended: a stop meanwhile waits for it."""
         ...
 
+    def busy(self) -> bool:
+        """An attempt is being started or ended now (its lock is held)."""
+        ...
+
 
 async def each(calls: Sequence[Callable[[], Awaitable[None]]]) -> None:
     """Run ``calls`` at once; their backend failures come out as one BackendError.
@@ -97,7 +101,7 @@ class ReplicaRuntime(AppRuntime):
         slot.stopped = True
         if self.attempt_running(key):
             await self.end_attempt(key)
-        elif not slot.lock.locked():
+        elif not slot.busy():
             # Nothing runs and no restart is under way to answer the stop: answer it here.
             self.emit(Exited(role=key[0], replica_id=key[1], attempt=slot.attempt, exit_code=None))
 

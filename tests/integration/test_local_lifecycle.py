@@ -430,3 +430,31 @@ async def test_each_app_runs_in_its_own_task_group_which_ends_with_it(state_dir:
         with anyio.fail_after(60):
             assert (await sv.wait(slow)).state is AppState.CANCELLED
         await until(lambda: not _app_tasks(slow), 10)
+
+
+async def test_a_stop_of_a_replica_that_ended_leaves_its_slot_settled(state_dir: Path) -> None:
+    """Stopping a replica whose attempt ended (a gang stop racing its exit) answers the stop
+    and leaves nothing to wait for: the app's close skips it, as it does every ended replica.
+
+    White-box (the runtime's slots): what this pins is only the close's fast path.
+    """
+    from supervisor.backends.local.backend import LocalRuntime
+
+    code = "import sys, time; time.sleep(600 * int(sys.argv[1]))"
+    role = py_role("r", code, num_replicas=2, args=["${replica_id}"])
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app(role), "local")
+
+        def first_ended() -> bool:
+            status = sv.status(handle)
+            ended = ReplicaState.SUCCEEDED
+            return status is not None and status.roles[0].replicas[0].state is ended
+
+        await until(first_ended, 30)
+        runtime = sv._actors[handle].runtime
+        assert isinstance(runtime, LocalRuntime)
+        await runtime.stop([("r", 0)], "a gang stop that raced the exit")
+        assert runtime.replica_slot(("r", 0)).settled()
+        await sv.cancel(handle)
+        with anyio.fail_after(30):
+            assert (await sv.wait(handle)).state is AppState.CANCELLED

@@ -273,6 +273,9 @@ class _Slot:
     stopped: bool = False
     lock: anyio.Lock = field(default_factory=anyio.Lock)
 
+    def busy(self) -> bool:
+        return self.lock.locked()
+
 
 class DockerRuntime(ReplicaRuntime):
     def __init__(

@@ -163,6 +163,11 @@ class _Slot:
             self._lock = anyio.Lock()
         return self._lock
 
+    def busy(self) -> bool:
+        """Asked without making the lock: a stop of a replica that ended must not leave it
+        one, which would keep its slot from ``settled``."""
+        return self._lock is not None and self._lock.locked()
+
     def settled(self) -> bool:
         """Nothing of it to wait for: no spawn or restart holds or awaits its lock (an idle
         one is dropped), and the end of its attempt, if one started, was told."""

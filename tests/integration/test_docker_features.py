@@ -96,10 +96,7 @@ if os.environ["ASUPERVISOR_REPLICA_ID"] == "0":
     print("rank0 got", conn.recv(100).decode(), flush=True)
     conn.sendall(b"welcome")
 else:
-    # A rank of Podman failed to reach rank 0 for 30 s here, twice in some 30 runs; why was
-    # not seen (nothing was printed then). Its aardvark-dns (1.4) reloads as containers start
-    # and may drop lookups meanwhile. Each failure is printed now.
-    deadline = time.monotonic() + 50
+    deadline = time.monotonic() + 30
     while True:
         try:
             conn = socket.create_connection((rank0, 5000), timeout=5)

@@ -1,13 +1,14 @@
 """The reaper's ways of starting a replica inside its app's cgroup agree.
 
-A spawn that comes alone is cloned straight into the cgroup (clone3 with
-CLONE_INTO_CGROUP): by ``_cspawn.c`` sharing the reaper's memory until the exec
-("vfork"), or, where that was not built, by a fork from Python ("clone"); one
-of a burst, or one shortly after another, steps the reaper into the cgroup for
-``posix_spawn`` ("move"). Which one runs is a cost decision (see
-``Reaper.spawn``), so all must give the same result: the replica inside the
-app's cgroup, in a session of its own, with the given cwd, environment, output
-and no other descriptor, and the same words when it cannot start.
+Where ``_cspawn.c`` was built, every spawn is cloned straight into the cgroup
+(clone3 with CLONE_INTO_CGROUP), the child sharing the reaper's memory until
+the exec ("vfork"). Without it, a spawn that comes alone is cloned by a fork of
+the reaper from Python ("clone"), and one of a burst, or one shortly after
+another, steps the reaper into the cgroup for ``posix_spawn`` ("move"). Which
+one runs is a cost decision (see ``Reaper.spawn``), so all must give the same
+result: the replica inside the app's cgroup, in a session of its own, with the
+given cwd, environment, output and no other descriptor, and the same words
+when it cannot start.
 
 The reaper's code runs in a child interpreter (``python -I -S``, as the real
 reaper does) because it sets signal dispositions of the process it runs in.
@@ -195,15 +196,8 @@ def test_every_way_starts_the_replica_inside_its_cgroup_and_fails_alike(tmp_path
         assert (replies[0]["errno"], replies[0]["error"]) == (errno_, words)
 
 
-def test_a_spawn_that_is_part_of_a_burst_moves_instead_of_forking_the_reaper(
-    tmp_path: Path,
-) -> None:
-    """With other replicas starting, another message queued, or a move moments ago
-    (a spawn's, or the ``warm`` that announces a burst), the vfork way is taken (one
-    move pays for the burst)."""
-    probe = (
-        REAPER_HERE
-        + r"""
+# The same spawns, asked the way the supervisor asks them, and which way each took.
+SPAWN_SEQUENCE = r"""
 r.send = lambda **msg: None
 ways = []
 def spawn(i, alone=True):
@@ -214,31 +208,54 @@ def spawn(i, alone=True):
     os.close(read_end)
     ways.append(taken.pop())
 # The quiet while is set, not slept: a loaded machine must not decide the way taken.
-spawn(0)                        # alone, after a quiet while: cloned into the cgroup
+spawn(0)                        # alone, after a quiet while
 theirs.send(b"{}")              # another message waits: a burst
 spawn(1)
 ours.recv(16)
 quiet = reaper.MOVES_STAY_CHEAP_S
 reaper.MOVES_STAY_CHEAP_S = 3600.0
-spawn(2)                        # a move happened just now (spawn 1's): moves stay cheap
+spawn(2)                        # a move happened just now (spawn 1's, if it moved)
 reaper.MOVES_STAY_CHEAP_S = quiet
 r.last_move = float("-inf")
 spawn(3)                        # quiet again
 r.last_move = float("-inf")
-spawn(4, alone=False)           # the supervisor starts others with it: one move pays for all
+spawn(4, alone=False)           # the supervisor starts others with it
 r.last_move = float("-inf")
 reaper.MOVES_STAY_CHEAP_S = 3600.0  # however long the machine keeps this process waiting
-r.warm()                        # a burst was announced: its slow first move is paid already
+r.warm()                        # a burst was announced
+warm_moved = r.last_move != float("-inf")
 spawn(5)
 reaper.MOVES_STAY_CHEAP_S = quiet
-print(json.dumps({"cgroup": r.cgroup, "ways": ways}))
+print(json.dumps({"cgroup": r.cgroup, "ways": ways, "warm_moved": warm_moved}))
 r.stop_everything()
 """
-    )
-    out = _run_probe(probe)
+
+
+def test_with_the_spawn_in_c_every_spawn_is_cloned_into_its_cgroup_and_nothing_moves() -> None:
+    """Where ``_cspawn.c`` was built, a burst's spawns are cloned into their cgroup too
+    (0.3 ms each, against 0.35 ms for ``posix_spawn`` after a move), and the reaper
+    never moves: not for a spawn, not to ``warm`` (the first move after a quiet while
+    waits 5-15 ms for the kernel, and held back the first spawn of every burst)."""
+    if not _cspawn_path():
+        pytest.skip("_cspawn.c was not built here (see test_the_spawn_in_c_was_built)")
+    out = _run_probe(REAPER_HERE + SPAWN_SEQUENCE)
     if out["cgroup"] is None:
         pytest.skip("no writable cgroup v2 here (needs root): the reaper spawns without one")
-    assert out["ways"] == ["vfork", "move", "move", "vfork", "move", "move"]
+    assert out["ways"] == ["vfork"] * 6
+    assert out["warm_moved"] is False
+
+
+def test_without_the_spawn_in_c_a_spawn_of_a_burst_moves_instead_of_forking_the_reaper() -> None:
+    """Without ``_cspawn.c`` a clone is a fork of the whole reaper from Python (2.4-2.8
+    ms): only a spawn that comes alone after a quiet while takes it. With other replicas
+    starting, another message queued, or a move moments ago (a spawn's, or the ``warm``
+    that announces a burst), the reaper moves into the cgroup for a vfork instead (one
+    move pays for the burst)."""
+    out = _run_probe(REAPER_HERE + "r.cspawn = None\n" + SPAWN_SEQUENCE)
+    if out["cgroup"] is None:
+        pytest.skip("no writable cgroup v2 here (needs root): the reaper spawns without one")
+    assert out["ways"] == ["clone", "move", "move", "clone", "move", "move"]
+    assert out["warm_moved"] is True
 
 
 def test_the_replies_to_a_burst_go_out_together_after_its_spawns() -> None:
@@ -289,12 +306,17 @@ r.stop_everything()
     assert len({m["pid"] for m in out["replies"]}) == 6
 
 
-def test_the_spawns_of_a_batch_share_one_move_into_their_cgroup() -> None:
-    """The reaper steps into an app's cgroup once for the spawns of one batch, not twice
-    per replica, and is back in its own before anything else: another app's spawn, a
-    kill, the batch's end. Every replica is still born in its own app's cgroup."""
+@pytest.mark.parametrize("spawn_in_c", [False, True], ids=["moves", "clones"])
+def test_the_spawns_of_a_batch_share_one_move_into_their_cgroup(spawn_in_c: bool) -> None:
+    """Without ``_cspawn.c``, the reaper steps into an app's cgroup once for the spawns
+    of one batch, not twice per replica, and is back in its own before anything else:
+    another app's spawn, a kill, the batch's end. With it, the reaper never moves.
+    Either way every replica is born in its own app's cgroup."""
+    if spawn_in_c and not _cspawn_path():
+        pytest.skip("_cspawn.c was not built here (see test_the_spawn_in_c_was_built)")
     probe = (
         REAPER_HERE
+        + ("" if spawn_in_c else "r.cspawn = None\n")
         + r"""
 import array
 moves = []
@@ -331,7 +353,10 @@ r.stop_everything()
         pytest.skip("no writable cgroup v2 here (needs root): the reaper spawns without one")
     assert [m["op"] for m in out["replies"]] == ["spawned"] * 4, out["replies"]
     assert out["in"] == ["app-g", "app-g", "app-h", "app-g"]
-    assert out["moves"] == ["enter app-g", "home", "enter app-h", "home", "enter app-g", "home"]
+    if spawn_in_c:
+        assert out["moves"] == []
+    else:
+        assert out["moves"] == ["enter app-g", "home", "enter app-h", "home", "enter app-g", "home"]
     assert out["reaper_in"] == "reaper"
 
 

@@ -522,18 +522,20 @@ class Reaper:
     def spawn(self, msg: dict[str, Any], fds: list[int]) -> None:
         """Start one replica in a session of its own, inside its app's cgroup if there is one.
 
-        The child is born inside the cgroup, so nothing it forks can be missed,
-        in one of two ways, each the cheaper one when it is chosen. This process
-        steps into the cgroup for a vfork (``posix_spawn``, 0.3-0.5 ms) while
-        moves are cheap: within ``MOVES_STAY_CHEAP_S`` of the last move, or for a
-        burst, whose first move pays once for all. A spawn that comes alone
-        (``alone``: the supervisor starts no other replica with it, and no other
-        message waits) after a quiet while, where that first move would cost
-        5-15 ms (every submit of a one-replica app by a service that submits now
-        and then), is cloned straight into the cgroup with clone3 instead: by
-        ``_cspawn.c`` where it was built (1.0-1.4 ms, measured on 2026-12-05: the
-        child shares this process's memory until its exec), else by a full fork
-        of this process from Python (2.4-2.8 ms then, 4.5-5 ms on 2026-11-27).
+        The child is born inside the cgroup, so nothing it forks can be missed.
+        Where ``_cspawn.c`` was built, every such spawn is a clone3 straight into
+        the cgroup, the child sharing this process's memory until its exec (0.3 ms
+        a spawn in a burst, 0.4-0.7 ms the first into a new cgroup: 100 spawns of
+        ``sleep``, 2026-12-05), and this process never moves. Without it the clone
+        is a full fork of this process from Python (2.4-2.8 ms), so this process
+        steps into the cgroup for a vfork (``posix_spawn``, 0.35 ms) instead, and
+        only a spawn that comes alone (``alone``: the supervisor starts no other
+        replica with it, and no other message waits) after a quiet while is
+        cloned: the first move after a quiet while waits for an RCU grace period
+        (5-15 ms, every exit report queued behind it), one within
+        ``MOVES_STAY_CHEAP_S`` of the last does not. That wait is also why moving
+        lost to the clone from C for bursts (ten replicas submitted by a service:
+        16-19 ms against 11).
         """
         if len(fds) != 2:
             self.send(op="failed", id=msg["id"], errno=0, error="no output pipes were passed")
@@ -545,13 +547,7 @@ class Reaper:
             _checked(argv, env)
             places = self._places(argv[0], env, cwd)
             pid = None
-            if (
-                group is not None
-                and msg.get("alone") is True
-                and self.clone_into
-                and not self._moves_are_cheap()
-                and not self._more_waiting()
-            ):
+            if group is not None and self._clones(msg):
                 pid = self._spawn_into(group, argv, places, cwd, env, fds)
             if pid is None:
                 pid = self._spawn_inside(group, argv, places, cwd, env, fds)
@@ -567,6 +563,15 @@ class Reaper:
         # when its loop is busy, and the replica's recorded times are its own.
         self.send(op="spawned", id=msg["id"], pid=pid, at=time.time())
 
+    def _clones(self, msg: dict[str, Any]) -> bool:
+        """This spawn is cloned straight into its cgroup, not made after a move (see
+        ``spawn``): always where ``_cspawn.c`` was built and the kernel lets it."""
+        if not self.clone_into:
+            return False
+        if self.cspawn is not None:
+            return True
+        return msg.get("alone") is True and not self._moves_are_cheap() and not self._more_waiting()
+
     def warm(self) -> None:
         """Pay now the wait of the first move after a quiet while (5-15 ms, see ``spawn``).
 
@@ -575,8 +580,12 @@ class Reaper:
         O(replicas)) instead of delaying the first spawn; the burst's moves that
         follow within ``MOVES_STAY_CHEAP_S`` are cheap. A move into the cgroup
         this process is in already takes the same lock and changes nothing.
+        Where spawns clone into their cgroups (``_clones``), nothing will move:
+        the wait would only hold back this process's first spawn.
         """
         if self.cgroup is None or self.home is None or self._moves_are_cheap():
+            return
+        if self.clone_into and self.cspawn is not None:
             return
         try:
             os.write(self.home, b"0")

@@ -431,7 +431,10 @@ class AppActor:
         self._version += 1
         self._changed.set()
         self._changed = anyio.Event()
-        self._dirty.set()
+        if not self.fsm.is_terminal:
+            # An ended app's record is its final one, which ``_loop`` writes itself: woken,
+            # the periodic writer only took a turn of the loop while ``wait`` waited for it.
+            self._dirty.set()
 
     async def _persist_loop(self, runtime: AppRuntime, scope: anyio.CancelScope) -> None:
         """The coalesced writes, until ``scope`` is cancelled (the final record is written)."""

@@ -266,10 +266,11 @@ class LocalRuntime(ReplicaRuntime):
         self.store.release()
 
     async def start(self) -> None:
-        # Several replicas: the reaper's first move into a cgroup after a quiet while
-        # waits for the kernel (5-15 ms); asked now, that wait overlaps the records being
-        # written. Asked again once they are, in case writing them took longer than the
-        # move stays cheap (a big app); the reaper ignores an ask while moves are cheap.
+        # Several replicas: the reaper starts now if it has not yet, and where it moves into
+        # cgroups to spawn (no ``_cspawn.c``), its first move after a quiet while waits for
+        # the kernel (5-15 ms); asked now, that wait overlaps the records being written.
+        # Asked again once they are, in case writing them took longer than the move stays
+        # cheap (a big app); the reaper ignores an ask while moves are cheap.
         burst = len(self._slots) > 1
         if burst:
             self._backend.reaper.warm_up()

@@ -387,7 +387,7 @@ class Reaper:
     def warm_up(self) -> None:
         """Spawns of several replicas follow soon: the reaper (started now if need be,
         in a task of its own) takes the kernel's slow first step now, while they are
-        being prepared (see ``Reaper.warm`` in ``reaper.py``)."""
+        being prepared, where it has one to take (see ``Reaper.warm`` in ``reaper.py``)."""
         conn = self._live()
         if conn is not None:
             with contextlib.suppress(BackendError):

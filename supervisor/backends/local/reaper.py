@@ -563,14 +563,22 @@ class Reaper:
         # when its loop is busy, and the replica's recorded times are its own.
         self.send(op="spawned", id=msg["id"], pid=pid, at=time.time())
 
+    @property
+    def _never_moves(self) -> bool:
+        """Every spawn is cloned into its cgroup: ``_cspawn.c`` was built and the kernel
+        takes clone3 into a cgroup (see ``spawn``)."""
+        return self.clone_into and self.cspawn is not None
+
     def _clones(self, msg: dict[str, Any]) -> bool:
-        """This spawn is cloned straight into its cgroup, not made after a move (see
-        ``spawn``): always where ``_cspawn.c`` was built and the kernel lets it."""
-        if not self.clone_into:
-            return False
-        if self.cspawn is not None:
+        """This spawn is cloned straight into its cgroup, not made after a move."""
+        if self._never_moves:
             return True
-        return msg.get("alone") is True and not self._moves_are_cheap() and not self._more_waiting()
+        return (
+            self.clone_into
+            and msg.get("alone") is True
+            and not self._moves_are_cheap()
+            and not self._more_waiting()
+        )
 
     def warm(self) -> None:
         """Pay now the wait of the first move after a quiet while (5-15 ms, see ``spawn``).
@@ -580,12 +588,10 @@ class Reaper:
         O(replicas)) instead of delaying the first spawn; the burst's moves that
         follow within ``MOVES_STAY_CHEAP_S`` are cheap. A move into the cgroup
         this process is in already takes the same lock and changes nothing.
-        Where spawns clone into their cgroups (``_clones``), nothing will move:
-        the wait would only hold back this process's first spawn.
+        Where nothing moves (``_never_moves``), the wait would only hold back this
+        process's first spawn.
         """
-        if self.cgroup is None or self.home is None or self._moves_are_cheap():
-            return
-        if self.clone_into and self.cspawn is not None:
+        if self._never_moves or self.cgroup is None or self.home is None or self._moves_are_cheap():
             return
         try:
             os.write(self.home, b"0")

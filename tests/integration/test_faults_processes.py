@@ -469,6 +469,34 @@ async def test_replicas_of_an_app_share_its_cgroup(state_dir: Path) -> None:
             assert "/asupervisor-" in v2[0]
 
 
+@pytest.mark.anyio
+async def test_an_app_submitted_again_under_its_id_is_not_killed_by_what_the_last_left(
+    state_dir: Path,
+) -> None:
+    """A service that runs a job under the same app id each time (after ``gc``) gets
+    a new run that starts, although the run before left daemons behind.
+
+    The daemons were still dying as the ended app's cgroup was killed and released,
+    so the directory stayed; the next run's replicas were cloned into it, and Linux
+    kills every process cloned into a cgroup once killed: that run failed with
+    SIGKILL at birth (in each of six tries of these five runs before the fix).
+    """
+    if not _cgroups_writable():
+        pytest.skip("no writable cgroup v2 here (needs root): the subreaper alone is used")
+    role = Role(
+        name="r",
+        entrypoint="sh",
+        args=["-c", "for i in $(seq 20); do setsid sleep 30 >/dev/null 2>&1 & done; echo started"],
+    )
+    spec = app(role, name="nightly")
+    async with Supervisor(session="again", state_dir=state_dir) as sv:
+        for run in range(5):
+            handle = await sv.schedule(sv.dryrun(spec, "local", app_id="nightly"))
+            status = await sv.wait(handle, timeout=30)
+            assert status.state is AppState.SUCCEEDED, (run, status.msg)
+            assert await sv.gc("local", older_than=0) == [handle]
+
+
 def _reaper_pids() -> list[int]:
     me = str(os.getpid())
     found = []

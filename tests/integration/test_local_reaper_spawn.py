@@ -360,6 +360,81 @@ r.stop_everything()
     assert out["reaper_in"] == "reaper"
 
 
+@pytest.mark.parametrize("spawn_in_c", [False, True], ids=["moves", "clones"])
+def test_an_app_under_the_id_of_an_ended_one_gets_a_cgroup_nobody_killed(spawn_in_c: bool) -> None:
+    """An app submitted again under an ended app's id, while what the ended one left
+    behind is still dying, gets a cgroup of its own: the old one had ``cgroup.kill``
+    written, and a process cloned into a cgroup once killed is SIGKILLed at birth
+    (Linux 6.18). Once the old cgroup is empty it is removed, and the name is free.
+
+    Leftovers die within milliseconds of the kill, too soon to submit again in
+    between on demand; a process moved into the killed cgroup by the test (moving
+    in kills nothing) keeps it busy as long as the test needs instead."""
+    if spawn_in_c and not _cspawn_path():
+        pytest.skip("_cspawn.c was not built here (see test_the_spawn_in_c_was_built)")
+    probe = (
+        REAPER_HERE
+        + ("" if spawn_in_c else "r.cspawn = None\n")
+        + r"""
+import array, subprocess, time
+def spawn(i, argv):
+    read_end, write_end = os.pipe()
+    msg = {"op": "spawn", "id": i, "argv": argv, "cwd": "/", "group": "g",
+           "env": {"PATH": os.defpath}}
+    theirs.sendmsg([json.dumps(msg).encode()],
+                   [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [write_end] * 2))])
+    os.close(read_end)
+    r.receive_batch()
+    return json.loads(theirs.recv(4096))
+def cgroup(pid):
+    with open(f"/proc/{pid}/cgroup") as f:
+        return f.read().strip().rsplit("/", 1)[-1]
+def alive_after(pid, seconds):
+    time.sleep(seconds)
+    return os.waitpid(pid, os.WNOHANG) == (0, 0)
+out = {"cgroup": r.cgroup}
+if r.cgroup is not None:
+    ended = spawn(0, ["sleep", "30"])
+    old = r.groups["g"]
+    out["ended_in"] = cgroup(ended["pid"])
+    r.release("g")  # the app ended: its cgroup killed
+    os.waitpid(ended["pid"], 0)
+    if not os.path.isdir(old):  # it emptied at once: made again, and killed as ``release`` did
+        os.mkdir(old)
+        with open(os.path.join(old, "cgroup.kill"), "w") as f:
+            f.write("1")
+    straggler = subprocess.Popen(["sleep", "30"])
+    with open(os.path.join(old, "cgroup.procs"), "w") as f:
+        f.write(str(straggler.pid))
+    if old not in r.emptying:
+        r.emptying.append(old)  # as ``release`` leaves a cgroup whose leftovers were dying
+    again = spawn(1, ["sleep", "30"])
+    out["again_in"] = cgroup(again["pid"])
+    out["again_alive"] = alive_after(again["pid"], 0.3)
+    r.release("g")
+    os.waitpid(again["pid"], 0)
+    straggler.kill()
+    straggler.wait()
+    third = spawn(2, ["sleep", "30"])
+    out["third_in"] = cgroup(third["pid"])
+    out["third_alive"] = alive_after(third["pid"], 0.3)
+    out["left_after"] = [os.path.basename(p) for p in r.emptying]
+print(json.dumps(out))
+r.stop_everything()
+"""
+    )
+    out = _run_probe(probe)
+    if out["cgroup"] is None:
+        pytest.skip("no writable cgroup v2 here (needs root): the reaper spawns without one")
+    assert out["ended_in"] == "app-g"
+    assert out["again_in"] == "app-g.1"
+    assert out["again_alive"], "the replica of the app submitted again was killed at birth"
+    # Both emptied meanwhile: removed as the next app's cgroup was made, the name free.
+    assert out["third_in"] == "app-g"
+    assert out["third_alive"]
+    assert out["left_after"] == []
+
+
 @pytest.mark.anyio
 async def test_an_app_of_several_replicas_announces_its_burst_before_the_spawns(
     state_dir: Path, monkeypatch: pytest.MonkeyPatch

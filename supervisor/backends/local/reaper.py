@@ -511,13 +511,47 @@ class Reaper:
             return None
         path = self.groups.get(group)
         if path is None:
-            path = os.path.join(self.cgroup, "app-" + group.replace("/", "_"))
-            try:
-                os.makedirs(path, exist_ok=True)
-            except OSError:
+            path = self._new_group_dir(self.cgroup, "app-" + group.replace("/", "_"))
+            if path is None:
                 return None
             self.groups[group] = path
         return path
+
+    def _new_group_dir(self, base: str, name: str) -> str | None:
+        """A new cgroup directory for an app, never one an ended app left behind.
+
+        An app submitted again under the id of one that ended finds that app's
+        directory still there when what it left running was still dying as it
+        was released (see ``release``). That directory is not this app's: its
+        ``cgroup.kill`` was written, and Linux kills every process cloned into
+        a cgroup once killed (SIGKILL at birth, seen on 6.18), so each replica
+        of the new app would fail as it starts. It is removed if it has emptied
+        since, and the new app's takes its name; otherwise the new app's gets
+        a name of its own (``app-<id>.1``, ...).
+        """
+        self._remove_emptied()
+        for attempt in range(len(self.emptying) + 1):
+            path = os.path.join(base, name + (f".{attempt}" if attempt else ""))
+            try:
+                os.mkdir(path)
+            except FileExistsError:
+                continue
+            except OSError:
+                return None
+            return path
+        return None
+
+    def _remove_emptied(self) -> None:
+        """Remove the cgroups of ended apps whose last process has gone since (before a new
+        app's is made; ``stop_everything`` removes the rest)."""
+        for path in list(self.emptying):
+            try:
+                os.rmdir(path)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                continue  # still busy
+            self.emptying.remove(path)
 
     def spawn(self, msg: dict[str, Any], fds: list[int]) -> None:
         """Start one replica in a session of its own, inside its app's cgroup if there is one.
@@ -795,7 +829,7 @@ class Reaper:
         if path is not None:
             _kill_cgroup(path)
             with contextlib.suppress(OSError):
-                os.rmdir(path)  # busy until the kill completes; stop_everything retries
+                os.rmdir(path)  # busy until the kill completes: retried (_remove_emptied)
             if os.path.isdir(path):
                 self.emptying.append(path)
             return

@@ -377,9 +377,9 @@ def test_an_app_under_the_id_of_an_ended_one_gets_a_cgroup_nobody_killed(spawn_i
         + ("" if spawn_in_c else "r.cspawn = None\n")
         + r"""
 import array, subprocess, time
-def spawn(i, argv):
+def spawn(i, argv, group="g"):
     read_end, write_end = os.pipe()
-    msg = {"op": "spawn", "id": i, "argv": argv, "cwd": "/", "group": "g",
+    msg = {"op": "spawn", "id": i, "argv": argv, "cwd": "/", "group": group,
            "env": {"PATH": os.defpath}}
     theirs.sendmsg([json.dumps(msg).encode()],
                    [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [write_end] * 2))])
@@ -411,10 +411,14 @@ if r.cgroup is not None:
     again = spawn(1, ["sleep", "30"])
     out["again_in"] = cgroup(again["pid"])
     out["again_alive"] = alive_after(again["pid"], 0.3)
-    r.release("g")
-    os.waitpid(again["pid"], 0)
     straggler.kill()
     straggler.wait()
+    other = spawn(3, ["sleep", "30"], group="g.1")  # an app whose id takes that name
+    out["other_in"] = cgroup(other["pid"])
+    r.release("g.1")
+    os.waitpid(other["pid"], 0)
+    r.release("g")
+    os.waitpid(again["pid"], 0)
     third = spawn(2, ["sleep", "30"])
     out["third_in"] = cgroup(third["pid"])
     out["third_alive"] = alive_after(third["pid"], 0.3)
@@ -429,6 +433,7 @@ r.stop_everything()
     assert out["ended_in"] == "app-g"
     assert out["again_in"] == "app-g.1"
     assert out["again_alive"], "the replica of the app submitted again was killed at birth"
+    assert out["other_in"] == "app-g.1.1"
     # Both emptied meanwhile: removed as the next app's cgroup was made, the name free.
     assert out["third_in"] == "app-g"
     assert out["third_alive"]

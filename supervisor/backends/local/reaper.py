@@ -530,7 +530,9 @@ class Reaper:
         a name of its own (``app-<id>.1``, ...).
         """
         self._remove_emptied()
-        for attempt in range(len(self.emptying) + 1):
+        # Every directory there is an app's, live or ended: one more try finds a free name
+        # (``app-<id>.1`` may be the directory of an app whose id is ``<id>.1``).
+        for attempt in range(len(self.groups) + len(self.emptying) + 1):
             path = os.path.join(base, name + (f".{attempt}" if attempt else ""))
             try:
                 os.mkdir(path)

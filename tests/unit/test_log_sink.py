@@ -16,6 +16,7 @@ import pytest
 from supervisor.errors import BackendError
 from supervisor.logs import LogSink, TimestampIndex
 from supervisor.logs import files as log_files
+from supervisor.logs import sink as sink_module
 from supervisor.logs.files import ReplicaFiles
 from supervisor.logs.lines import MAX_LINE_BYTES
 from supervisor.logs.sink import QUEUED_BYTES_HIGH, QUEUED_BYTES_LOW
@@ -273,6 +274,48 @@ async def test_no_descriptors_left_once_streams_ended(sink: LogSink, tmp_path: P
     await sink.flush()
     assert _open_fds() == before
     assert _read(tmp_path / "r7", "combined.log") == b"out\nerr"
+
+
+@pytest.mark.anyio
+async def test_a_stream_ending_with_no_open_line_does_not_wake_the_writer_at_once(
+    sink: LogSink, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Such an end only closes files, and its pipes close as the replica's exit report
+    comes in: woken then, the writer thread took the GIL before the report got it. It
+    goes with the next hand-over (a flush, any write), at the latest ``LAZY_PUSH_S``
+    later; an open line's end still goes at once (a flush waits for that line)."""
+    await sink.flush()  # the writer thread exists before counting
+    before = _open_fds()
+    log = sink.open(tmp_path)
+    sink.write(log, "stdout", b"whole line\n", 1.0)
+    await sink.flush()
+    opened = _open_fds()
+    assert opened > before
+    monkeypatch.setattr(sink_module, "LAZY_PUSH_S", 60.0)
+    sink.end_stream(log, "stdout")
+    sink.end_stream(log, "stderr")
+    assert sink.flush_now(log)  # nothing of the replica's output waits for the writer
+    await anyio.sleep(0.2)
+    assert _open_fds() == opened  # not handed over: the writer was not woken
+    await sink.flush()  # a hand-over takes it along
+    assert _open_fds() == before
+
+    monkeypatch.undo()
+    log = sink.open(tmp_path / "later")
+    sink.write(log, "stderr", b"last\n", 2.0)
+    await sink.flush()
+    sink.end_stream(log, "stdout")
+    sink.end_stream(log, "stderr")
+    with anyio.fail_after(10):  # nothing else comes: the timer hands it over
+        while _open_fds() != before:  # noqa: ASYNC110 - a count of descriptors: no event
+            await anyio.sleep(sink_module.LAZY_PUSH_S / 4)
+
+    log = sink.open(tmp_path / "open-line")
+    sink.write(log, "stdout", b"no newline", 3.0)
+    sink.end_stream(log, "stdout")
+    assert not sink.flush_now(log)
+    await sink.flush(log)
+    assert _read(tmp_path / "open-line", "combined.log") == b"no newline"
 
 
 @pytest.mark.anyio

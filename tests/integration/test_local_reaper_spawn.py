@@ -393,38 +393,45 @@ def alive_after(pid, seconds):
     time.sleep(seconds)
     return os.waitpid(pid, os.WNOHANG) == (0, 0)
 out = {"cgroup": r.cgroup}
-if r.cgroup is not None:
-    ended = spawn(0, ["sleep", "30"])
-    old = r.groups["g"]
-    out["ended_in"] = cgroup(ended["pid"])
-    r.release("g")  # the app ended: its cgroup killed
-    os.waitpid(ended["pid"], 0)
-    if not os.path.isdir(old):  # it emptied at once: made again, and killed as ``release`` did
-        os.mkdir(old)
-        with open(os.path.join(old, "cgroup.kill"), "w") as f:
-            f.write("1")
-    straggler = subprocess.Popen(["sleep", "30"])
-    with open(os.path.join(old, "cgroup.procs"), "w") as f:
-        f.write(str(straggler.pid))
-    if old not in r.emptying:
-        r.emptying.append(old)  # as ``release`` leaves a cgroup whose leftovers were dying
-    again = spawn(1, ["sleep", "30"])
-    out["again_in"] = cgroup(again["pid"])
-    out["again_alive"] = alive_after(again["pid"], 0.3)
-    straggler.kill()
-    straggler.wait()
-    other = spawn(3, ["sleep", "30"], group="g.1")  # an app whose id takes that name
-    out["other_in"] = cgroup(other["pid"])
-    r.release("g.1")
-    os.waitpid(other["pid"], 0)
-    r.release("g")
-    os.waitpid(again["pid"], 0)
-    third = spawn(2, ["sleep", "30"])
-    out["third_in"] = cgroup(third["pid"])
-    out["third_alive"] = alive_after(third["pid"], 0.3)
-    out["left_after"] = [os.path.basename(p) for p in r.emptying]
+straggler = None
+try:  # the reaper stops what it started, and its cgroups go, even if a step fails
+    if r.cgroup is not None:
+        ended = spawn(0, ["sleep", "30"])
+        old = r.groups["g"]
+        out["ended_in"] = cgroup(ended["pid"])
+        r.release("g")  # the app ended: its cgroup killed
+        os.waitpid(ended["pid"], 0)
+        if not os.path.isdir(old):  # it emptied at once: made again, and killed as ``release`` did
+            os.mkdir(old)
+            with open(os.path.join(old, "cgroup.kill"), "w") as f:
+                f.write("1")
+        straggler = subprocess.Popen(["sleep", "30"])
+        with open(os.path.join(old, "cgroup.procs"), "w") as f:
+            f.write(str(straggler.pid))
+        if old not in r.emptying:
+            r.emptying.append(old)  # as ``release`` leaves a cgroup whose leftovers were dying
+        again = spawn(1, ["sleep", "30"])
+        out["again_in"] = cgroup(again["pid"])
+        out["again_alive"] = alive_after(again["pid"], 0.3)
+        straggler.kill()
+        straggler.wait()
+        straggler = None
+        other = spawn(3, ["sleep", "30"], group="g.1")  # an app whose id takes that name
+        out["other_in"] = cgroup(other["pid"])
+        r.release("g.1")
+        os.waitpid(other["pid"], 0)
+        r.release("g")
+        os.waitpid(again["pid"], 0)
+        third = spawn(2, ["sleep", "30"])
+        out["third_in"] = cgroup(third["pid"])
+        out["third_alive"] = alive_after(third["pid"], 0.3)
+        out["left_after"] = [os.path.basename(p) for p in r.emptying]
+finally:
+    if straggler is not None:
+        straggler.kill()
+        straggler.wait()
+    r.stop_everything()
 print(json.dumps(out))
-r.stop_everything()
 """
     )
     out = _run_probe(probe)

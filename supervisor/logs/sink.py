@@ -658,14 +658,7 @@ class LogSink:
                 self._writer.queue.put(item)
             else:
                 self._batch.append(item)
-                if self._push_soon:
-                    pass
-                elif not lazy:
-                    self._push_soon = True
-                    loop.call_soon(self._push)
-                elif not self._push_later:
-                    self._push_later = True
-                    loop.call_later(LAZY_PUSH_S, self._push)
+                self._schedule_push(loop, lazy)
             self._submitted += 1
             return True
 
@@ -673,6 +666,18 @@ class LogSink:
         """``_submit`` an item that changes ``log``'s files: its ``flush`` waits for it."""
         self._submit(item)
         log.content_through = self._submitted
+
+    def _schedule_push(self, loop: asyncio.AbstractEventLoop, lazy: bool) -> None:
+        """Hand the batch over at the end of this turn, or, for an item nobody waits for
+        with no hand-over due, ``LAZY_PUSH_S`` from now."""
+        if self._push_soon or (lazy and self._push_later):
+            return
+        if lazy:
+            self._push_later = True
+            loop.call_later(LAZY_PUSH_S, self._push)
+        else:
+            self._push_soon = True
+            loop.call_soon(self._push)
 
     def _push(self) -> None:
         with self._lock:

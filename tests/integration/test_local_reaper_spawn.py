@@ -60,6 +60,22 @@ def _spy_inside(*args):
 r._spawn_into, r._spawn_inside = _spy_into, _spy_inside
 """
 
+# For probes that speak the supervisor's side of the socket themselves: ``queue`` a
+# message (with a pipe's write end as both output descriptors), and the name of the
+# cgroup a process is in.
+SUPERVISOR_SIDE = r"""
+import array
+def queue(msg):
+    read_end, write_end = os.pipe()
+    theirs.sendmsg([json.dumps(msg).encode()],
+                   [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [write_end] * 2))])
+    os.close(read_end)
+    os.close(write_end)
+def cgroup(pid):
+    with open(f"/proc/{pid}/cgroup") as f:
+        return f.read().strip().rsplit("/", 1)[-1]
+"""
+
 # Spawns replicas through the real reaper code, one way forced each time, and prints
 # what each replica (or the failure) looked like.
 PROBE = (
@@ -317,18 +333,12 @@ def test_the_spawns_of_a_batch_share_one_move_into_their_cgroup(spawn_in_c: bool
     probe = (
         REAPER_HERE
         + ("" if spawn_in_c else "r.cspawn = None\n")
+        + SUPERVISOR_SIDE
         + r"""
-import array
 moves = []
 enter, go_home = r._enter, r._go_home
 r._enter = lambda group: (moves.append("enter " + os.path.basename(group)), enter(group))[1]
 r._go_home = lambda: (moves.append("home"), go_home())[1]
-def queue(msg):
-    read_end, write_end = os.pipe()
-    theirs.sendmsg([json.dumps(msg).encode()],
-                   [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [write_end] * 2))])
-    os.close(read_end)
-    os.close(write_end)
 def spawn(i, group):
     queue({"op": "spawn", "id": i, "argv": ["sleep", "30"], "cwd": "/", "group": group,
            "env": {"PATH": os.defpath}})
@@ -339,9 +349,6 @@ queue({"op": "kill", "pids": [], "sig": 0})
 spawn(3, "g")
 r.receive_batch()
 replies = [json.loads(theirs.recv(4096)) for _ in range(4)]
-def cgroup(pid):
-    with open(f"/proc/{pid}/cgroup") as f:
-        return f.read().strip().rsplit("/", 1)[-1]
 print(json.dumps({"cgroup": r.cgroup, "moves": moves, "replies": replies,
                   "in": [cgroup(m["pid"]) for m in replies if m["op"] == "spawned"],
                   "reaper_in": cgroup("self")}))
@@ -375,20 +382,14 @@ def test_an_app_under_the_id_of_an_ended_one_gets_a_cgroup_nobody_killed(spawn_i
     probe = (
         REAPER_HERE
         + ("" if spawn_in_c else "r.cspawn = None\n")
+        + SUPERVISOR_SIDE
         + r"""
-import array, subprocess, time
+import subprocess, time
 def spawn(i, argv, group="g"):
-    read_end, write_end = os.pipe()
-    msg = {"op": "spawn", "id": i, "argv": argv, "cwd": "/", "group": group,
-           "env": {"PATH": os.defpath}}
-    theirs.sendmsg([json.dumps(msg).encode()],
-                   [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [write_end] * 2))])
-    os.close(read_end)
+    queue({"op": "spawn", "id": i, "argv": argv, "cwd": "/", "group": group,
+           "env": {"PATH": os.defpath}})
     r.receive_batch()
     return json.loads(theirs.recv(4096))
-def cgroup(pid):
-    with open(f"/proc/{pid}/cgroup") as f:
-        return f.read().strip().rsplit("/", 1)[-1]
 def alive_after(pid, seconds):
     time.sleep(seconds)
     return os.waitpid(pid, os.WNOHANG) == (0, 0)

@@ -544,8 +544,8 @@ class Reaper:
         return None
 
     def _remove_emptied(self) -> None:
-        """Remove the cgroups of ended apps whose last process has gone since (before a new
-        app's is made; ``stop_everything`` removes the rest)."""
+        """Remove the cgroups of ended apps whose last process has gone (as an app ends,
+        and before a new app's is made; ``stop_everything`` removes the rest)."""
         for path in list(self.emptying):
             try:
                 os.rmdir(path)
@@ -830,10 +830,8 @@ class Reaper:
         path = self.groups.pop(group, None)
         if path is not None:
             _kill_cgroup(path)
-            with contextlib.suppress(OSError):
-                os.rmdir(path)  # busy until the kill completes: retried (_remove_emptied)
-            if os.path.isdir(path):
-                self.emptying.append(path)
+            self.emptying.append(path)
+            self._remove_emptied()  # busy until the kill completes: retried later
             return
         # No cgroup: adopted orphans that still carry the app's id in their environment.
         needle = f"ASUPERVISOR_APP_ID={group}".encode()

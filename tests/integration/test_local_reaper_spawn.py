@@ -448,6 +448,93 @@ print(json.dumps(out))
     assert out["left_after"] == []
 
 
+def test_a_new_cgroup_is_populated_once_before_its_first_replica_and_nothing_stays() -> None:
+    """Where ``_cspawn.c`` was built, the reaper has each new app's cgroup populated
+    once, by a child of its own that exits at once, before the app's first replica is
+    cloned into it: that replica's spawn no longer waits behind the kernel worker the
+    first process of a cgroup wakes (see ``Reaper._populate``; the time saved is in
+    docs/benchmarks.md, not asserted here). The child is reaped before the spawn: the
+    reaper keeps no child of it, not even a zombie, and the cgroup holds the replicas
+    alone. An app's later replicas, and a later batch of the same app, make none."""
+    if not _cspawn_path():
+        pytest.skip("_cspawn.c was not built here (see test_the_spawn_in_c_was_built)")
+    probe = (
+        REAPER_HERE
+        + SUPERVISOR_SIDE
+        + r"""
+def children():
+    mine = str(os.getpid())
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[1] == mine:
+                found.add((int(entry), fields[0]))
+    return found
+def procs(path):
+    with open(os.path.join(path, "cgroup.procs")) as f:
+        return f.read().split()
+calls = []
+populate = r.cspawn.populate
+def spy(fd):
+    path = os.readlink(f"/proc/self/fd/{fd}")
+    before = (procs(path), {pid for pid, state in children()})
+    result = populate(fd)
+    calls.append({"group": os.path.basename(path), "result": result,
+                  "procs_before": before[0], "procs_after": procs(path),
+                  "children_kept": before[1] == {pid for pid, state in children()}})
+    return result
+r.cspawn = r.cspawn._replace(populate=spy)
+def spawn(i, group):
+    queue({"op": "spawn", "id": i, "argv": ["sleep", "30"], "cwd": "/", "group": group,
+           "env": {"PATH": os.defpath}})
+out = {"cgroup": r.cgroup}
+try:
+    if r.cgroup is not None:
+        spawn(0, "g")
+        spawn(1, "g")
+        spawn(2, "h")
+        r.receive_batch()
+        spawn(3, "g")  # a later batch of an app whose cgroup is made
+        r.receive_batch()
+        replies = [json.loads(theirs.recv(4096)) for _ in range(4)]
+        out["replies"] = [m["op"] for m in replies]
+        pids = [m["pid"] for m in replies if m["op"] == "spawned"]
+        out["in"] = [cgroup(pid) for pid in pids]
+        out["g"] = sorted(int(p) for p in procs(r.groups["g"]))
+        out["h"] = sorted(int(p) for p in procs(r.groups["h"]))
+        out["pids"] = pids
+        out["children"] = sorted(pid for pid, state in children())
+        out["zombies"] = [pid for pid, state in children() if state == "Z"]
+        out["calls"] = calls
+finally:
+    r.stop_everything()
+print(json.dumps(out))
+"""
+    )
+    out = _run_probe(probe)
+    if out["cgroup"] is None:
+        pytest.skip("no writable cgroup v2 here (needs root): the reaper spawns without one")
+    assert out["replies"] == ["spawned"] * 4
+    assert out["in"] == ["app-g", "app-g", "app-h", "app-g"]
+    # Once per new cgroup, while it was still empty, and empty again at its return.
+    assert [c["group"] for c in out["calls"]] == ["app-g", "app-h"]
+    for call in out["calls"]:
+        assert call["result"] == 0, call
+        assert call["procs_before"] == [] and call["procs_after"] == [], call
+        assert call["children_kept"], call
+    # The cgroups hold the replicas alone; the reaper's children are the replicas alone.
+    pids = out["pids"]
+    assert out["g"] == sorted([pids[0], pids[1], pids[3]])
+    assert out["h"] == [pids[2]]
+    assert out["children"] == sorted(pids)
+    assert out["zombies"] == []
+
+
 @pytest.mark.anyio
 async def test_an_app_of_several_replicas_announces_its_burst_before_the_spawns(
     state_dir: Path, monkeypatch: pytest.MonkeyPatch

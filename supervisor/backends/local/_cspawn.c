@@ -206,6 +206,65 @@ __attribute__((visibility("default"))) long asv_spawn_into_cgroup(
 #endif
 }
 
+/*
+ * Have the new (empty) cgroup of ``cgroup_fd`` populated once by a child born in it
+ * that exits at once, reaped here: 0, or minus an errno (no child was made).
+ *
+ * The first process in a cgroup makes it populated, and Linux notifies the
+ * watchers of its ``cgroup.events`` through a kernel worker queued on this CPU.
+ * With a replica as that first process, the reaper waited for its exec while
+ * the worker ran, and was woken late: 0.7-0.9 ms for a spawn that takes
+ * 0.2-0.25 ms right after this child (medians of 20, 2026-12-05). Linux sends a
+ * cgroup's notifications at most every 20 ms, the later ones from a timer: the
+ * replica's spawn right after this finds none to wait behind (one 50 ms later
+ * did again). The child touches no memory and takes no signal (all blocked), so
+ * it shares this process's memory instead of copying it: 0.15 ms in all.
+ */
+__attribute__((visibility("default"))) long asv_populate_cgroup(int cgroup_fd)
+{
+#ifndef ASV_HAVE_CLONE3
+    (void)cgroup_fd;
+    return -ENOSYS;
+#else
+    static char stack[4096] __attribute__((aligned(16)));
+    sigset_t all, mask;
+    memset(&all, 0xff, sizeof all);
+    if (syscall(SYS_rt_sigprocmask, SIG_BLOCK, &all, &mask, KERNEL_SIGSET_SIZE) < 0)
+        return -errno;
+    struct clone_args args;
+    memset(&args, 0, sizeof args);
+    args.flags = CLONE_VM | CLONE_FILES | CLONE_FS | CLONE_SIGHAND | CLONE_INTO_CGROUP;
+    args.exit_signal = 0; /* no SIGCHLD: reaped below, never seen by the reaper's loop */
+    args.stack = (uint64_t)(uintptr_t)stack;
+    args.stack_size = sizeof stack;
+    args.cgroup = (uint64_t)cgroup_fd;
+    register long rax __asm__("rax") = SYS_clone3;
+    register struct clone_args *rdi __asm__("rdi") = &args;
+    register long rsi __asm__("rsi") = sizeof args;
+    __asm__ volatile(
+        "syscall\n\t"
+        "test %%rax, %%rax\n\t"
+        "jnz 1f\n\t"
+        /* The child: exit_group(0) straight away, nothing stored, no stack used. */
+        "xor %%edi, %%edi\n\t"
+        "mov %[exit_group], %%eax\n\t"
+        "syscall\n\t"
+        "hlt\n\t"
+        "1:\n\t"
+        : "+r"(rax)
+        : "r"(rdi), "r"(rsi), [exit_group] "i"(SYS_exit_group)
+        : "rcx", "r11", "memory", "cc");
+    long pid = rax;
+    syscall(SYS_rt_sigprocmask, SIG_SETMASK, &mask, NULL, KERNEL_SIGSET_SIZE);
+    if (pid < 0)
+        return pid;
+    int status;
+    while (waitpid((pid_t)pid, &status, __WALL) < 0 && errno == EINTR) {
+    }
+    return 0;
+#endif
+}
+
 /* Importable too (the package's tests and tools find it as a module); it defines nothing. */
 static struct PyModuleDef cspawn_module = {
     PyModuleDef_HEAD_INIT,

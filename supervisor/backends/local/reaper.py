@@ -529,14 +529,10 @@ class Reaper:
         return path
 
     def _populate(self, path: str) -> None:
-        """Have a new app's cgroup populated once before its first replica is cloned.
-
-        The first process in a cgroup makes Linux notify its ``cgroup.events``
-        through a kernel worker on this CPU, and a replica cloned first had this
-        process wait for its exec behind that worker: 0.7-0.9 ms, against 0.2-0.25
-        once a child of ``_cspawn.c`` that exits at once (0.15 ms, reaped before
-        this returns) has taken the notification (see ``asv_populate_cgroup``).
-        Nothing to say where it cannot be made: the replica's own clone finds out why.
+        """Have a new app's cgroup populated once before its first replica is cloned:
+        the replica's spawn then no longer waits behind the kernel worker that the
+        first process of a cgroup wakes (why and how much: ``asv_populate_cgroup``).
+        Nothing to say where it cannot be done: the replica's own clone finds out why.
         """
         if not self._never_moves:
             return

@@ -15,6 +15,7 @@ starts to follow the app (``AppTasks``).
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -286,7 +287,14 @@ class AppActor:
             self._start_actions(owed, runtime, task_group)
             if not self.fsm.is_terminal:  # else it ended while nobody followed it
                 await self._follow_mail(runtime, task_group)
+            # The end goes to the observer and the watchers while its final record is
+            # written in the records' thread: queued first, so told before any waiter
+            # resumes, yet off the way to ``wait``.
+            failed: list[Exception] = []
+            asyncio.get_running_loop().call_soon(self._publish_end, failed)
             await self._persist(runtime, final=True)
+            if failed:
+                raise failed[0]
             # Waiters first, then the periodic writer's end: a cancel formats its
             # caller task's repr (anyio), 60-100 us no ``wait`` needs to wait for.
             self._finish()
@@ -316,10 +324,10 @@ class AppActor:
                     break  # the rest on the next turn: the host's loop gets its turn
                 item = self._next_mail()
                 taken += 1
+            if self.fsm.is_terminal:
+                break  # published while the final record is written (``_loop``)
             if changed:
                 self._publish()
-            if self.fsm.is_terminal:
-                break
 
     def _next_mail(self) -> _Mail | None:
         try:
@@ -435,6 +443,16 @@ class AppActor:
             # An ended app's record is its final one, which ``_loop`` writes itself: woken,
             # the periodic writer only took a turn of the loop while ``wait`` waited for it.
             self._dirty.set()
+
+    def _publish_end(self, failed: list[Exception]) -> None:
+        """``_publish``, as a callback of the loop: what it raises goes to ``failed``,
+        for the actor to raise. Nothing to do once ``_finish`` published already."""
+        if self._finished:
+            return
+        try:
+            self._publish()
+        except Exception as exc:
+            failed.append(exc)
 
     async def _persist_loop(self, runtime: AppRuntime, scope: anyio.CancelScope) -> None:
         """The coalesced writes, until ``scope`` is cancelled (the final record is written)."""

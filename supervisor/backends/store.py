@@ -142,7 +142,8 @@ def write_json_atomic(
     durable: bool = False,
     only_over: bool = False,
     spare: Path | None = None,
-) -> None:
+    keep_old: bool = False,
+) -> Path:
     """Readers see the old file or the new one, never half of one.
 
     One ``json.dumps`` and one write: ``json.dump`` to a file runs the
@@ -152,6 +153,8 @@ def write_json_atomic(
     ``swap_into_place`` (see ``swap``: a third of ``os.replace``'s cost on ext4);
     ``only_over``: only where a file is already (none is created). ``spare``: an
     empty file made beforehand by ``create_beside`` for this content (``open_beside``).
+    Returns the temporary name, which ``keep_old`` leaves to the old file (see
+    ``swap_into_place``) for the caller to unlink; without it, nothing is there.
     """
     encoded = json.dumps(data).encode()
     fd, tmp = open_beside(path, spare)
@@ -162,7 +165,7 @@ def write_json_atomic(
                 os.fsync(fd)
         finally:
             os.close(fd)
-        swap_into_place(tmp, path, only_over=only_over)
+        swap_into_place(tmp, path, only_over=only_over, keep_old=keep_old)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -173,6 +176,7 @@ def write_json_atomic(
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+    return tmp
 
 
 def _read_regular(path: str | Path, limit: int) -> bytes | None:
@@ -487,6 +491,8 @@ class AppStore:
         self.app_dir = app_dir
         # The file the next state.json goes into, made after the write before it.
         self._spare_state: Path | None = None
+        # The old state.json, under the name the final write gave it (``discard_spare``).
+        self._replaced: Path | None = None
         # The seq after the last transition this object appended to the journal: a write
         # whose state.json failed (a full disk) is tried again with the same transitions.
         self._journaled = 0
@@ -583,9 +589,10 @@ class AppStore:
         """Append the new transitions to the journal (O(what changed)), replace state.json.
 
         ``ready_next``: a non-final write makes the file the next one goes into (see
-        below), for a writer that also writes the final record (``discard_spare``
-        otherwise). Apps that outlive their Supervisor get their final record from
-        another process, which would leave that file behind.
+        below), for a writer that also writes the final record and then calls
+        ``discard_spare`` (the final write leaves it the old file to remove, off the
+        path of ``wait``). Apps that outlive their Supervisor get their final record
+        from another process, which would leave that file behind.
         """
         # Those journaled by a write that failed after its append are not appended again.
         new = [t for t in transitions if t.seq >= self._journaled]
@@ -601,8 +608,10 @@ class AppStore:
         }
         path = self.app_dir / "state.json"
         spare, self._spare_state = self._spare_state, None
-        write_json_atomic(path, record, spare=spare)
-        if ready_next and not final:
+        replaced = write_json_atomic(path, record, spare=spare, keep_old=ready_next and final)
+        if ready_next and final:
+            self._replaced = replaced
+        elif ready_next:
             # Made now, while nobody waits: the next write may be the final one, which
             # every ``wait`` waits for. The final one leaves none behind. Without one
             # (no room for a file), the next write makes its own, or says why not.
@@ -611,10 +620,12 @@ class AppStore:
                 os.close(fd)
 
     def discard_spare(self) -> None:
-        """Remove the file ``write_state`` made for a next write that will not come."""
-        spare, self._spare_state = self._spare_state, None
-        if spare is not None:
-            spare.unlink(missing_ok=True)
+        """Remove the file ``write_state`` made for a next write that will not come, and
+        the old state the final write left behind."""
+        for leftover in (self._spare_state, self._replaced):
+            if leftover is not None:
+                leftover.unlink(missing_ok=True)
+        self._spare_state = self._replaced = None
 
     def read_app(self) -> AppRecord | None:
         """``app.json``, None when there is none.

@@ -82,13 +82,17 @@ def open_beside(path: Path, spare: Path | None) -> tuple[int, Path]:
     return create_beside(path)
 
 
-def swap_into_place(tmp: Path, path: Path, *, only_over: bool = False) -> bool:
+def swap_into_place(
+    tmp: Path, path: Path, *, only_over: bool = False, keep_old: bool = False
+) -> bool:
     """Make ``tmp``'s file the one at ``path``; ``tmp``'s name is gone once this returns.
 
     ``only_over``: only if a file is at ``path`` already; False (and ``tmp``
     removed) when none is. With the exchange this is atomic: a file removed
     meanwhile by another process is never written back. Without it, the check
-    and the rename are two steps.
+    and the rename are two steps. ``keep_old``: after an exchange, ``tmp`` is
+    left naming the old file, for the caller to unlink later, off a path
+    somebody waits on (unlinking a written file costs about as much as the swap).
     """
     global _exchange
     exchange = _exchange
@@ -96,7 +100,8 @@ def swap_into_place(tmp: Path, path: Path, *, only_over: bool = False) -> bool:
         source, target = os.fsencode(tmp), os.fsencode(path)
         if exchange(_AT_FDCWD, source, _AT_FDCWD, target, _RENAME_EXCHANGE) == 0:
             # ``tmp`` now names the old file: nobody reads it under that name.
-            os.unlink(tmp)
+            if not keep_old:
+                os.unlink(tmp)
             return True
         code = ctypes.get_errno()
         if code in _UNSUPPORTED:

@@ -72,6 +72,34 @@ async def test_every_transition_retry_and_end_is_a_log_record_with_structured_fi
     assert restarts[0].reason  # type: ignore[attr-defined]
 
 
+async def test_an_end_is_logged_counted_and_streamed_before_wait_returns(
+    state_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The end is told to the observer while the final record is written (off the way
+    to ``wait``), yet never after ``wait`` returns: read with no await in between."""
+    caplog.set_level(logging.DEBUG, logger="supervisor")
+    reader()
+    ended = {"asupervisor.state": "SUCCEEDED", "asupervisor.scope": "app"}
+    async with Supervisor(session="obs") as sv:
+        stream = sv.events()
+        for i in range(5):
+            before = total("asupervisor.transitions", **ended)
+            handle = await sv.submit(app(py_role("w", "pass"), name=f"told{i}"), "local")
+            status = await sv.wait(handle)
+            assert status.state is AppState.SUCCEEDED
+            app_level = [r for r in _records(caplog, handle) if r.role is None]  # type: ignore[attr-defined]
+            assert app_level[-1].dest == "SUCCEEDED"  # type: ignore[attr-defined]
+            assert total("asupervisor.transitions", **ended) == before + 1
+        # The stream has every app's end already: read to it without waiting.
+        ends = []
+        with anyio.fail_after(0):
+            while len(ends) < 5:
+                event = await stream.__anext__()
+                if event.transition.role is None and event.transition.dest == "SUCCEEDED":
+                    ends.append(event.handle)
+        assert len(set(ends)) == 5
+
+
 async def test_a_failed_app_is_a_warning_naming_it(
     state_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

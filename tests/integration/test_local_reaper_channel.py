@@ -10,11 +10,14 @@ each with its own pipes, once the reaper reads again.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
+import subprocess
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -221,3 +224,54 @@ async def test_no_reaper_is_left_running_when_a_warm_up_meets_the_close(
             assert reaper.containment == "not started"
     # Closed means waited for: each reaper started has exited and was reaped.
     assert [popen.poll() is not None for popen in started] == [True] * len(started)
+
+
+def _statuses_run_here(programs: dict[str, str], cwd: Path) -> dict[str, int]:
+    """Blocking: each ``sh -c`` program run by this process, its raw status from ``waitpid``."""
+    found = {}
+    for name, script in programs.items():
+        direct = subprocess.Popen(["sh", "-c", script], cwd=cwd)
+        found[name] = os.waitpid(direct.pid, 0)[1]
+        direct.returncode = 0  # reaped above: Popen must not wait for it again
+    return found
+
+
+async def test_an_exit_is_told_as_waitpid_tells_it_and_the_socket_is_let_go(
+    tmp_path: Path,
+) -> None:
+    """The reaper tells an exit from ``waitid`` before it reaps the child: the status is
+    the one ``waitpid`` gives the same program run here (a code, a signal, a core dump).
+    The reaper's socket stays registered with the loop while the reaper lives and is let
+    go when it is closed (its number is soon another file's)."""
+    programs = {
+        "ok": "exit 0",
+        "code": "exit 7",
+        "killed": "kill -KILL $$",
+        "dumped": "ulimit -c unlimited; kill -SEGV $$",
+    }
+    expected = await anyio.to_thread.run_sync(_statuses_run_here, programs, tmp_path)
+    assert os.WCOREDUMP(expected["dumped"]), "core_pattern writes cores here"
+    loop = asyncio.get_running_loop()
+    async with anyio.create_task_group() as tg:
+        reaper = Reaper(tg)
+        try:
+            told = {}
+            for name, script in programs.items():
+                r, w = os.pipe()
+                try:
+                    _, report = await reaper.spawn(
+                        ["sh", "-c", script], cwd=str(tmp_path), env={"PATH": os.defpath},
+                        group="g", stdout=w, stderr=w,
+                    )  # fmt: skip
+                    await report.done.wait()
+                finally:
+                    os.close(r)
+                    os.close(w)
+                told[name] = report.status
+            assert told == expected
+            conn = reaper._conn
+            assert conn is not None
+            fd = conn.sock.fileno()
+        finally:
+            await reaper.aclose()
+    assert not loop.remove_reader(fd)  # nothing of ours is left registered

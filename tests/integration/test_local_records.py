@@ -81,8 +81,8 @@ async def test_the_final_record_is_the_last_and_a_short_app_takes_at_most_3_writ
         # The space set aside for the final record is given back once the app is
         # released (after ``wait``, off its path), at the latest when the Supervisor closes.
         assert not (app_dir / ".final-record.reserve").exists()
-        # The file each write made ready for the next one: the final one used it, and
-        # left none behind.
+        # The file each write made ready for the next one: the final one used it, and the
+        # old state it left under that name is gone once the app is released.
         assert not [p.name for p in app_dir.iterdir() if p.name.startswith(".state.json.")]
         state = _state(app_dir)
         assert state["final"] is True and state["status"]["state"] == "SUCCEEDED", app_id

@@ -108,7 +108,7 @@ def test_a_failed_write_removes_its_temporary_file(
     """(A full disk at exactly this step cannot be had on demand: the step is made to fail.)"""
     path = tmp_path / "state.json"
 
-    def refuse(tmp: Path, target: Path, *, only_over: bool = False) -> bool:
+    def refuse(tmp: Path, target: Path, *, only_over: bool = False, keep_old: bool = False) -> bool:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr("supervisor.backends.store.swap_into_place", refuse)
@@ -119,10 +119,11 @@ def test_a_failed_write_removes_its_temporary_file(
 
 def test_a_state_write_makes_the_next_ones_file_only_when_asked(how: str, tmp_path: Path) -> None:
     """``ready_next``: a non-final state write makes the file the next write goes into
-    (the final one, on the path of ``wait``, then creates none) and the final write
-    leaves none; a writer that will not write the final record asks for none (an app
-    that outlives its Supervisor gets that record from another process); one that
-    stops before its final write removes it (``discard_spare``)."""
+    (the final one, on the path of ``wait``, then creates none); the final write leaves
+    the old state under its temporary name, and ``discard_spare`` removes it (an unlink
+    off the path of ``wait``); a writer that will not write the final record asks for
+    none (an app that outlives its Supervisor gets that record from another process);
+    one that stops before its final write removes it (``discard_spare``)."""
     owner = Owner.current()
     store = AppStore(tmp_path / "app")
     store.app_dir.mkdir()
@@ -134,8 +135,15 @@ def test_a_state_write_makes_the_next_ones_file_only_when_asked(how: str, tmp_pa
     [made] = _leftovers(store.app_dir, "state.json")
     assert (store.app_dir / made).stat().st_size == 0
     store.write_state(ended, [], True, owner, ready_next=True)
-    assert _leftovers(store.app_dir, "state.json") == []
+    if how == "exchange":
+        [old] = _leftovers(store.app_dir, "state.json")
+        assert old == made  # the spare's name, now the replaced state's
+        assert json.loads((store.app_dir / old).read_text())["final"] is False
+    else:  # a rename leaves no old file
+        assert _leftovers(store.app_dir, "state.json") == []
     assert json.loads((store.app_dir / "state.json").read_text())["final"] is True
+    store.discard_spare()
+    assert _leftovers(store.app_dir, "state.json") == []
 
     store.write_state(running, [], False, owner, ready_next=True)
     assert len(_leftovers(store.app_dir, "state.json")) == 1

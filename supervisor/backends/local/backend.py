@@ -639,8 +639,9 @@ class LocalRuntime(ReplicaRuntime):
         The index entry is settled (``list`` answers the app from it from now on;
         until then it reads the records, as for a running app) and the reserve
         given back (unlinking a file of allocated blocks costs 0.4 ms on ext4,
-        more than the record). A ``gc`` that removed the ended app meanwhile
-        keeps it removed: the settle only replaces an entry that is there.
+        more than the record), and the old state.json removed. A ``gc`` that
+        removed the ended app meanwhile keeps it removed: the settle only
+        replaces an entry that is there.
         """
         if self._final_status is not None:
             self._backend.index.settle(
@@ -652,7 +653,8 @@ class LocalRuntime(ReplicaRuntime):
                 self._final_identities,
             )
         self.store.release_reserve()
-        self.store.discard_spare()  # there when the final record could not be written
+        # The old state.json the final write left (or the spare, when that write failed).
+        self.store.discard_spare()
         if self.cancel_asked:
             self._backend.cancel_requests.withdraw(self.request.session, self.request.app_id)
 

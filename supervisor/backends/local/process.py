@@ -164,7 +164,7 @@ class ReplicaProcess:
                 if self._failure is not None:
                     raise self._failure
                 if self.exited.is_set() and drained_by == math.inf:
-                    # The reaper killed what the leader left in its group before reaping it.
+                    # The reaper kills what the leader left in its group right after the report.
                     drained_by = anyio.current_time() + DRAIN_TIMEOUT
                 if drained_by == math.inf:
                     # No cancel scope while the replica runs: one per replica, for its

@@ -833,7 +833,7 @@ class Reaper:
 
     # ---------------------------------------------------------------- reaping
     def reap(self) -> None:
-        """Collect every exited child; report replicas, after killing the rest of their group."""
+        """Collect every exited child: a replica is reported, then the rest of its group killed."""
         while True:
             try:
                 info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
@@ -843,16 +843,15 @@ class Reaper:
                 return
             pid = info.si_pid
             if pid in self.live:
-                # Still a zombie, so its group id cannot have been reused yet.
+                # Told before the group is killed and the zombie reaped, which the
+                # supervisor need not wait for: its pid and group id stay this replica's
+                # until the reap below, whatever the supervisor asks meanwhile.
+                self.live.discard(pid)
+                self.send(op="exit", pid=pid, status=_wait_status(info), at=time.time())
                 with contextlib.suppress(OSError):
                     os.killpg(pid, signal.SIGKILL)
-            try:
-                _, status = os.waitpid(pid, 0)
-            except ChildProcessError:
-                continue
-            if pid in self.live:
-                self.live.discard(pid)
-                self.send(op="exit", pid=pid, status=status, at=time.time())
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
 
     def release(self, group: str) -> None:
         """An app ended: kill whatever its replicas left behind."""
@@ -927,6 +926,15 @@ def _enter_home(base: str) -> int | None:
         os.close(fd)
         return None
     return fd
+
+
+def _wait_status(info: os.waitid_result) -> int:
+    """The wait status ``waitpid`` would return for the exit ``waitid`` saw."""
+    if info.si_code == os.CLD_EXITED:
+        return (info.si_status & 0xFF) << 8
+    if info.si_code == os.CLD_DUMPED:
+        return info.si_status | 0x80
+    return info.si_status  # CLD_KILLED: the signal
 
 
 def _kill_cgroup(path: str) -> None:

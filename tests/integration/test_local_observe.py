@@ -91,7 +91,7 @@ async def test_an_end_is_logged_counted_and_streamed_before_wait_returns(
             assert app_level[-1].dest == "SUCCEEDED"  # type: ignore[attr-defined]
             assert total("asupervisor.transitions", **ended) == before + 1
         # The stream has every app's end already: read to it without waiting.
-        ends = []
+        ends: list[str] = []
         with anyio.fail_after(0):
             while len(ends) < 5:
                 event = await stream.__anext__()

@@ -230,7 +230,7 @@ class _Connection:
         The socket stays registered with the loop while the reaper lives: its
         callback only wakes this task. ``anyio.wait_readable`` per wake-up
         registered and unregistered the socket each time (two ``epoll_ctl``) and
-        found its backend and event loop anew, about 50 us of every exit report
+        found its backend and event loop anew, 50-70 us of every exit report
         and spawn reply on the way to ``wait`` and ``submit``. The dispatch stays
         in this task, not in the callback: a replica's exit may start its
         follower task, which anyio does only from a task.

@@ -512,17 +512,36 @@ class AppStore:
         try:
             os.mkdir(self.app_dir)
         except FileExistsError:
-            raise DuplicateAppError(
-                f"app id {self.app_dir.name!r} is already taken ({self.app_dir} exists): "
-                "it was submitted before, here or by another process; submit it again "
-                "under a new app id, or pass idempotency_key= to submit to get its handle"
-            ) from None
+            raise self.taken() from None
         try:
             self.make_replica_dirs(replica_dirs)
             self.write_app(app_record)
         except OSError:
             self.release()  # claimed, and nothing will run in it (a full disk): given back
             raise
+
+    def taken(self) -> DuplicateAppError:
+        """The error of a claim that found the app directory there already."""
+        return DuplicateAppError(
+            f"app id {self.app_dir.name!r} is already taken ({self.app_dir} exists): "
+            "it was submitted before, here or by another process; submit it again "
+            "under a new app id, or pass idempotency_key= to submit to get its handle"
+        )
+
+    def claim_plan(self, replica_dirs: Sequence[Path], reserve: int) -> dict[str, Any]:
+        """``create``'s first steps, as data, for another process to carry out: the claim
+        of the app directory (one ``mkdir``, never ``exist_ok``, as ``create``), the
+        replica directories, the final record's reserve (``reserve`` bytes, as
+        ``reserve``; a file system that cannot set space aside leaves none, one that is
+        full (``full``) fails). The local backend's reaper does them with a lone
+        replica's spawn (see ``LocalRuntime.start``); ``app.json`` and the index entry
+        follow, and ``taken`` is the error of a claim refused."""
+        return {
+            "claim": str(self.app_dir),
+            "dirs": [str(d) for d in replica_dirs],
+            "reserve": [str(self.app_dir / RESERVE), reserve],
+            "full": sorted(DISK_FULL),
+        }
 
     @staticmethod
     def make_replica_dirs(replica_dirs: Sequence[Path]) -> None:

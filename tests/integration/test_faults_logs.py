@@ -182,20 +182,30 @@ def _fill(mount: Path, leave: int) -> Path:
 
 
 @pytest.mark.parametrize("leave", [0, 16 << 10])
+@pytest.mark.parametrize("reaper_running", [False, True], ids=["first-app", "reaper-running"])
 async def test_a_submit_with_no_room_gives_its_app_id_back(
-    small_tmpfs: Path, tmp_path: Path, leave: int
+    small_tmpfs: Path, tmp_path: Path, leave: int, reaper_running: bool
 ) -> None:
     """A full disk: the directory it had claimed stayed, so the same id was "already taken"
     for good (after gc too). Nearly full (no room for the final record's reserve): it
-    launched an app that could not record even its start, UNKNOWN to every other process."""
-    filler = _fill(small_tmpfs, leave)
+    launched an app that could not record even its start, UNKNOWN to every other process.
+    Once the reaper runs, a lone replica's claim goes with its spawn (the reaper makes
+    the directories and the reserve): the same holds there."""
     cfg = {"log_dir": str(small_tmpfs)}
     async with Supervisor(session="svc", state_dir=tmp_path / "state") as sv:
+        others = []
+        if reaper_running:
+            warm = await sv.submit(app(py_role("w", "pass")), "local", {"log_dir": str(tmp_path)})
+            assert (await sv.wait(warm, timeout=60)).state is AppState.SUCCEEDED
+            others.append(warm.rpartition("/")[2])
+        filler = _fill(small_tmpfs, leave)
         spec = app(py_role("r", "print('ran')"))
-        with pytest.raises(SubmitError, match="No space left on device"):
+        with pytest.raises(SubmitError, match="No space left on device") as err:
             await sv.schedule(sv.dryrun(spec, "local", cfg, app_id="nightly-42"))
+        # Where the reaper claimed, it says which file found no room: the reserve.
+        assert (".final-record.reserve" in str(err.value)) is reaper_running, err.value
         assert not (small_tmpfs / "svc" / "nightly-42").exists()
-        assert await sv.list("local") == []
+        assert [a.app_id for a in await sv.list("local")] == others
         filler.unlink()
         handle = await sv.schedule(sv.dryrun(spec, "local", cfg, app_id="nightly-42"))
         assert (await sv.wait(handle, timeout=60)).state is AppState.SUCCEEDED

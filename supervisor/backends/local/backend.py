@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import os
 import socket
 import time
@@ -40,7 +41,7 @@ from supervisor.backends.local.fdtable import FDS_PER_REPLICA, make_room
 from supervisor.backends.local.flag import Flag
 from supervisor.backends.local.pipes import PipeReaders
 from supervisor.backends.local.process import ReplicaProcess, signal_name
-from supervisor.backends.local.reaper_client import Reaper
+from supervisor.backends.local.reaper_client import NotPrepared, Reaper
 from supervisor.backends.local.request import (
     DEFAULT_MAX_REPLICAS,
     LocalRequest,
@@ -211,6 +212,9 @@ class LocalRuntime(ReplicaRuntime):
         # Kept as the records are written: the final one's index entry needs them.
         self._times = AppTimes()
         self._claimed = False  # the app directory is this launch's (``release_store``)
+        # A lone replica's claim went with its spawn: ``app.json`` and the index entry go
+        # with the first record (``_record``).
+        self._unfilled = False
         # Attempts being started now: a spawn is "alone" (the reaper may fork it straight
         # into the app's cgroup) only when no other replica starts with it.
         self._starting = 0
@@ -234,24 +238,39 @@ class LocalRuntime(ReplicaRuntime):
         of descriptors is grown here too, for the replicas' pipes (see ``fdtable``).
         """
         make_room(FDS_PER_REPLICA * len(self._slots))
+        first = [Path(s.launch.log_dir) for s in self._slots.values() if s.dirs is None]
+        self.store.create(first, self._app_record())
+        self._claimed = True
+        try:
+            self._index()
+            self.store.reserve(_reserve_size(len(self._slots)))
+        except OSError:
+            self.release_store()
+            raise
+
+    def _app_record(self) -> AppRecord:
         request = self.request
-        record = AppRecord(
+        return AppRecord(
             handle=self._backend.handle(request.session, request.app_id),
             app=request.app,
             owner=self._owner,
             request=request.to_json(),
         )
-        first = [Path(s.launch.log_dir) for s in self._slots.values() if s.dirs is None]
-        self.store.create(first, record)
-        self._claimed = True
-        try:
-            self._backend.index.add(
-                request.session, request.app_id, self.store.app_dir, request.app.name
-            )
-            self.store.reserve(_reserve_size(len(self._slots)))
-        except OSError:
-            self.release_store()
-            raise
+
+    def _index(self) -> None:
+        request = self.request
+        self._backend.index.add(
+            request.session, request.app_id, self.store.app_dir, request.app.name
+        )
+
+    def _fill_store(self) -> None:
+        """Blocking: what a lone replica's claim left for the first record (``_spawn_lone``):
+        ``app.json`` and the index entry. Room is made in the descriptors' table for the
+        next apps' pipes (a lone replica's are made on the loop, with no hop before)."""
+        make_room(FDS_PER_REPLICA * SPAWNS_IN_FLIGHT)
+        self.store.write_app(self._app_record())
+        self._index()
+        self._unfilled = False  # (else the next record tries again, as for any record)
 
     def release_store(self) -> None:
         """Blocking: a launch that failed gives its app id back (a retry may take it
@@ -275,15 +294,20 @@ class LocalRuntime(ReplicaRuntime):
         if burst:
             self._backend.reaper.warm_up()
         batches = self._batch_dirs()
+        # A lone replica whose reaper runs: its app's claim goes with its spawn, in one round
+        # trip (see ``_spawn_lone``). Else the records first, as for several replicas.
+        lone = not burst and self._backend.reaper.running
         try:
             # Before the app can be found (its index entry): a cancel asked from then on is seen.
             await self._backend.watch_cancel(self)
-            await self._backend.records.run(self._create_store)
+            if not lone:
+                await self._backend.records.run(self._create_store)
         except OSError as e:
             raise SubmitError(f"cannot create {self.store.app_dir}: {e}", transient=False) from e
         if burst:
             self._backend.reaper.warm_up()
-        # Only now that the directories exist: the writer thread must not find them missing.
+        # Only now that the directories exist (a lone replica's: made before it starts, so
+        # before it can write): the writer thread must not find them missing.
         self._logs = {
             key: self._backend.log_sink.open(Path(slot.launch.log_dir), made=True)
             for key, slot in self._slots.items()
@@ -296,12 +320,15 @@ class LocalRuntime(ReplicaRuntime):
         try:
             # A few spawners take the replicas in turn (see SPAWNS_IN_FLIGHT), while the
             # rest of the directories are made (their hops queued first, in order).
-            queue = iter(self._slots.items())
-            async with anyio.create_task_group() as tg:
-                for batch in batches:
-                    tg.start_soon(self._make_dirs, batch)
-                for _ in range(min(SPAWNS_IN_FLIGHT, len(self._slots))):
-                    tg.start_soon(self._spawn_each, queue)
+            if lone:
+                await self._spawn_lone()
+            else:
+                queue = iter(self._slots.items())
+                async with anyio.create_task_group() as tg:
+                    for batch in batches:
+                        tg.start_soon(self._make_dirs, batch)
+                    for _ in range(min(SPAWNS_IN_FLIGHT, len(self._slots))):
+                        tg.start_soon(self._spawn_each, queue)
         except BaseException:
             self._release_guard()  # what started is followed by tasks, as the app ends
             raise
@@ -404,6 +431,40 @@ class LocalRuntime(ReplicaRuntime):
         self._released = True
         self._guard_wake.set()
 
+    async def _spawn_lone(self) -> None:
+        """Start the app's one replica with the app's claim in the same round trip.
+
+        The reaper makes the app directory, the replica's and the final record's
+        reserve (``AppStore.claim_plan``) before the spawn: a claim refused (the id
+        taken) or a disk with no room starts nothing, as ``_create_store`` first
+        did, and one hop to the records' thread less is on the way to ``submit``'s
+        return (``app.json`` and the index entry go with the first record). When
+        the reaper cannot be asked, the records are made here and the replica
+        fails to start, as one of several would.
+        """
+        ((key, slot),) = self._slots.items()
+        plan = self.store.claim_plan([Path(slot.launch.log_dir)], _reserve_size(1))
+        async with slot.lock:
+            try:
+                await self._spawn(key, slot, plan)
+            except NotPrepared as e:
+                self._claimed = e.claimed
+                if not e.claimed and e.error.errno == errno.EEXIST:
+                    raise self.store.taken() from None
+                raise SubmitError(
+                    f"cannot create {self.store.app_dir}: {e.error}", transient=False
+                ) from e.error
+        slot.drop_idle_lock()
+
+    async def _claim_unasked(self) -> None:
+        """The reaper could not be asked (gone, or the request not sent): the records made
+        here, as for several replicas. Should it have made the app's directory before it
+        ended, the id reads as taken: that directory may be another app's, so it stays."""
+        try:
+            await self._backend.records.run(self._create_store)
+        except OSError as e:
+            raise SubmitError(f"cannot create {self.store.app_dir}: {e}", transient=False) from e
+
     async def _spawn_each(self, queue: Iterator[tuple[ReplicaKey, _Slot]]) -> None:
         """Start the replicas ``queue`` holds, one after the other (shared by the spawners)."""
         for key, slot in queue:
@@ -414,17 +475,22 @@ class LocalRuntime(ReplicaRuntime):
             await self._spawn(key, slot)
         slot.drop_idle_lock()
 
-    async def _spawn(self, key: ReplicaKey, slot: _Slot) -> None:
+    async def _spawn(
+        self, key: ReplicaKey, slot: _Slot, plan: dict[str, Any] | None = None
+    ) -> None:
         """Start one attempt; called with ``slot.lock`` held, so a stop meanwhile waits for it.
 
         The caller counted it in ``_starting``; it is uncounted here once started (or not).
+        ``plan``: the app's claim, carried out by the reaper first (``_spawn_lone``).
         """
         try:
-            await self._spawn_counted(key, slot)
+            await self._spawn_counted(key, slot, plan)
         finally:
             self._starting -= 1
 
-    async def _spawn_counted(self, key: ReplicaKey, slot: _Slot) -> None:
+    async def _spawn_counted(
+        self, key: ReplicaKey, slot: _Slot, plan: dict[str, Any] | None
+    ) -> None:
         launch = slot.launch
         batch = slot.dirs
         if batch is not None:
@@ -434,8 +500,9 @@ class LocalRuntime(ReplicaRuntime):
             elif not slot.stopped:  # (a stop that came meanwhile is answered below)
                 self._dir_failed(key, slot, batch.error)
                 return
-        if slot.stopped:
+        if slot.stopped and plan is None:
             # A stop decided before the spawn: nothing starts, the stop is answered here.
+            # (With the app's claim to make, it starts and is killed at once, below.)
             self.emit(Exited(role=key[0], replica_id=key[1], attempt=slot.attempt, exit_code=None))
             return
         env = {
@@ -460,8 +527,14 @@ class LocalRuntime(ReplicaRuntime):
                 key=key,
                 attempt=slot.attempt,
                 alone=self._starting == 1,
+                prepare=plan,
             )
         except (OSError, BackendError) as e:
+            if plan is not None:
+                if isinstance(e, BackendError):
+                    await self._claim_unasked()
+                else:  # the claim was made, then the spawn failed
+                    self._claimed = self._unfilled = True
             reason = e.strerror if isinstance(e, OSError) else None
             msg = f"cannot start {launch.argv[0]!r}: {reason or e}"
             self._backend.log_sink.write(
@@ -469,6 +542,8 @@ class LocalRuntime(ReplicaRuntime):
             )
             self._not_started(key, slot, msg)
             return
+        if plan is not None:
+            self._claimed = self._unfilled = True
         slot.proc = proc
         slot.done = Flag()
         self.emit(
@@ -615,7 +690,10 @@ class LocalRuntime(ReplicaRuntime):
         await self._backend.records.run(self._record, status, list(transitions), final)
 
     def _record(self, status: AppStatus, transitions: list[Transition], final: bool) -> None:
-        """Blocking: the state (and journal); the final one's index entry comes after."""
+        """Blocking: the state (and journal), after what a lone replica's claim left
+        (``_fill_store``); the final one's index entry comes after."""
+        if self._unfilled:
+            self._fill_store()
         try:
             self.store.write_state(status, transitions, final, self._owner, ready_next=True)
         except OSError as e:
@@ -642,7 +720,12 @@ class LocalRuntime(ReplicaRuntime):
         more than the record), and the old state.json removed. A ``gc`` that
         removed the ended app meanwhile keeps it removed: the settle only
         replaces an entry that is there.
+
+        Nothing for a launch that claimed no directory (its id was taken): the one
+        there is another app's.
         """
+        if not self._claimed:
+            return
         if self._final_status is not None:
             self._backend.index.settle(
                 self.request.session,

@@ -15,7 +15,7 @@ import os
 import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Literal
+from typing import Any, Literal
 
 import anyio
 
@@ -102,17 +102,20 @@ class ReplicaProcess:
         key: ReplicaKey,
         attempt: int,
         alone: bool = False,
+        prepare: Mapping[str, Any] | None = None,
     ) -> ReplicaProcess:
         """Spawn through the reaper; OSError if it cannot start, BackendError if no reaper.
 
         ``alone``: no other replica of the app is being started with this one.
+        ``prepare``: the app's claim, made by the reaper first (``Reaper.spawn``).
         """
         r_out, w_out = os.pipe()
         r_err, w_err = os.pipe()
         try:
             pid, report = await reaper.spawn(
-                argv, cwd=cwd, env=env, group=group, stdout=w_out, stderr=w_err, alone=alone
-            )
+                argv, cwd=cwd, env=env, group=group, stdout=w_out, stderr=w_err, alone=alone,
+                prepare=prepare,
+            )  # fmt: skip
         except BaseException:
             os.close(r_out)
             os.close(r_err)

@@ -127,6 +127,37 @@ class _SetupFailed(Exception):
     """A cloned child failed before its exec, with no errno to tell (``step`` in the message)."""
 
 
+def _prepare(plan: dict[str, Any]) -> tuple[str, OSError] | None:
+    """Carry out an app's claim (``AppStore.claim_plan``) before its lone replica's spawn.
+
+    None when done; else the step that failed ("claim": the app directory was not
+    made; "records": it was, and the rest was not) and why.
+    """
+    claim = plan["claim"]
+    try:
+        os.makedirs(os.path.dirname(claim), exist_ok=True)
+        os.mkdir(claim)  # never exist_ok: of two claims of one id, one fails here
+    except OSError as e:
+        return "claim", e
+    try:
+        for directory in plan["dirs"]:
+            os.makedirs(directory, exist_ok=True)  # (inside the directory just claimed)
+        path, size = plan["reserve"]
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as e:
+            os.unlink(path)
+            if e.errno in plan["full"]:
+                raise OSError(e.errno, e.strerror, path) from e  # (which file: the reserve)
+            # This file system sets no space aside: the app runs without a reserve.
+        finally:
+            os.close(fd)
+    except OSError as e:
+        return "records", e
+    return None
+
+
 class _NoClone(Exception):
     """clone3 into a cgroup did not happen: the caller spawns the other way."""
 
@@ -606,6 +637,19 @@ class Reaper:
             self.send(op="failed", id=msg["id"], errno=0, error="no output pipes were passed")
             return
         argv, cwd, env = msg["argv"], msg["cwd"], msg["env"]
+        plan = msg.get("prepare")
+        failed = _prepare(plan) if plan is not None else None
+        if failed is not None:
+            step, error = failed
+            self.send(
+                op="failed",
+                id=msg["id"],
+                step=step,
+                errno=error.errno or 0,
+                error=error.strerror or str(error),
+                filename=error.filename,
+            )
+            return
         group = self._group_dir(str(msg.get("group", "")))
         try:
             # Refused and searched here, once for either way (and for a fallback between).

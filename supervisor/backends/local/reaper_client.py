@@ -47,7 +47,7 @@ from anyio.abc import TaskGroup
 from supervisor.backends.local.flag import Flag
 from supervisor.errors import BackendError
 
-__all__ = ["ExitReport", "Reaper"]
+__all__ = ["ExitReport", "NotPrepared", "Reaper"]
 
 _SCRIPT = Path(__file__).with_name("reaper.py")
 _MAX_MESSAGE = 1 << 16
@@ -92,6 +92,19 @@ class ExitReport:
     def returncode(self) -> int | None:
         """As ``Popen.returncode``: the exit code, or minus the signal; None if unknown."""
         return None if self.status is None else os.waitstatus_to_exitcode(self.status)
+
+
+class NotPrepared(Exception):
+    """The claim a spawn carried failed (see ``Reaper.spawn``): nothing was started.
+
+    ``claimed``: the app directory was made (and is the caller's to release);
+    ``error``: why the claim, or what followed it, failed.
+    """
+
+    def __init__(self, *, claimed: bool, error: OSError) -> None:
+        super().__init__(str(error))
+        self.claimed = claimed
+        self.error = error
 
 
 @dataclass
@@ -323,6 +336,11 @@ class Reaper:
         """How replicas are contained: ``cgroup+subreaper``, ``subreaper``, ... (for statistics)."""
         return "not started" if self._conn is None else self._conn.containment
 
+    @property
+    def running(self) -> bool:
+        """A reaper process runs now (a spawn needs no start first)."""
+        return self._live() is not None
+
     def _live(self) -> _Connection | None:
         """The reaper running now; None when none was started or it died."""
         conn = self._conn
@@ -360,11 +378,15 @@ class Reaper:
         stdout: int,
         stderr: int,
         alone: bool = False,
+        prepare: Mapping[str, Any] | None = None,
     ) -> tuple[int, ExitReport]:
         """Start ``argv`` in its own session; the pid and where its exit will be reported.
 
         ``alone``: the caller starts no other replica with this one, so the reaper
         may take the way that is cheaper for a single spawn (see ``reaper.py``).
+        ``prepare``: an app's claim (``AppStore.claim_plan``), carried out by the
+        reaper first, in the same round trip; ``NotPrepared`` if it failed (then
+        nothing was started).
         Raises OSError when it cannot be started (not found, bad cwd), BackendError
         when the reaper cannot be reached.
         """
@@ -384,6 +406,8 @@ class Reaper:
             "group": group,
             "alone": alone,
         }
+        if prepare is not None:
+            msg["prepare"] = dict(prepare)
         try:
             conn.send(msg, (stdout, stderr), ident=ident)
         except BackendError:
@@ -398,6 +422,10 @@ class Reaper:
             raise BackendError("the local reaper ended during a spawn", transient=True)
         if reply["op"] == "unsent":
             raise BackendError(f"cannot reach the local reaper: {reply['error']}", transient=True)
+        if reply["op"] == "failed" and "step" in reply:
+            code = int(reply["errno"]) or errno.EIO
+            error = OSError(code, str(reply["error"]), reply.get("filename"))
+            raise NotPrepared(claimed=reply["step"] != "claim", error=error)
         if reply["op"] == "failed":
             code = int(reply["errno"]) or errno.EIO
             # The reaper's text already starts with strerror when it had an errno.

@@ -1,0 +1,119 @@
+"""A lone replica's app claimed with its spawn, in one round trip to the reaper.
+
+Once the reaper runs, an app of one replica does not first go to the records'
+thread: the reaper makes the app directory (the claim, one ``mkdir``), the
+replica's and the final record's reserve, then spawns; ``app.json`` and the
+index entry go with the first record. What the records-first launch promised
+holds on this way too, and these tests check it with real processes: an id
+already taken starts nothing and touches nothing of the app that holds it, a
+replica that cannot start is recorded and listed, and a reaper that cannot
+answer leaves a recorded failure, not a lost app. (A full disk on both ways:
+``test_faults_logs.test_a_submit_with_no_room_gives_its_app_id_back``.)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from supervisor import AppState, DuplicateAppError, Role, Supervisor
+from supervisor.backends.local.backend import LocalBackend
+
+from .helpers import app, py_role
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
+
+RESERVE = ".final-record.reserve"
+
+
+async def _reaper_running(sv: Supervisor, log_dir: Path) -> LocalBackend:
+    """One app run to its end: this Supervisor's reaper runs from now on."""
+    warm = await sv.submit(app(py_role("w", "pass")), "local", {"log_dir": str(log_dir)})
+    assert (await sv.wait(warm, timeout=60)).state is AppState.SUCCEEDED
+    backend = sv.backend("local")
+    assert isinstance(backend, LocalBackend) and backend.reaper.running
+    return backend
+
+
+@pytest.mark.parametrize("replicas", [1, 2], ids=["lone", "several"])
+async def test_a_taken_id_starts_nothing_and_leaves_the_holders_files(
+    tmp_path: Path, replicas: int
+) -> None:
+    """Another Supervisor schedules an app id a running app holds: refused, its replicas
+    never start, and the holder keeps its reserve, its state and its cancel requests
+    (the refused launch's clean-up used to give the holder's reserve back)."""
+    logs = tmp_path / "logs"
+    cfg = {"log_dir": str(logs)}
+    marker = tmp_path / "second-ran"
+    async with Supervisor(session="svc", state_dir=tmp_path / "state-a") as first:
+        holder = await first.schedule(
+            first.dryrun(
+                app(py_role("r", "import time; time.sleep(60)")), "local", cfg, app_id="dup-1"
+            )
+        )
+        app_dir = logs / "svc" / "dup-1"
+        held = {RESERVE, "app.json", "state.json", "transitions.jsonl"}
+        assert held <= {p.name for p in app_dir.iterdir()}
+        async with Supervisor(session="svc", state_dir=tmp_path / "state-b") as second:
+            await _reaper_running(second, tmp_path / "warm")
+            spec = app(py_role("r", f"open({str(marker)!r}, 'w')", num_replicas=replicas))
+            with pytest.raises(DuplicateAppError, match="'dup-1' is already taken"):
+                await second.schedule(second.dryrun(spec, "local", cfg, app_id="dup-1"))
+        assert held <= {p.name for p in app_dir.iterdir()}
+        status = first.status(holder)
+        assert status is not None and status.state is AppState.RUNNING
+        await first.cancel(holder)
+        assert (await first.wait(holder, timeout=30)).state is AppState.CANCELLED
+    assert not marker.exists()
+
+
+async def test_a_lone_replica_that_cannot_start_is_recorded_and_listed(tmp_path: Path) -> None:
+    """The claim was made, the spawn failed (no such program): the app is recorded
+    (``app.json``, the index entry) and ends FAILED with 127, for every process."""
+    cfg = {"log_dir": str(tmp_path / "logs")}
+    state_dir = tmp_path / "state"
+    async with Supervisor(session="svc", state_dir=state_dir) as sv:
+        await _reaper_running(sv, tmp_path / "warm")
+        spec = app(Role(name="r", entrypoint="/nonexistent/asv-no-such-program"))
+        handle = await sv.submit(spec, "local", cfg)
+        status = await sv.wait(handle, timeout=30)
+        assert status.state is AppState.FAILED
+        assert status.roles[0].replicas[0].exit_code == 127
+        app_id = handle.rpartition("/")[2]
+        assert (tmp_path / "logs" / "svc" / app_id / "app.json").is_file()
+    async with Supervisor(session="svc", state_dir=state_dir) as other:
+        listed = {a.app_handle: a.state for a in await other.list("local")}
+        assert listed[handle] is AppState.FAILED
+        described = await other.describe(handle)
+        # (``roles`` come from ``app.json``, the first record's.)
+        assert described is not None and [r.entrypoint for r in described.roles] == [
+            "/nonexistent/asv-no-such-program"
+        ]
+
+
+async def test_a_lone_spawn_the_reaper_cannot_answer_is_recorded_as_a_failure(
+    tmp_path: Path,
+) -> None:
+    """The reaper is killed just before a lone replica's spawn (this process has not
+    heard of it yet): the claim cannot have been made, so the records are made here, and
+    the app fails saying why; the next submit starts a new reaper."""
+    cfg = {"log_dir": str(tmp_path / "logs")}
+    state_dir = tmp_path / "state"
+    async with Supervisor(session="svc", state_dir=state_dir) as sv:
+        backend = await _reaper_running(sv, tmp_path / "warm")
+        conn = backend.reaper._conn
+        assert conn is not None
+        os.kill(conn.popen.pid, signal.SIGKILL)  # no await before the submit: unheard of
+        handle = await sv.submit(app(py_role("r", "pass")), "local", cfg)
+        status = await sv.wait(handle, timeout=30)
+        assert status.state is AppState.FAILED, status
+        assert "reaper" in status.msg, status.msg
+        again = await sv.submit(app(py_role("r", "pass")), "local", cfg)
+        assert (await sv.wait(again, timeout=60)).state is AppState.SUCCEEDED
+    async with Supervisor(session="svc", state_dir=state_dir) as other:
+        listed = {a.app_handle: a.state for a in await other.list("local")}
+        assert listed[handle] is AppState.FAILED
+        assert listed[again] is AppState.SUCCEEDED

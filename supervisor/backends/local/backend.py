@@ -300,10 +300,10 @@ class LocalRuntime(ReplicaRuntime):
         try:
             # Before the app can be found (its index entry): a cancel asked from then on is seen.
             await self._backend.watch_cancel(self)
-            if not lone:
-                await self._backend.records.run(self._create_store)
         except OSError as e:
             raise SubmitError(f"cannot create {self.store.app_dir}: {e}", transient=False) from e
+        if not lone:
+            await self._records_first()
         if burst:
             self._backend.reaper.warm_up()
         # Only now that the directories exist (a lone replica's: made before it starts, so
@@ -443,8 +443,12 @@ class LocalRuntime(ReplicaRuntime):
         fails to start, as one of several would.
         """
         ((key, slot),) = self._slots.items()
-        plan = self.store.claim_plan([Path(slot.launch.log_dir)], _reserve_size(1))
         async with slot.lock:
+            # Stopped during the launch (the backend closing): nothing will start, and the
+            # stop is answered from records made the other way.
+            plan = None if slot.stopped else self._claim_plan(slot)
+            if plan is None:
+                await self._records_first()
             try:
                 await self._spawn(key, slot, plan)
             except NotPrepared as e:
@@ -456,10 +460,16 @@ class LocalRuntime(ReplicaRuntime):
                 ) from e.error
         slot.drop_idle_lock()
 
-    async def _claim_unasked(self) -> None:
-        """The reaper could not be asked (gone, or the request not sent): the records made
-        here, as for several replicas. Should it have made the app's directory before it
-        ended, the id reads as taken: that directory may be another app's, so it stays."""
+    def _claim_plan(self, slot: _Slot) -> dict[str, Any]:
+        return self.store.claim_plan([Path(slot.launch.log_dir)], _reserve_size(1))
+
+    async def _records_first(self) -> None:
+        """The app's records made in the records' thread before any spawn (``_create_store``).
+
+        Also for a lone replica the reaper could not be asked to claim for (gone, or
+        the request not sent). Should it have made the app's directory before it ended,
+        the id reads as taken: that directory may be another app's, so it stays.
+        """
         try:
             await self._backend.records.run(self._create_store)
         except OSError as e:
@@ -500,9 +510,8 @@ class LocalRuntime(ReplicaRuntime):
             elif not slot.stopped:  # (a stop that came meanwhile is answered below)
                 self._dir_failed(key, slot, batch.error)
                 return
-        if slot.stopped and plan is None:
+        if slot.stopped:
             # A stop decided before the spawn: nothing starts, the stop is answered here.
-            # (With the app's claim to make, it starts and is killed at once, below.)
             self.emit(Exited(role=key[0], replica_id=key[1], attempt=slot.attempt, exit_code=None))
             return
         env = {
@@ -514,6 +523,8 @@ class LocalRuntime(ReplicaRuntime):
         if path is not None:
             env["PATH"] = path
         log = self._logs[key]
+        proc: ReplicaProcess | None = None
+        failure: OSError | BackendError | None = None
         try:
             proc = await ReplicaProcess.start(
                 launch.argv,
@@ -530,20 +541,21 @@ class LocalRuntime(ReplicaRuntime):
                 prepare=plan,
             )
         except (OSError, BackendError) as e:
-            if plan is not None:
-                if isinstance(e, BackendError):
-                    await self._claim_unasked()
-                else:  # the claim was made, then the spawn failed
-                    self._claimed = self._unfilled = True
-            reason = e.strerror if isinstance(e, OSError) else None
-            msg = f"cannot start {launch.argv[0]!r}: {reason or e}"
+            failure = e
+        if plan is not None:
+            if isinstance(failure, BackendError):  # no answer: see ``_records_first``
+                await self._records_first()
+            else:  # the reaper answered: it made the claim (the spawn may have failed)
+                self._claimed = self._unfilled = True
+        if failure is not None:
+            reason = failure.strerror if isinstance(failure, OSError) else None
+            msg = f"cannot start {launch.argv[0]!r}: {reason or failure}"
             self._backend.log_sink.write(
                 log, "stderr", f"asupervisor: {msg}\n".encode(), time.time()
             )
             self._not_started(key, slot, msg)
             return
-        if plan is not None:
-            self._claimed = self._unfilled = True
+        assert proc is not None  # (no failure)
         slot.proc = proc
         slot.done = Flag()
         self.emit(

@@ -422,12 +422,11 @@ class Reaper:
             raise BackendError("the local reaper ended during a spawn", transient=True)
         if reply["op"] == "unsent":
             raise BackendError(f"cannot reach the local reaper: {reply['error']}", transient=True)
-        if reply["op"] == "failed" and "step" in reply:
-            code = int(reply["errno"]) or errno.EIO
-            error = OSError(code, str(reply["error"]), reply.get("filename"))
-            raise NotPrepared(claimed=reply["step"] != "claim", error=error)
         if reply["op"] == "failed":
             code = int(reply["errno"]) or errno.EIO
+            if "step" in reply:  # the claim it carried, not the spawn
+                error = OSError(code, str(reply["error"]), reply.get("filename"))
+                raise NotPrepared(claimed=reply["step"] != "claim", error=error)
             # The reaper's text already starts with strerror when it had an errno.
             detail = str(reply["error"])
             text = (

@@ -524,7 +524,10 @@ class LocalRuntime(ReplicaRuntime):
             env["PATH"] = path
         log = self._logs[key]
         proc: ReplicaProcess | None = None
-        failure: OSError | BackendError | None = None
+        # Why it did not start, as text: the error itself, kept in this frame, would hold
+        # the frame through its traceback (a cycle that kept the ended app in memory).
+        failed: str | None = None
+        unanswered = False
         try:
             proc = await ReplicaProcess.start(
                 launch.argv,
@@ -541,21 +544,21 @@ class LocalRuntime(ReplicaRuntime):
                 prepare=plan,
             )
         except (OSError, BackendError) as e:
-            failure = e
+            unanswered = isinstance(e, BackendError)
+            reason = e.strerror if isinstance(e, OSError) else None
+            failed = f"cannot start {launch.argv[0]!r}: {reason or e}"
         if plan is not None:
-            if isinstance(failure, BackendError):  # no answer: see ``_records_first``
+            if unanswered:  # no answer: see ``_records_first``
                 await self._records_first()
             else:  # the reaper answered: it made the claim (the spawn may have failed)
                 self._claimed = self._unfilled = True
-        if failure is not None:
-            reason = failure.strerror if isinstance(failure, OSError) else None
-            msg = f"cannot start {launch.argv[0]!r}: {reason or failure}"
+        if failed is not None:
             self._backend.log_sink.write(
-                log, "stderr", f"asupervisor: {msg}\n".encode(), time.time()
+                log, "stderr", f"asupervisor: {failed}\n".encode(), time.time()
             )
-            self._not_started(key, slot, msg)
+            self._not_started(key, slot, failed)
             return
-        assert proc is not None  # (no failure)
+        assert proc is not None  # (it started)
         slot.proc = proc
         slot.done = Flag()
         self.emit(

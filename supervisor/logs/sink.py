@@ -563,7 +563,11 @@ class LogSink:
             raise ValueError(f"stream must be 'stdout' or 'stderr', not {stream!r}")
         open_line = stream in log.open_lines
         # Without an open line it only closes files: nobody waits for that (``LAZY_PUSH_S``).
-        queued = self._submit(_End(log.directory, stream), strict=False, lazy=not open_line)
+        # Without a thread nothing was ever queued, so no file is open: no thread is started
+        # for it (a new thread on the way to ``wait``, for replicas that wrote nothing).
+        queued = self._submit(
+            _End(log.directory, stream), strict=False, start=False, lazy=not open_line
+        )
         if queued and open_line:
             log.open_lines.discard(stream)
             log.content_through = self._submitted

@@ -258,6 +258,40 @@ def test_close_without_use_starts_nothing() -> None:
     log_sink.close()
 
 
+def _writer_threads() -> int:
+    return sum(t.name == "asupervisor-log-writer" for t in threading.enumerate())
+
+
+@pytest.mark.anyio
+async def test_replicas_that_wrote_nothing_start_no_writer(tmp_path: Path) -> None:
+    """Their streams' ends have no file to close: no thread is started for them (one
+    used to be, in the same turn of the loop as the replica's exit report)."""
+    before = _writer_threads()
+    log_sink = LogSink()
+    try:
+        (tmp_path / "silent").mkdir()
+        silent = log_sink.open(tmp_path / "silent", made=True)
+        log_sink.end_stream(silent, "stdout")
+        log_sink.end_stream(silent, "stderr")
+        assert log_sink.flush_now(silent)
+        await log_sink.flush()
+        assert _writer_threads() == before
+        # A later attempt that writes is written whole, and its ends close its files.
+        fds = _open_fds()
+        log_sink.write(silent, "stdout", b"second attempt\n", 2.0)
+        log_sink.write(silent, "stderr", b"open", 2.5)
+        await log_sink.flush()
+        assert _writer_threads() == before + 1
+        log_sink.end_stream(silent, "stdout")
+        log_sink.end_stream(silent, "stderr")
+        await log_sink.flush()
+        assert _open_fds() == fds
+        assert _read(tmp_path / "silent", "combined.log") == b"second attempt\nopen"
+    finally:
+        await log_sink.aclose()
+    assert _writer_threads() == before
+
+
 @pytest.mark.anyio
 async def test_no_descriptors_left_once_streams_ended(sink: LogSink, tmp_path: Path) -> None:
     await sink.flush()  # the writer thread exists before counting

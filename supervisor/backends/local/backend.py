@@ -301,7 +301,7 @@ class LocalRuntime(ReplicaRuntime):
             # Before the app can be found (its index entry): a cancel asked from then on is seen.
             await self._backend.watch_cancel(self)
         except OSError as e:
-            raise SubmitError(f"cannot create {self.store.app_dir}: {e}", transient=False) from e
+            raise self._cannot_create(e) from e
         if not lone:
             await self._records_first()
         if burst:
@@ -444,24 +444,24 @@ class LocalRuntime(ReplicaRuntime):
         """
         ((key, slot),) = self._slots.items()
         async with slot.lock:
-            # Stopped during the launch (the backend closing): nothing will start, and the
-            # stop is answered from records made the other way.
-            plan = None if slot.stopped else self._claim_plan(slot)
-            if plan is None:
+            plan = None
+            if slot.stopped:
+                # Stopped during the launch (the backend closing): nothing will start, and
+                # the stop is answered from records made the other way.
                 await self._records_first()
+            else:
+                plan = self.store.claim_plan([Path(slot.launch.log_dir)], _reserve_size(1))
             try:
                 await self._spawn(key, slot, plan)
             except NotPrepared as e:
                 self._claimed = e.claimed
                 if not e.claimed and e.error.errno == errno.EEXIST:
                     raise self.store.taken() from None
-                raise SubmitError(
-                    f"cannot create {self.store.app_dir}: {e.error}", transient=False
-                ) from e.error
+                raise self._cannot_create(e.error) from e.error
         slot.drop_idle_lock()
 
-    def _claim_plan(self, slot: _Slot) -> dict[str, Any]:
-        return self.store.claim_plan([Path(slot.launch.log_dir)], _reserve_size(1))
+    def _cannot_create(self, error: OSError) -> SubmitError:
+        return SubmitError(f"cannot create {self.store.app_dir}: {error}", transient=False)
 
     async def _records_first(self) -> None:
         """The app's records made in the records' thread before any spawn (``_create_store``).
@@ -473,7 +473,7 @@ class LocalRuntime(ReplicaRuntime):
         try:
             await self._backend.records.run(self._create_store)
         except OSError as e:
-            raise SubmitError(f"cannot create {self.store.app_dir}: {e}", transient=False) from e
+            raise self._cannot_create(e) from e
 
     async def _spawn_each(self, queue: Iterator[tuple[ReplicaKey, _Slot]]) -> None:
         """Start the replicas ``queue`` holds, one after the other (shared by the spawners)."""

@@ -33,8 +33,9 @@ def fd_table_size():
         return int(next(line for line in f if line.startswith("FDSize:")).split()[1])
 """
 
-# Submits one app of N replicas (`sleep 30`) with every os.pipe call of the host
-# wrapped: a call after which the table is bigger than before it is one that grew it.
+# Submits APPS apps of N replicas (`sleep 30`) one after another, all left running
+# until the last is up, with every os.pipe call of the host wrapped: a call after
+# which the table is bigger than before it is one that grew it.
 SUBMIT = r"""
 import json, os, sys, tempfile
 from pathlib import Path
@@ -52,21 +53,22 @@ def pipe():
     return ends
 os.pipe = pipe
 
-async def main(n, state_dir):
+async def main(n, apps, state_dir):
     async with Supervisor(session="fdtable", state_dir=state_dir) as sv:
         before = fd_table_size()
         role = Role(name="r", entrypoint="sleep", args=["30"], num_replicas=n)
         app = AppDef(name="many", roles=[role])
-        handle = await sv.submit(app, "local")
+        handles = [await sv.submit(app, "local") for _ in range(apps)]
         after = fd_table_size()
         running = len(os.listdir("/proc/self/fd"))
-        await sv.cancel(handle)
-        status = await sv.wait(handle)
+        for handle in handles:
+            await sv.cancel(handle)
+        states = sorted({(await sv.wait(handle)).state.name for handle in handles})
         return {"before": before, "after": after, "running_fds": running,
-                "state": status.state.name, "grown_in_pipe": grown_in_pipe}
+                "states": states, "grown_in_pipe": grown_in_pipe}
 
 with tempfile.TemporaryDirectory() as tmp:
-    print(json.dumps(anyio.run(main, int(sys.argv[1]), Path(tmp))))
+    print(json.dumps(anyio.run(main, int(sys.argv[1]), int(sys.argv[2]), Path(tmp))))
 """
 
 # make_room itself, with a second thread running (the kernel's multi-threaded case).
@@ -124,13 +126,26 @@ def _run(script: str, *args: str) -> dict[str, object]:
 
 def test_a_big_submit_grows_the_table_before_any_pipe_would() -> None:
     replicas = 300
-    out = _run(SUBMIT, str(replicas))
-    assert out["state"] == "CANCELLED"
+    out = _run(SUBMIT, str(replicas), "1")
+    assert out["states"] == ["CANCELLED"]
     assert out["grown_in_pipe"] == [], "a pipe on the event loop's thread grew the table"
     # It did have to grow: the replicas held more descriptors than the table had at first.
     assert isinstance(out["running_fds"], int) and out["running_fds"] > 2 * replicas
     assert isinstance(out["before"], int) and isinstance(out["after"], int)
     assert out["before"] < out["running_fds"] <= out["after"]
+
+
+def test_small_apps_one_after_another_grow_the_table_before_any_pipe_would() -> None:
+    """Ten-replica apps while the earlier ones run: the table has holes (ended pipes' write
+    ends), and the room counted from the lowest free descriptor alone fell short: the
+    table grew inside a pipe at 256 and at 512 descriptors."""
+    replicas, apps = 10, 30
+    out = _run(SUBMIT, str(replicas), str(apps))
+    assert out["states"] == ["CANCELLED"]
+    assert out["grown_in_pipe"] == [], "a pipe on the event loop's thread grew the table"
+    # Two doublings at least happened while the apps started (the table starts at 256 or less).
+    assert isinstance(out["running_fds"], int) and out["running_fds"] > 2 * replicas * apps > 512
+    assert isinstance(out["after"], int) and out["after"] >= 1024
 
 
 def test_make_room_grows_once_touches_no_descriptor_in_use_and_never_raises() -> None:

@@ -17,28 +17,43 @@ import fcntl
 import os
 import resource
 
-__all__ = ["FDS_PER_REPLICA", "make_room"]
+__all__ = ["FDS_PER_REPLICA", "make_room", "note_made"]
 
 FDS_PER_REPLICA = 5
 """Descriptors the host holds for a starting replica at most: both ends of its two pipes
 (the write ends until the reaper holds its own copies) and its log file."""
 
+_highest_made = -1
+"""The highest descriptor a replica's pipes took so far (``note_made``); never lowered."""
+
+
+def note_made(fd: int) -> None:
+    """``fd`` was just made for a replica (on the loop): ``make_room`` counts from above it."""
+    global _highest_made
+    if fd > _highest_made:
+        _highest_made = fd
+
 
 def make_room(count: int) -> None:
     """Grow the table, in the calling (worker) thread, so that ``count`` more descriptors fit.
 
-    Counted from the lowest free descriptor, which is exact where the table has no
-    hole: short by the descriptors in use above the first hole otherwise, which the
-    doubling's slack usually covers, and which else grow the table where they are
-    opened, as without this. ``F_DUPFD`` takes the lowest free descriptor at or above
-    the one asked for, so no descriptor in use is touched.
+    Counted from the lowest free descriptor or from above the highest a replica's
+    pipe took (``note_made``), whichever is higher. The lowest free one alone is
+    exact only where the table has no hole, and a host that starts apps while
+    others run has many (ended replicas' pipes, write ends handed to the reaper):
+    with ten-replica apps submitted one after another, the count fell short and
+    the table grew inside a ``pipe`` on the loop at 256 and at 512 descriptors
+    (8-19 ms each). The highest mark may be stale (its descriptor closed since):
+    the table is then grown more than needed, which costs a few KiB once.
+    ``F_DUPFD`` takes the lowest free descriptor at or above the one asked for,
+    so no descriptor in use is touched.
     """
     try:
         probe = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # the lowest free one
     except OSError:
         return  # no descriptor left at all: what the submit opens next says so
     try:
-        top = probe + count
+        top = max(probe, _highest_made + 1) + count
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft != resource.RLIM_INFINITY:
             top = min(top, soft - 1)

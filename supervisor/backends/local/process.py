@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import anyio
 
+from supervisor.backends.local.fdtable import note_made
 from supervisor.backends.local.pipes import PipeReaders
 from supervisor.backends.local.reaper_client import ExitReport, Reaper
 from supervisor.events import ReplicaKey
@@ -111,6 +112,7 @@ class ReplicaProcess:
         """
         r_out, w_out = os.pipe()
         r_err, w_err = os.pipe()
+        note_made(max(w_out, w_err))
         try:
             pid, report = await reaper.spawn(
                 argv, cwd=cwd, env=env, group=group, stdout=w_out, stderr=w_err, alone=alone,

@@ -63,7 +63,6 @@ __all__ = [
     "lock_file",
     "read_json_or_none",
     "read_record",
-    "record_identities",
     "remove_app",
     "unknown_status",
     "write_json_atomic",
@@ -143,6 +142,7 @@ def write_json_atomic(
     only_over: bool = False,
     spare: Path | None = None,
     keep_old: bool = False,
+    new: bool = False,
 ) -> Path:
     """Readers see the old file or the new one, never half of one.
 
@@ -155,6 +155,7 @@ def write_json_atomic(
     empty file made beforehand by ``create_beside`` for this content (``open_beside``).
     Returns the temporary name, which ``keep_old`` leaves to the old file (see
     ``swap_into_place``) for the caller to unlink; without it, nothing is there.
+    ``new``: nothing is at ``path`` yet (``swap_into_place``).
     """
     encoded = json.dumps(data).encode()
     fd, tmp = open_beside(path, spare)
@@ -165,7 +166,7 @@ def write_json_atomic(
                 os.fsync(fd)
         finally:
             os.close(fd)
-        swap_into_place(tmp, path, only_over=only_over, keep_old=keep_old)
+        swap_into_place(tmp, path, only_over=only_over, keep_old=keep_old, new=new)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -491,11 +492,16 @@ class AppStore:
         self.app_dir = app_dir
         # The file the next state.json goes into, made after the write before it.
         self._spare_state: Path | None = None
-        # The old state.json, under the name the final write gave it (``discard_spare``).
+        # The old state.json, under the name the final write gave it (``end_writing``).
         self._replaced: Path | None = None
         # The seq after the last transition this object appended to the journal: a write
         # whose state.json failed (a full disk) is tried again with the same transitions.
         self._journaled = 0
+        # The journal kept open by a writer of every record (``ready_next``), and where its
+        # content ends: an append is then one write, not an open, a seek, a write and a close.
+        self._journal_fd: int | None = None
+        self._journal_end = 0
+        self._state_written = False  # by this object
 
     @property
     def cancel_path(self) -> Path:
@@ -515,7 +521,7 @@ class AppStore:
             raise self.taken() from None
         try:
             self.make_replica_dirs(replica_dirs)
-            self.write_app(app_record)
+            self.write_app(app_record, new=True)
         except OSError:
             self.release()  # claimed, and nothing will run in it (a full disk): given back
             raise
@@ -593,8 +599,9 @@ class AppStore:
         """Remove the app directory of a launch that started nothing, so its id is free again."""
         shutil.rmtree(self.app_dir, ignore_errors=True)
 
-    def write_app(self, app_record: AppRecord) -> None:
-        write_json_atomic(self.app_dir / "app.json", app_record.to_json())
+    def write_app(self, app_record: AppRecord, *, new: bool = False) -> None:
+        """``new``: the first app.json of the directory this process claimed."""
+        write_json_atomic(self.app_dir / "app.json", app_record.to_json(), new=new)
 
     def write_state(
         self,
@@ -609,15 +616,21 @@ class AppStore:
 
         ``ready_next``: a non-final write makes the file the next one goes into (see
         below), for a writer that also writes the final record and then calls
-        ``discard_spare`` (the final write leaves it the old file to remove, off the
+        ``end_writing`` (the final write leaves it the old file to remove, off the
         path of ``wait``). Apps that outlive their Supervisor get their final record
-        from another process, which would leave that file behind.
+        from another process, which would leave that file behind. Such a writer's
+        journal stays open from its first append to the final record (an append is
+        one ``write``: four system calls less on the way to ``wait``), and its first
+        state.json goes where none is yet (``new``, see ``swap_into_place``).
         """
         # Those journaled by a write that failed after its append are not appended again.
         new = [t for t in transitions if t.seq >= self._journaled]
         if new:
-            lines = "".join(t.to_json_line() + "\n" for t in new)
-            append_bytes(self.app_dir / "transitions.jsonl", lines.encode())
+            lines = "".join(t.to_json_line() + "\n" for t in new).encode()
+            if ready_next:
+                self._append_kept(lines)
+            else:
+                append_bytes(self.app_dir / "transitions.jsonl", lines)
             self._journaled = new[-1].seq + 1
         record = {
             "format": RECORD_FORMAT,
@@ -627,7 +640,14 @@ class AppStore:
         }
         path = self.app_dir / "state.json"
         spare, self._spare_state = self._spare_state, None
-        replaced = write_json_atomic(path, record, spare=spare, keep_old=ready_next and final)
+        # The owner's first record (``ready_next``): its app directory has no state.json yet.
+        first = ready_next and not self._state_written
+        replaced = write_json_atomic(
+            path, record, spare=spare, keep_old=ready_next and final, new=first
+        )
+        self._state_written = True
+        if final:
+            self._close_journal()  # nothing is appended after the final record
         if ready_next and final:
             self._replaced = replaced
         elif ready_next:
@@ -638,13 +658,39 @@ class AppStore:
                 fd, self._spare_state = create_beside(path)
                 os.close(fd)
 
-    def discard_spare(self) -> None:
-        """Remove the file ``write_state`` made for a next write that will not come, and
-        the old state the final write left behind."""
+    def _append_kept(self, data: bytes) -> None:
+        """``append_bytes`` through the journal kept open (opened at the first append)."""
+        if self._journal_fd is None:
+            path = self.app_dir / "transitions.jsonl"
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                self._journal_end = os.lseek(fd, 0, os.SEEK_END)
+            except OSError:
+                os.close(fd)
+                raise
+            self._journal_fd = fd
+        try:
+            write_all(self._journal_fd, data)
+        except OSError:
+            with contextlib.suppress(OSError):  # no torn line for readers (``append_bytes``)
+                os.ftruncate(self._journal_fd, self._journal_end)
+            raise
+        self._journal_end += len(data)
+
+    def _close_journal(self) -> None:
+        fd, self._journal_fd = self._journal_fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def end_writing(self) -> None:
+        """Remove the file ``write_state`` made for a next write that will not come and the
+        old state the final write left behind; close the journal, if a final record that
+        failed left it open."""
         for leftover in (self._spare_state, self._replaced):
             if leftover is not None:
                 leftover.unlink(missing_ok=True)
         self._spare_state = self._replaced = None
+        self._close_journal()
 
     def read_app(self) -> AppRecord | None:
         """``app.json``, None when there is none.
@@ -858,12 +904,9 @@ def _identity(path: str | Path) -> list[int] | None:
     return [info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns]
 
 
-def record_identities(app_dir: Path) -> list[list[int] | None]:
-    """The identities of the records an index entry's summary stands for, as they are now.
-
-    Taken right after the final record is written, for a ``settle`` that may come
-    later: a record changed in between then makes ``list`` read it, as it must.
-    """
+def _record_identities(app_dir: Path) -> list[list[int] | None]:
+    """The identities of the records an index entry's summary stands for, as they are now:
+    a record changed after the entry was settled makes ``list`` read it, as it must."""
     return [_identity(app_dir / name) for name in _SUMMARIZED]
 
 
@@ -909,7 +952,8 @@ class Index:
         path = self.entry_path(session, app_id)
         path.parent.mkdir(parents=True, exist_ok=True)
         entry = {"app_dir": str(app_dir), "app_id": app_id, "session": session, "name": name}
-        write_json_atomic(path, {"format": RECORD_FORMAT, **entry})
+        # New: the entry of an app whose directory this process just claimed.
+        write_json_atomic(path, {"format": RECORD_FORMAT, **entry}, new=True)
 
     def entry_path(self, session: str, app_id: str) -> Path:
         return self.root / session / f"{_escape(app_id)}.json"
@@ -921,12 +965,13 @@ class Index:
         app_dir: Path,
         status: AppStatus,
         times: AppTimes | None = None,
-        records: list[list[int] | None] | None = None,
     ) -> None:
         """Keep the app's final status and times in its entry, once its final record is written.
 
-        ``records``: ``record_identities`` taken when the final record was written
-        (else they are taken now).
+        The records' identities the summary stands for are taken here, after the
+        final record, not by the write of it: nothing rewrites a final record
+        (``take_over`` and ``record_observed_end`` leave it as it is, ``gc``
+        removes it), and taken there they were 25 us of every ``wait``.
 
         ``times``, when the caller kept them as it recorded the app, spares reading
         the whole journal back. Best
@@ -948,7 +993,7 @@ class Index:
             "submitted": times.submitted,
             "started": times.started,
             "ended": times.ended,
-            "records": record_identities(app_dir) if records is None else records,
+            "records": _record_identities(app_dir),
         }
         with contextlib.suppress(OSError):
             # Over the entry read above only: one removed meanwhile (a ``gc`` of the

@@ -83,7 +83,7 @@ def open_beside(path: Path, spare: Path | None) -> tuple[int, Path]:
 
 
 def swap_into_place(
-    tmp: Path, path: Path, *, only_over: bool = False, keep_old: bool = False
+    tmp: Path, path: Path, *, only_over: bool = False, keep_old: bool = False, new: bool = False
 ) -> bool:
     """Make ``tmp``'s file the one at ``path``; ``tmp``'s name is gone once this returns.
 
@@ -93,9 +93,12 @@ def swap_into_place(
     and the rename are two steps. ``keep_old``: after an exchange, ``tmp`` is
     left naming the old file, for the caller to unlink later, off a path
     somebody waits on (unlinking a written file costs about as much as the swap).
+    ``new``: the caller made the file's directory or name itself and nothing is at
+    ``path`` yet: a plain ``os.replace``, not an exchange that would fail first
+    (should a file be there after all, it is replaced just the same, atomically).
     """
     global _exchange
-    exchange = _exchange
+    exchange = None if new else _exchange
     if exchange is not None:
         source, target = os.fsencode(tmp), os.fsencode(path)
         if exchange(_AT_FDCWD, source, _AT_FDCWD, target, _RENAME_EXCHANGE) == 0:

@@ -41,6 +41,19 @@ def test_a_new_file_takes_the_place_of_the_old_and_nothing_is_left(
     assert _leftovers(tmp_path, "state.json") == []
 
 
+def test_a_file_said_new_is_put_in_place_even_where_one_is_after_all(
+    how: str, tmp_path: Path
+) -> None:
+    """``new`` only spares the exchange's failing try: a file that is there (an entry left
+    by an earlier launch of the same id) is replaced as by any write, atomically."""
+    path = tmp_path / "app.json"
+    write_json_atomic(path, {"v": 1}, new=True)
+    assert json.loads(path.read_text()) == {"v": 1}
+    write_json_atomic(path, {"v": 2}, new=True)
+    assert json.loads(path.read_text()) == {"v": 2}
+    assert _leftovers(tmp_path, "app.json") == []
+
+
 def test_only_over_writes_nothing_where_no_file_is(how: str, tmp_path: Path) -> None:
     """A settle after a ``gc`` removed the entry must not write the entry back."""
     path = tmp_path / "entry.json"
@@ -108,7 +121,7 @@ def test_a_failed_write_removes_its_temporary_file(
     """(A full disk at exactly this step cannot be had on demand: the step is made to fail.)"""
     path = tmp_path / "state.json"
 
-    def refuse(tmp: Path, target: Path, *, only_over: bool = False, keep_old: bool = False) -> bool:
+    def refuse(tmp: Path, target: Path, **how: bool) -> bool:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr("supervisor.backends.store.swap_into_place", refuse)
@@ -120,10 +133,10 @@ def test_a_failed_write_removes_its_temporary_file(
 def test_a_state_write_makes_the_next_ones_file_only_when_asked(how: str, tmp_path: Path) -> None:
     """``ready_next``: a non-final state write makes the file the next write goes into
     (the final one, on the path of ``wait``, then creates none); the final write leaves
-    the old state under its temporary name, and ``discard_spare`` removes it (an unlink
+    the old state under its temporary name, and ``end_writing`` removes it (an unlink
     off the path of ``wait``); a writer that will not write the final record asks for
     none (an app that outlives its Supervisor gets that record from another process);
-    one that stops before its final write removes it (``discard_spare``)."""
+    one that stops before its final write removes it (``end_writing``)."""
     owner = Owner.current()
     store = AppStore(tmp_path / "app")
     store.app_dir.mkdir()
@@ -142,10 +155,10 @@ def test_a_state_write_makes_the_next_ones_file_only_when_asked(how: str, tmp_pa
     else:  # a rename leaves no old file
         assert _leftovers(store.app_dir, "state.json") == []
     assert json.loads((store.app_dir / "state.json").read_text())["final"] is True
-    store.discard_spare()
+    store.end_writing()
     assert _leftovers(store.app_dir, "state.json") == []
 
     store.write_state(running, [], False, owner, ready_next=True)
     assert len(_leftovers(store.app_dir, "state.json")) == 1
-    store.discard_spare()
+    store.end_writing()
     assert _leftovers(store.app_dir, "state.json") == []

@@ -63,6 +63,7 @@ __all__ = [
     "lock_file",
     "read_json_or_none",
     "read_record",
+    "record_identities",
     "remove_app",
     "unknown_status",
     "write_json_atomic",
@@ -619,9 +620,10 @@ class AppStore:
         ``end_writing`` (the final write leaves it the old file to remove, off the
         path of ``wait``). Apps that outlive their Supervisor get their final record
         from another process, which would leave that file behind. Such a writer's
-        journal stays open from its first append to the final record (an append is
-        one ``write``: four system calls less on the way to ``wait``), and its first
-        state.json goes where none is yet (``new``, see ``swap_into_place``).
+        journal stays open from its first append to the final record (an append is a
+        ``write``, not an open, a seek, a write and a close; the final record's closes
+        it), and its first state.json goes where none is yet (``new``, see
+        ``swap_into_place``).
         """
         # Those journaled by a write that failed after its append are not appended again.
         new = [t for t in transitions if t.seq >= self._journaled]
@@ -904,9 +906,12 @@ def _identity(path: str | Path) -> list[int] | None:
     return [info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns]
 
 
-def _record_identities(app_dir: Path) -> list[list[int] | None]:
-    """The identities of the records an index entry's summary stands for, as they are now:
-    a record changed after the entry was settled makes ``list`` read it, as it must."""
+def record_identities(app_dir: Path) -> list[list[int] | None]:
+    """The identities of the records an index entry's summary stands for, as they are now.
+
+    Taken right after the final record is written, for a ``settle`` that may come
+    later: a record changed in between then makes ``list`` read it, as it must.
+    """
     return [_identity(app_dir / name) for name in _SUMMARIZED]
 
 
@@ -965,13 +970,12 @@ class Index:
         app_dir: Path,
         status: AppStatus,
         times: AppTimes | None = None,
+        records: list[list[int] | None] | None = None,
     ) -> None:
         """Keep the app's final status and times in its entry, once its final record is written.
 
-        The records' identities the summary stands for are taken here, after the
-        final record, not by the write of it: nothing rewrites a final record
-        (``take_over`` and ``record_observed_end`` leave it as it is, ``gc``
-        removes it), and taken there they were 25 us of every ``wait``.
+        ``records``: ``record_identities`` taken when the final record was written
+        (else they are taken now).
 
         ``times``, when the caller kept them as it recorded the app, spares reading
         the whole journal back. Best
@@ -993,7 +997,7 @@ class Index:
             "submitted": times.submitted,
             "started": times.started,
             "ended": times.ended,
-            "records": _record_identities(app_dir),
+            "records": record_identities(app_dir) if records is None else records,
         }
         with contextlib.suppress(OSError):
             # Over the entry read above only: one removed meanwhile (a ``gc`` of the

@@ -62,6 +62,7 @@ from supervisor.backends.store import (
     IndexEntry,
     Owner,
     damaged_status,
+    record_identities,
     unknown_status,
 )
 from supervisor.errors import BackendError, DamagedRecordError, SubmitError
@@ -219,6 +220,7 @@ class LocalRuntime(ReplicaRuntime):
         self._starting = 0
         self.cancel_asked = False  # by another process: its request goes with the app
         self._final_status: AppStatus | None = None  # once the final record is written
+        self._final_identities: list[list[int] | None] | None = None
         # For ``_guard_watched``: what wakes it, the processes to hand over, and whether
         # it may end (once no replica can be left watched without a task).
         self._guard_wake = anyio.Event()
@@ -716,6 +718,9 @@ class LocalRuntime(ReplicaRuntime):
                 raise
             self.store.write_state(status, transitions, final, self._owner, ready_next=True)
         if final:
+            # The settle comes later (``_release_files``): what it vouches for is the
+            # records as this wrote them, not as they may be by then.
+            self._final_identities = record_identities(self.store.app_dir)
             self._final_status = status
 
     def log_target(self, role: str, replica_id: int) -> LogTarget:
@@ -743,6 +748,7 @@ class LocalRuntime(ReplicaRuntime):
                 self.store.app_dir,
                 self._final_status,
                 self._times,
+                self._final_identities,
             )
         self.store.release_reserve()
         # The old state.json the final write left (or the spare, when that write failed).

@@ -493,16 +493,12 @@ class AppStore:
         self.app_dir = app_dir
         # The file the next state.json goes into, made after the write before it.
         self._spare_state: Path | None = None
-        # The old state.json, under the name the final write gave it (``end_writing``).
+        # The old state.json, under the name the final write gave it (``discard_spare``).
         self._replaced: Path | None = None
         # The seq after the last transition this object appended to the journal: a write
         # whose state.json failed (a full disk) is tried again with the same transitions.
         self._journaled = 0
-        # The journal kept open by a writer of every record (``ready_next``), and where its
-        # content ends: an append is then one write, not an open, a seek, a write and a close.
-        self._journal_fd: int | None = None
-        self._journal_end = 0
-        self._state_written = False  # by this object
+        self._state_written = False  # by this object (``write_state``)
 
     @property
     def cancel_path(self) -> Path:
@@ -617,22 +613,16 @@ class AppStore:
 
         ``ready_next``: a non-final write makes the file the next one goes into (see
         below), for a writer that also writes the final record and then calls
-        ``end_writing`` (the final write leaves it the old file to remove, off the
+        ``discard_spare`` (the final write leaves it the old file to remove, off the
         path of ``wait``). Apps that outlive their Supervisor get their final record
         from another process, which would leave that file behind. Such a writer's
-        journal stays open from its first append to the final record (an append is a
-        ``write``, not an open, a seek, a write and a close; the final record's closes
-        it), and its first state.json goes where none is yet (``new``, see
-        ``swap_into_place``).
+        first state.json goes where none is yet (``new``, see ``swap_into_place``).
         """
         # Those journaled by a write that failed after its append are not appended again.
         new = [t for t in transitions if t.seq >= self._journaled]
         if new:
-            lines = "".join(t.to_json_line() + "\n" for t in new).encode()
-            if ready_next:
-                self._append_kept(lines)
-            else:
-                append_bytes(self.app_dir / "transitions.jsonl", lines)
+            lines = "".join(t.to_json_line() + "\n" for t in new)
+            append_bytes(self.app_dir / "transitions.jsonl", lines.encode())
             self._journaled = new[-1].seq + 1
         record = {
             "format": RECORD_FORMAT,
@@ -648,8 +638,6 @@ class AppStore:
             path, record, spare=spare, keep_old=ready_next and final, new=first
         )
         self._state_written = True
-        if final:
-            self._close_journal()  # nothing is appended after the final record
         if ready_next and final:
             self._replaced = replaced
         elif ready_next:
@@ -660,39 +648,13 @@ class AppStore:
                 fd, self._spare_state = create_beside(path)
                 os.close(fd)
 
-    def _append_kept(self, data: bytes) -> None:
-        """``append_bytes`` through the journal kept open (opened at the first append)."""
-        if self._journal_fd is None:
-            path = self.app_dir / "transitions.jsonl"
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            try:
-                self._journal_end = os.lseek(fd, 0, os.SEEK_END)
-            except OSError:
-                os.close(fd)
-                raise
-            self._journal_fd = fd
-        try:
-            write_all(self._journal_fd, data)
-        except OSError:
-            with contextlib.suppress(OSError):  # no torn line for readers (``append_bytes``)
-                os.ftruncate(self._journal_fd, self._journal_end)
-            raise
-        self._journal_end += len(data)
-
-    def _close_journal(self) -> None:
-        fd, self._journal_fd = self._journal_fd, None
-        if fd is not None:
-            os.close(fd)
-
-    def end_writing(self) -> None:
-        """Remove the file ``write_state`` made for a next write that will not come and the
-        old state the final write left behind; close the journal, if a final record that
-        failed left it open."""
+    def discard_spare(self) -> None:
+        """Remove the file ``write_state`` made for a next write that will not come, and
+        the old state the final write left behind."""
         for leftover in (self._spare_state, self._replaced):
             if leftover is not None:
                 leftover.unlink(missing_ok=True)
         self._spare_state = self._replaced = None
-        self._close_journal()
 
     def read_app(self) -> AppRecord | None:
         """``app.json``, None when there is none.

@@ -54,6 +54,27 @@ def test_a_file_said_new_is_put_in_place_even_where_one_is_after_all(
     assert _leftovers(tmp_path, "app.json") == []
 
 
+def test_a_file_said_new_tries_no_exchange(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where no file is yet, the exchange only fails (ENOENT) before the rename: a file
+    said ``new`` goes without that try (three per one-replica app: its first app.json,
+    index entry and state.json)."""
+    real = swap._exchange
+    assert real is not None, "renameat2 is expected on Debian 12's glibc"
+    tries: list[bytes] = []
+
+    def counted(old_dir: int, old: bytes, new_dir: int, new: bytes, flags: int) -> int:
+        tries.append(new)
+        return real(old_dir, old, new_dir, new, flags)
+
+    monkeypatch.setattr(swap, "_exchange", counted)
+    write_json_atomic(tmp_path / "new.json", {"v": 1}, new=True)
+    assert tries == []
+    write_json_atomic(tmp_path / "other.json", {"v": 1})  # not said new: tried, and failed
+    write_json_atomic(tmp_path / "other.json", {"v": 2})  # over a file: the exchange
+    assert len(tries) == 2
+    assert json.loads((tmp_path / "other.json").read_text()) == {"v": 2}
+
+
 def test_only_over_writes_nothing_where_no_file_is(how: str, tmp_path: Path) -> None:
     """A settle after a ``gc`` removed the entry must not write the entry back."""
     path = tmp_path / "entry.json"
@@ -133,10 +154,10 @@ def test_a_failed_write_removes_its_temporary_file(
 def test_a_state_write_makes_the_next_ones_file_only_when_asked(how: str, tmp_path: Path) -> None:
     """``ready_next``: a non-final state write makes the file the next write goes into
     (the final one, on the path of ``wait``, then creates none); the final write leaves
-    the old state under its temporary name, and ``end_writing`` removes it (an unlink
+    the old state under its temporary name, and ``discard_spare`` removes it (an unlink
     off the path of ``wait``); a writer that will not write the final record asks for
     none (an app that outlives its Supervisor gets that record from another process);
-    one that stops before its final write removes it (``end_writing``)."""
+    one that stops before its final write removes it (``discard_spare``)."""
     owner = Owner.current()
     store = AppStore(tmp_path / "app")
     store.app_dir.mkdir()
@@ -155,10 +176,10 @@ def test_a_state_write_makes_the_next_ones_file_only_when_asked(how: str, tmp_pa
     else:  # a rename leaves no old file
         assert _leftovers(store.app_dir, "state.json") == []
     assert json.loads((store.app_dir / "state.json").read_text())["final"] is True
-    store.end_writing()
+    store.discard_spare()
     assert _leftovers(store.app_dir, "state.json") == []
 
     store.write_state(running, [], False, owner, ready_next=True)
     assert len(_leftovers(store.app_dir, "state.json")) == 1
-    store.end_writing()
+    store.discard_spare()
     assert _leftovers(store.app_dir, "state.json") == []

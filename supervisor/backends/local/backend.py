@@ -752,7 +752,7 @@ class LocalRuntime(ReplicaRuntime):
             )
         self.store.release_reserve()
         # The old state.json the final write left (or the spare, when that write failed).
-        self.store.end_writing()
+        self.store.discard_spare()
         if self.cancel_asked:
             self._backend.cancel_requests.withdraw(self.request.session, self.request.app_id)
 

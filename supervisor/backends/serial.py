@@ -26,7 +26,9 @@ import anyio
 __all__ = ["SerialWorker"]
 
 _T = TypeVar("_T")
-_Call = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...]]
+_Call = tuple[
+    asyncio.AbstractEventLoop, "asyncio.Future[Any] | None", Callable[..., Any], tuple[Any, ...]
+]
 
 
 def _serve(calls: queue.SimpleQueue[_Call | None]) -> None:
@@ -40,16 +42,30 @@ def _serve(calls: queue.SimpleQueue[_Call | None]) -> None:
 
 def _run(
     loop: asyncio.AbstractEventLoop,
-    future: asyncio.Future[Any],
+    future: asyncio.Future[Any] | None,
     function: Callable[..., Any],
     args: tuple[Any, ...],
 ) -> None:
     try:
         result = function(*args)
     except BaseException as exc:  # handed to the caller, whatever it is
-        _report(loop, _fail, future, exc)
+        if future is None:
+            _report_unawaited(loop, function, exc)
+        else:
+            _report(loop, _fail, future, exc)
     else:
-        _report(loop, _succeed, future, result)
+        if future is not None:
+            _report(loop, _succeed, future, result)
+
+
+def _report_unawaited(
+    loop: asyncio.AbstractEventLoop, function: Callable[..., Any], exc: BaseException
+) -> None:
+    """A posted call raised (its contract is not to): the loop's exception handler hears it."""
+    message = f"a call posted to a records' thread raised: {function!r}"
+    context = {"message": message, "exception": exc}
+    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody can hear it
+        loop.call_soon_threadsafe(loop.call_exception_handler, context)
 
 
 def _report(
@@ -86,9 +102,31 @@ class SerialWorker:
         """``function(*args)`` in the worker's thread, after the calls queued before it."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[_T] = loop.create_future()
+        if not self._queue(loop, future, function, args):
+            raise RuntimeError(f"{self._name} is closed")
+        with anyio.CancelScope(shield=True):
+            await future
+        return future.result()
+
+    def post(self, function: Callable[..., None], *args: Any) -> bool:
+        """Queue ``function(*args)`` with nobody waiting for it; False if the worker is closed.
+
+        For work done ahead that a later ``run`` would otherwise do: the loop is
+        not woken when it ends. ``function`` handles its own errors (what it
+        raises all the same reaches the loop's exception handler).
+        """
+        return self._queue(asyncio.get_running_loop(), None, function, args)
+
+    def _queue(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        future: asyncio.Future[Any] | None,
+        function: Callable[..., Any],
+        args: tuple[Any, ...],
+    ) -> bool:
         with self._lock:
             if self._closed:
-                raise RuntimeError(f"{self._name} is closed")
+                return False
             if self._thread is None:
                 # A daemon: a Supervisor left unclosed must not hold the interpreter's exit
                 # (it joins every other thread first). Cut short there, a record is the old
@@ -99,9 +137,7 @@ class SerialWorker:
                 self._thread.start()
                 weakref.finalize(self, self._calls.put, None)
             self._calls.put((loop, future, function, args))
-        with anyio.CancelScope(shield=True):
-            await future
-        return future.result()
+        return True
 
     async def aclose(self) -> None:
         """Run what was queued, then stop the thread (waited for off the loop)."""

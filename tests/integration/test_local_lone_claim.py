@@ -2,8 +2,9 @@
 
 Once the reaper runs, an app of one replica does not first go to the records'
 thread: the reaper makes the app directory (the claim, one ``mkdir``), the
-replica's and the final record's reserve, then spawns; ``app.json`` and the
-index entry go with the first record. What the records-first launch promised
+replica's and the final record's reserve, says so, then spawns; ``app.json``
+and the index entry are written while the replica starts, in the records'
+thread, and the first record finds them there. What the records-first launch promised
 holds on this way too, and these tests check it with real processes: an id
 already taken starts nothing and touches nothing of the app that holds it, a
 replica that cannot start is recorded and listed, and a reaper that cannot
@@ -14,13 +15,15 @@ answer leaves a recorded failure, not a lost app. (A full disk on both ways:
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 from pathlib import Path
 
 import pytest
 
 from supervisor import AppState, DuplicateAppError, Role, Supervisor
-from supervisor.backends.local.backend import LocalBackend
+from supervisor.backends.local.backend import LocalBackend, LocalRuntime
+from supervisor.backends.local.process import ReplicaProcess
 
 from .helpers import app, py_role
 
@@ -117,3 +120,124 @@ async def test_a_lone_spawn_the_reaper_cannot_answer_is_recorded_as_a_failure(
         listed = {a.app_handle: a.state for a in await other.list("local")}
         assert listed[handle] is AppState.FAILED
         assert listed[again] is AppState.SUCCEEDED
+
+
+async def test_a_lone_replicas_first_records_are_written_while_it_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reaper tells of the claim before it answers the spawn, and ``app.json`` and the
+    index entry are written then, once: the first record, on the way to ``submit``'s
+    return, does not write them again."""
+    seen: list[str] = []
+    claim_made, fill_store, start = (
+        LocalRuntime._claim_made,
+        LocalRuntime._fill_store,
+        ReplicaProcess.start.__func__,  # type: ignore[attr-defined]
+    )
+
+    def told(self: LocalRuntime) -> None:
+        seen.append("claim told")
+        claim_made(self)
+
+    def filled(self: LocalRuntime) -> None:
+        seen.append("filled")
+        fill_store(self)
+
+    async def started(cls: type[ReplicaProcess], /, *args: object, **kwargs: object) -> object:
+        proc = await start(cls, *args, **kwargs)
+        seen.append("spawn answered")
+        return proc
+
+    cfg = {"log_dir": str(tmp_path / "logs")}
+    async with Supervisor(session="svc", state_dir=tmp_path / "state") as sv:
+        await _reaper_running(sv, tmp_path / "warm")
+        monkeypatch.setattr(LocalRuntime, "_claim_made", told)
+        monkeypatch.setattr(LocalRuntime, "_fill_store", filled)
+        monkeypatch.setattr(ReplicaProcess, "start", classmethod(started))
+        handle = await sv.submit(app(py_role("r", "pass")), "local", cfg)
+        app_dir = tmp_path / "logs" / "svc" / handle.rpartition("/")[2]
+        assert {"app.json", "state.json"} <= {p.name for p in app_dir.iterdir()}
+        assert (await sv.wait(handle, timeout=30)).state is AppState.SUCCEEDED
+    assert seen.index("claim told") < seen.index("spawn answered")
+    assert seen.count("filled") == 1
+
+
+async def test_a_reaper_that_dies_after_telling_of_its_claim_leaves_a_recorded_app(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reaper is killed as soon as it said it made the claim (its spawn then under way,
+    or answered in the socket): the directory is known to be this launch's, so the app
+    is recorded, listed and ends saying the reaper ended, and its id is not read as
+    taken by someone else (a submit that raised and left the directory, before)."""
+    claim_made = LocalRuntime._claim_made
+    cfg = {"log_dir": str(tmp_path / "logs")}
+    state_dir = tmp_path / "state"
+    async with Supervisor(session="svc", state_dir=state_dir) as sv:
+        backend = await _reaper_running(sv, tmp_path / "warm")
+        conn = backend.reaper._conn
+        assert conn is not None
+
+        def told_then_killed(self: LocalRuntime) -> None:
+            os.kill(conn.popen.pid, signal.SIGKILL)
+            claim_made(self)
+
+        monkeypatch.setattr(LocalRuntime, "_claim_made", told_then_killed)
+        token = f"lone-claim-{os.getpid()}-{tmp_path.name}"
+        handle = await sv.submit(
+            app(py_role("r", f"import time; time.sleep(30)  # {token}")), "local", cfg
+        )
+        monkeypatch.undo()
+        status = await sv.wait(handle, timeout=30)
+        assert status.state is AppState.FAILED, status
+        assert "reaper" in status.msg, status.msg
+        app_dir = tmp_path / "logs" / "svc" / handle.rpartition("/")[2]
+        assert (app_dir / "app.json").is_file()
+        again = await sv.submit(app(py_role("r", "pass")), "local", cfg)
+        assert (await sv.wait(again, timeout=60)).state is AppState.SUCCEEDED
+    async with Supervisor(session="svc", state_dir=state_dir) as other:
+        listed = {a.app_handle: a.state for a in await other.list("local")}
+        assert listed[handle] is AppState.FAILED
+        assert listed[again] is AppState.SUCCEEDED
+    assert not _running_with(token)  # (were it spawned, it went with the reaper's cgroup)
+
+
+async def test_first_records_that_cannot_be_written_ahead_are_tried_again_and_said(
+    tmp_path: Path,
+) -> None:
+    """``app.json`` and the index entry written as the claim is told fail (the entry's
+    place is taken by a directory here): the first record tries them again and the
+    app's status says its records failed; once the place is free, a later record
+    writes them, the notice goes, and another process lists the app."""
+    gate = tmp_path / "go"
+    code = f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.05)\n"
+    cfg = {"log_dir": str(tmp_path / "logs")}
+    state_dir = tmp_path / "state"
+    async with Supervisor(session="svc", state_dir=state_dir) as sv:
+        await _reaper_running(sv, tmp_path / "warm")
+        blocker = state_dir / "index" / "local" / "svc" / "blocked-1.json"
+        (blocker / "inside").mkdir(parents=True)
+        handle = await sv.schedule(
+            sv.dryrun(app(py_role("r", code)), "local", cfg, app_id="blocked-1")
+        )
+        status = sv.status(handle)
+        assert status is not None and status.state is AppState.RUNNING
+        assert "recording the app's state for other processes failed" in status.msg, status
+        shutil.rmtree(blocker)
+        gate.touch()
+        status = await sv.wait(handle, timeout=30)
+        assert status.state is AppState.SUCCEEDED, status
+        assert "recording" not in status.msg, status
+    async with Supervisor(session="svc", state_dir=state_dir) as other:
+        listed = {a.app_handle: a.state for a in await other.list("local")}
+        assert listed[handle] is AppState.SUCCEEDED
+
+
+def _running_with(token: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and token.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue  # ended meanwhile
+    return found

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import subprocess
 import sys
@@ -131,3 +132,60 @@ def test_a_worker_left_open_does_not_hold_the_interpreters_exit() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "ran\n"
+
+
+@pytest.mark.anyio
+async def test_a_posted_call_runs_before_the_calls_queued_after_it() -> None:
+    """Work done ahead (``post``) is there for the ``run`` that follows, which waits for it."""
+    worker = SerialWorker("test-records")
+    ran: list[str] = []
+
+    def ahead() -> None:
+        time.sleep(0.05)  # slower than the hop of the run queued after it
+        ran.append("ahead")
+
+    try:
+        assert worker.post(ahead)
+        assert await worker.run(lambda: list(ran)) == ["ahead"]
+    finally:
+        await worker.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_posted_call_that_raises_reaches_the_loops_exception_handler() -> None:
+    """Nobody waits for a posted call: what it raises all the same is not lost."""
+    worker = SerialWorker("test-records")
+    heard: list[dict[str, object]] = []
+    arrived = anyio.Event()
+    loop = asyncio.get_running_loop()
+    before = loop.get_exception_handler()
+
+    def hear(_loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
+        heard.append(context)
+        arrived.set()
+
+    loop.set_exception_handler(hear)
+
+    def broken() -> None:
+        raise OSError(28, "No space left on device")
+
+    try:
+        assert worker.post(broken)
+        assert await worker.run(lambda: "still here") == "still here"  # the worker goes on
+        with anyio.fail_after(5):
+            await arrived.wait()
+        error = heard[0]["exception"]
+        assert isinstance(error, OSError) and error.errno == 28
+        assert "broken" in str(heard[0]["message"])
+    finally:
+        loop.set_exception_handler(before)
+        await worker.aclose()
+
+
+@pytest.mark.anyio
+async def test_nothing_is_posted_to_a_closed_worker() -> None:
+    worker = SerialWorker("test-records")
+    await worker.aclose()
+    ran: list[int] = []
+    assert not worker.post(ran.append, 1)
+    assert ran == []

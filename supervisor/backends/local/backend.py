@@ -263,10 +263,28 @@ class LocalRuntime(ReplicaRuntime):
             request.session, request.app_id, self.store.app_dir, request.app.name
         )
 
+    def _claim_made(self) -> None:
+        """On the loop: the reaper made a lone replica's claim and goes on to spawn it.
+
+        ``app.json`` and the index entry are written now, in the records' thread,
+        while the replica starts (the host waits for the reaper then): the
+        first record, on the way to ``submit``'s return, finds them written.
+        """
+        self._claimed = self._unfilled = True
+        self._backend.records.post(self._fill_ahead)
+
+    def _fill_ahead(self) -> None:
+        """Blocking: ``_fill_store`` ahead of the first record. Should it fail, the first
+        record fills again (``_record``) and reports what still fails as its own failure."""
+        if self._unfilled:
+            with contextlib.suppress(OSError):
+                self._fill_store()
+
     def _fill_store(self) -> None:
-        """Blocking: what a lone replica's claim left for the first record (``_spawn_lone``):
-        ``app.json`` and the index entry. Room is made in the descriptors' table for the
-        next apps' pipes (a lone replica's are made on the loop, with no hop before)."""
+        """Blocking: what a lone replica's claim left (``_spawn_lone``), for ``_claim_made``
+        or else the first record: ``app.json`` and the index entry. Room is made in the
+        descriptors' table for the next apps' pipes (a lone replica's are made on the
+        loop, with no hop before)."""
         make_room(FDS_PER_REPLICA * SPAWNS_IN_FLIGHT)
         self.store.write_app(self._app_record(), new=True)
         self._index()
@@ -438,7 +456,8 @@ class LocalRuntime(ReplicaRuntime):
         reserve (``AppStore.claim_plan``) before the spawn: a claim refused (the id
         taken) or a disk with no room starts nothing, as ``_create_store`` first
         did, and one hop to the records' thread less is on the way to ``submit``'s
-        return (``app.json`` and the index entry go with the first record). When
+        return (``app.json`` and the index entry are written while the replica
+        starts: ``_claim_made``). When
         the reaper cannot be asked, the records are made here and the replica
         fails to start, as one of several would.
         """
@@ -467,8 +486,9 @@ class LocalRuntime(ReplicaRuntime):
         """The app's records made in the records' thread before any spawn (``_create_store``).
 
         Also for a lone replica the reaper could not be asked to claim for (gone, or
-        the request not sent). Should it have made the app's directory before it ended,
-        the id reads as taken: that directory may be another app's, so it stays.
+        the request not sent). Should it have made the app's directory and ended before
+        it said so, the id reads as taken: that directory may be another app's, so it
+        stays. (Said, the claim is this launch's: ``_claim_made``.)
         """
         try:
             await self._backend.records.run(self._create_store)
@@ -542,16 +562,16 @@ class LocalRuntime(ReplicaRuntime):
                 attempt=slot.attempt,
                 alone=self._starting == 1,
                 prepare=plan,
+                on_claim=None if plan is None else self._claim_made,
             )
         except (OSError, BackendError) as e:
             unanswered = isinstance(e, BackendError)
             reason = e.strerror if isinstance(e, OSError) else None
             failed = f"cannot start {launch.argv[0]!r}: {reason or e}"
-        if plan is not None:
-            if unanswered:  # no answer: see ``_records_first``
-                await self._records_first()
-            else:  # the reaper answered: it made the claim (the spawn may have failed)
-                self._claimed = self._unfilled = True
+        if plan is not None and unanswered and not self._claimed:
+            # No answer, and no word of the claim: see ``_records_first``. (The reaper
+            # tells of its claim before it answers: ``_claim_made``.)
+            await self._records_first()
         if failed is not None:
             self._backend.log_sink.write(
                 log, "stderr", f"asupervisor: {failed}\n".encode(), time.time()

@@ -104,11 +104,13 @@ class ReplicaProcess:
         attempt: int,
         alone: bool = False,
         prepare: Mapping[str, Any] | None = None,
+        on_claim: Callable[[], None] | None = None,
     ) -> ReplicaProcess:
         """Spawn through the reaper; OSError if it cannot start, BackendError if no reaper.
 
         ``alone``: no other replica of the app is being started with this one.
-        ``prepare``: the app's claim, made by the reaper first (``Reaper.spawn``).
+        ``prepare``: the app's claim, made by the reaper first, and ``on_claim``
+        told once it is (``Reaper.spawn``).
         """
         r_out, w_out = os.pipe()
         r_err, w_err = os.pipe()
@@ -116,7 +118,7 @@ class ReplicaProcess:
         try:
             pid, report = await reaper.spawn(
                 argv, cwd=cwd, env=env, group=group, stdout=w_out, stderr=w_err, alone=alone,
-                prepare=prepare,
+                prepare=prepare, on_claim=on_claim,
             )  # fmt: skip
         except BaseException:
             os.close(r_out)

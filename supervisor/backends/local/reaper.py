@@ -25,8 +25,9 @@ Protocol: JSON, one message per SOCK_SEQPACKET datagram on fd 0. From the
 supervisor: ``spawn`` (with the output pipes as SCM_RIGHTS, and whether it comes
 ``alone``: see ``Reaper.spawn``), ``warm`` (spawns of a burst are coming: see
 ``Reaper.warm``), ``kill``, ``release`` (an app ended), ``shutdown``. To it:
-``hello``, ``spawned`` or ``failed`` per spawn, ``exit`` per replica (``spawned``
-and ``exit`` with the wall-clock time this process saw it happen). Sends
+``hello``, ``spawned`` or ``failed`` per spawn (before it, ``claimed`` for a
+spawn that carried an app's claim, once that is made), ``exit`` per replica
+(``spawned`` and ``exit`` with the wall-clock time this process saw it happen). Sends
 never block this process: replies queue until the socket is writable, so it
 always keeps reading, and it reads every queued message (up to a batch) per
 wake-up, then sends their replies together. The supervisor's sends
@@ -650,6 +651,11 @@ class Reaper:
                 filename=error.filename,
             )
             return
+        if plan is not None:
+            # Said at once, even among held replies: the supervisor writes the app's first
+            # records while the replica starts, not after.
+            self.send(op="claimed", id=msg["id"])
+            self.flush()
         group = self._group_dir(str(msg.get("group", "")))
         try:
             # Refused and searched here, once for either way (and for a fallback between).

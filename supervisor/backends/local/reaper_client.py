@@ -160,6 +160,8 @@ class _Connection:
         self.popen = popen
         self.sock = sock
         self.waiting: dict[int, anyio.Event] = {}
+        # Told when the reaper made a spawn's claim, before its reply (``Reaper.spawn``).
+        self.claims: dict[int, Callable[[], None]] = {}
         self.replies: dict[int, dict[str, Any]] = {}
         self.exits: dict[int, ExitReport] = {}
         self.containment = "starting"
@@ -298,6 +300,10 @@ class _Connection:
             event = self.waiting.pop(msg["id"], None)
             if event is not None:
                 event.set()
+        elif op == "claimed":
+            told = self.claims.pop(msg["id"], None)
+            if told is not None:
+                told()
         elif op == "exit":
             ended = self.exits.pop(msg["pid"], None)
             if ended is not None:
@@ -311,6 +317,7 @@ class _Connection:
         for event in self.waiting.values():
             event.set()
         self.waiting.clear()
+        self.claims.clear()
         for report in self.exits.values():
             if report.pidfd is not None and not select.select([report.pidfd], [], [], 0)[0]:
                 # Still running (so its pid, and group id, are still its own): stopped here.
@@ -379,6 +386,7 @@ class Reaper:
         stderr: int,
         alone: bool = False,
         prepare: Mapping[str, Any] | None = None,
+        on_claim: Callable[[], None] | None = None,
     ) -> tuple[int, ExitReport]:
         """Start ``argv`` in its own session; the pid and where its exit will be reported.
 
@@ -386,7 +394,8 @@ class Reaper:
         may take the way that is cheaper for a single spawn (see ``reaper.py``).
         ``prepare``: an app's claim (``AppStore.claim_plan``), carried out by the
         reaper first, in the same round trip; ``NotPrepared`` if it failed (then
-        nothing was started).
+        nothing was started). ``on_claim``: called on the loop as soon as that
+        claim is made, before the spawn (which may still fail); it must not raise.
         Raises OSError when it cannot be started (not found, bad cwd), BackendError
         when the reaper cannot be reached.
         """
@@ -408,15 +417,19 @@ class Reaper:
         }
         if prepare is not None:
             msg["prepare"] = dict(prepare)
+            if on_claim is not None:
+                conn.claims[ident] = on_claim
         try:
             conn.send(msg, (stdout, stderr), ident=ident)
         except BackendError:
             conn.waiting.pop(ident, None)
+            conn.claims.pop(ident, None)
             raise
         # Shielded: a spawn under way must be answered, or its replica would be unknown.
         # (The pipes it carries stay open meanwhile: they are the caller's until then.)
         with anyio.CancelScope(shield=True):
             await answered.wait()
+        conn.claims.pop(ident, None)  # (none came: the claim failed, or was never sent)
         reply = conn.replies.pop(ident, None)
         if reply is None:
             raise BackendError("the local reaper ended during a spawn", transient=True)

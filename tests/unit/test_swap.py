@@ -152,8 +152,10 @@ def test_a_failed_write_removes_its_temporary_file(
 
 
 def test_a_state_write_makes_the_next_ones_file_only_when_asked(how: str, tmp_path: Path) -> None:
-    """``ready_next``: a non-final state write makes the file the next write goes into
-    (the final one, on the path of ``wait``, then creates none); the final write leaves
+    """``ready_next`` with ``ready_spare`` after a non-final state write: the file the next
+    write goes into is made (the final one, on the path of ``wait``, then creates none;
+    the writer asks for it apart, off the path of whoever waits for the non-final
+    one); the final write leaves
     the old state under its temporary name, and ``discard_spare`` removes it (an unlink
     off the path of ``wait``); a writer that will not write the final record asks for
     none (an app that outlives its Supervisor gets that record from another process);
@@ -166,6 +168,8 @@ def test_a_state_write_makes_the_next_ones_file_only_when_asked(how: str, tmp_pa
     store.write_state(running, [], False, owner)
     assert _leftovers(store.app_dir, "state.json") == []
     store.write_state(running, [], False, owner, ready_next=True)
+    assert _leftovers(store.app_dir, "state.json") == []  # (not in the write itself)
+    store.ready_spare()
     [made] = _leftovers(store.app_dir, "state.json")
     assert (store.app_dir / made).stat().st_size == 0
     store.write_state(ended, [], True, owner, ready_next=True)
@@ -180,6 +184,32 @@ def test_a_state_write_makes_the_next_ones_file_only_when_asked(how: str, tmp_pa
     assert _leftovers(store.app_dir, "state.json") == []
 
     store.write_state(running, [], False, owner, ready_next=True)
+    store.ready_spare()
+    store.ready_spare()  # (one is enough: a second call makes none)
     assert len(_leftovers(store.app_dir, "state.json")) == 1
     store.discard_spare()
+    assert _leftovers(store.app_dir, "state.json") == []
+
+
+def test_the_first_records_files_made_ahead_are_the_ones_it_goes_into(tmp_path: Path) -> None:
+    """``make_first_files``: the journal (empty, read as none) and the file the first
+    state.json goes into, made before that record; the record then creates no file:
+    its state.json is that very file, and nothing is left beside it."""
+    owner = Owner.current()
+    store = AppStore(tmp_path / "app")
+    store.app_dir.mkdir()
+    store.make_first_files()
+    journal = store.app_dir / "transitions.jsonl"
+    assert journal.stat().st_size == 0 and store.read_transitions() == []
+    [made] = _leftovers(store.app_dir, "state.json")
+    spare_inode = (store.app_dir / made).stat().st_ino
+    assert store.read_state() is None  # nothing is recorded yet
+
+    store.write_state(AppStatus(AppState.RUNNING), [], False, owner, ready_next=True)
+    assert (store.app_dir / "state.json").stat().st_ino == spare_inode
+    assert _leftovers(store.app_dir, "state.json") == []
+    read = store.read_state()
+    assert read is not None and read[0].state is AppState.RUNNING
+
+    store.make_first_files()  # after the first record: nothing more is made
     assert _leftovers(store.app_dir, "state.json") == []

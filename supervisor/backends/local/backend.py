@@ -274,11 +274,13 @@ class LocalRuntime(ReplicaRuntime):
         self._backend.records.post(self._fill_ahead)
 
     def _fill_ahead(self) -> None:
-        """Blocking: ``_fill_store`` ahead of the first record. Should it fail, the first
-        record fills again (``_record``) and reports what still fails as its own failure."""
+        """Blocking: ``_fill_store`` ahead of the first record, and the files that record
+        goes into (``make_first_files``). Should it fail, the first record fills again
+        (``_record``) and reports what still fails as its own failure."""
         if self._unfilled:
             with contextlib.suppress(OSError):
                 self._fill_store()
+                self.store.make_first_files()
 
     def _fill_store(self) -> None:
         """Blocking: what a lone replica's claim left (``_spawn_lone``), for ``_claim_made``
@@ -723,6 +725,10 @@ class LocalRuntime(ReplicaRuntime):
         # path of every ``wait``, and each hop costs about as much as the writes themselves.
         self._times = self._times.after(transitions)
         await self._backend.records.run(self._record, status, list(transitions), final)
+        if not final:
+            # After, not in the same call: off the way of whoever waits for this record
+            # (``submit`` for the first one). The next one may be the final one.
+            self._backend.records.post(self.store.ready_spare)
 
     def _record(self, status: AppStatus, transitions: list[Transition], final: bool) -> None:
         """Blocking: the state (and journal), after what a lone replica's claim left

@@ -535,6 +535,69 @@ print(json.dumps(out))
     assert out["zombies"] == []
 
 
+def test_a_cgroup_directory_is_opened_once_for_the_spawns_into_it_and_not_kept_for_long() -> None:
+    """The reaper keeps the cgroup directory it last cloned into open for the next spawn
+    into it (an app's replicas come one after another; a lone replica's populate and
+    spawn share it): opened once per run of spawns into one app's cgroup, never more
+    than one held, and none once the app is released, however many apps run."""
+    if not _cspawn_path():
+        pytest.skip("_cspawn.c was not built here (see test_the_spawn_in_c_was_built)")
+    probe = (
+        REAPER_HERE
+        + SUPERVISOR_SIDE
+        + r"""
+opened = []
+real_open = os.open
+def counting_open(path, flags, *args):
+    fd = real_open(path, flags, *args)
+    if flags & os.O_DIRECTORY and r.cgroup and str(path).startswith(r.cgroup):
+        opened.append(os.path.basename(path))
+    return fd
+os.open = counting_open
+def held():
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if r.cgroup and target.startswith(r.cgroup + "/app-"):
+            found.append(os.path.basename(target))
+    return sorted(found)
+def spawn(i, group):
+    queue({"op": "spawn", "id": i, "argv": ["sleep", "30"], "cwd": "/", "group": group,
+           "env": {"PATH": os.defpath}})
+    r.receive_batch()
+    return json.loads(theirs.recv(4096))
+out = {"cgroup": r.cgroup}
+try:
+    if r.cgroup is not None:
+        pids = [spawn(0, "g")["pid"], spawn(1, "g")["pid"]]
+        out["held_g"] = held()
+        pids += [spawn(2, "h")["pid"], spawn(3, "g")["pid"]]
+        out["opened"] = opened
+        out["held"] = held()
+        r.release("g")
+        out["held_after_g"] = held()
+        r.release("h")
+        out["held_after_h"] = held()
+        for pid in pids:
+            os.waitpid(pid, 0)
+finally:
+    r.stop_everything()
+print(json.dumps(out))
+"""
+    )
+    out = _run_probe(probe)
+    if out["cgroup"] is None:
+        pytest.skip("no writable cgroup v2 here (needs root): the reaper spawns without one")
+    assert out["opened"] == ["app-g", "app-h", "app-g"]
+    assert out["held_g"] == ["app-g"]
+    assert out["held"] == ["app-g"]
+    assert out["held_after_g"] == []
+    assert out["held_after_h"] == []
+
+
 @pytest.mark.anyio
 async def test_an_app_of_several_replicas_announces_its_burst_before_the_spawns(
     state_dir: Path, monkeypatch: pytest.MonkeyPatch

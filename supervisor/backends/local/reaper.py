@@ -415,6 +415,9 @@ class Reaper:
                     os.rmdir(self.cgroup)
                 self.cgroup = None
         self.groups: dict[str, str] = {}  # app -> its cgroup directory
+        # The cgroup directory last opened, kept open for the next spawn into it (see
+        # ``_open_group``): (its path, its descriptor).
+        self.group_fd: tuple[str, int] | None = None
         self.clone_into = True  # until the kernel refuses clone3(CLONE_INTO_CGROUP)
         self.last_move = -math.inf  # when this process last moved between cgroups (monotonic)
         self.devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
@@ -570,13 +573,34 @@ class Reaper:
             return
         assert self.cspawn is not None  # (``_never_moves``)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            fd = self._open_group(path)
         except OSError:
             return
-        try:
-            self.cspawn.populate(fd)
-        finally:
-            os.close(fd)
+        self.cspawn.populate(fd)
+
+    def _open_group(self, path: str) -> int:
+        """A descriptor of the cgroup directory ``path``, for a clone into it.
+
+        Kept open until another app's is needed or the app is released: an app's
+        replicas are spawned one after another, and a lone replica's populate and
+        spawn would each open it (an ``open`` and a ``close`` per spawn). One at a
+        time, so an app that runs long holds none: the reaper's descriptors stay
+        as few as its spawns in flight, whatever the number of apps.
+        """
+        kept = self.group_fd
+        if kept is not None and kept[0] == path:
+            return kept[1]
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self._close_group(None)
+        self.group_fd = (path, fd)
+        return fd
+
+    def _close_group(self, path: str | None) -> None:
+        """Close the kept cgroup descriptor (``_open_group``): that of ``path``, or any."""
+        kept = self.group_fd
+        if kept is not None and (path is None or kept[0] == path):
+            self.group_fd = None
+            os.close(kept[1])
 
     def _new_group_dir(self, base: str, name: str) -> str | None:
         """A new cgroup directory for an app, never one an ended app left behind.
@@ -742,7 +766,7 @@ class Reaper:
         filename for a failed chdir, argv[0] else).
         """
         try:
-            cgroup_fd = os.open(group, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            cgroup_fd = self._open_group(group)
         except OSError:
             return None
         if self.cspawn is not None:
@@ -753,8 +777,6 @@ class Reaper:
             except _NoClone as no:
                 self.clone_into = not no.refused
                 return None
-            finally:
-                os.close(cgroup_fd)
         errpipe_read, errpipe_write = os.pipe()
         try:
             try:
@@ -767,7 +789,6 @@ class Reaper:
                 _exec_child(argv, places, cwd, env, stdio, errpipe_write)
         finally:
             os.close(errpipe_write)
-            os.close(cgroup_fd)
         try:
             report = b""
             while chunk := os.read(errpipe_read, 256):
@@ -907,6 +928,7 @@ class Reaper:
         """An app ended: kill whatever its replicas left behind."""
         path = self.groups.pop(group, None)
         if path is not None:
+            self._close_group(path)
             _kill_cgroup(path)
             self.emptying.append(path)
             self._remove_emptied()  # busy until the kill completes: retried later
@@ -946,6 +968,7 @@ class Reaper:
             with contextlib.suppress(OSError):
                 os.killpg(pid, signal.SIGKILL)
         paths = [*self.groups.values(), *self.emptying]
+        self._close_group(None)
         for path in paths:
             _kill_cgroup(path)
         _kill_descendants(self.me)
@@ -988,8 +1011,20 @@ def _wait_status(info: os.waitid_result) -> int:
 
 
 def _kill_cgroup(path: str) -> None:
-    with contextlib.suppress(OSError), open(os.path.join(path, "cgroup.kill"), "w") as f:
-        f.write("1")
+    """Kill every process of the cgroup at ``path`` (``cgroup.kill``), where the kernel can.
+
+    By ``os`` calls: ``open`` built a text file object and asked whether the
+    file is a terminal (one ``ioctl`` and two seeks more) each time an app ended.
+    """
+    try:
+        fd = os.open(os.path.join(path, "cgroup.kill"), os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        return  # gone already, or a kernel before 5.14: nothing to kill it with
+    try:
+        with contextlib.suppress(OSError):
+            os.write(fd, b"1")
+    finally:
+        os.close(fd)
 
 
 def _kill_descendants(me: int) -> None:

@@ -31,9 +31,9 @@ _Call = tuple[
 ]
 
 
-def _serve(calls: queue.SimpleQueue[_Call | None]) -> None:
+def _serve(calls: queue.SimpleQueue[_Call | None], ended: list[int]) -> None:
     while (call := calls.get()) is not None:
-        _run(*call)
+        _run(*call, ended)
         # Nothing of a call outlives it here: the last one (an app's ``_release_files``,
         # bound to its runtime) would keep the ended app's every object alive until the
         # next record, for the garbage collector to walk.
@@ -45,17 +45,24 @@ def _run(
     future: asyncio.Future[Any] | None,
     function: Callable[..., Any],
     args: tuple[Any, ...],
+    ended: list[int],
 ) -> None:
+    failure: BaseException | None = None
+    result: Any = None
     try:
         result = function(*args)
     except BaseException as exc:  # handed to the caller, whatever it is
-        if future is None:
-            _report_unawaited(loop, function, exc)
-        else:
-            _report(loop, _fail, future, exc)
-    else:
+        failure = exc
+    # Counted before the caller hears of it: a call it saw end is not pending any more
+    # (this thread is the counter's one writer: see ``SerialWorker.pending``).
+    ended[0] += 1
+    if failure is None:
         if future is not None:
             _report(loop, _succeed, future, result)
+    elif future is None:
+        _report_unawaited(loop, function, failure)
+    else:
+        _report(loop, _fail, future, failure)
 
 
 def _report_unawaited(
@@ -97,6 +104,10 @@ class SerialWorker:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._closed = False
+        # Calls queued (by the loop's thread) and calls ended (by the worker's): each
+        # counter has one writer, so ``idle`` needs no lock.
+        self._queued = 0
+        self._ended = [0]
 
     async def run(self, function: Callable[..., _T], *args: Any) -> _T:
         """``function(*args)`` in the worker's thread, after the calls queued before it."""
@@ -108,12 +119,13 @@ class SerialWorker:
             await future
         return future.result()
 
-    def post(self, function: Callable[..., None], *args: Any) -> bool:
+    def post(self, function: Callable[..., object], *args: Any) -> bool:
         """Queue ``function(*args)`` with nobody waiting for it; False if the worker is closed.
 
         For work done ahead that a later ``run`` would otherwise do: the loop is
-        not woken when it ends. ``function`` handles its own errors (what it
-        raises all the same reaches the loop's exception handler).
+        not woken when it ends, and what it returns is dropped. ``function``
+        handles its own errors (what it raises all the same reaches the loop's
+        exception handler).
         """
         return self._queue(asyncio.get_running_loop(), None, function, args)
 
@@ -132,12 +144,18 @@ class SerialWorker:
                 # (it joins every other thread first). Cut short there, a record is the old
                 # one still: its new file only takes the old one's place once written.
                 self._thread = threading.Thread(
-                    target=_serve, args=(self._calls,), name=self._name, daemon=True
+                    target=_serve, args=(self._calls, self._ended), name=self._name, daemon=True
                 )
                 self._thread.start()
                 weakref.finalize(self, self._calls.put, None)
+            self._queued += 1
             self._calls.put((loop, future, function, args))
         return True
+
+    @property
+    def pending(self) -> int:
+        """Calls queued or running: a call queued now runs after that many."""
+        return self._queued - self._ended[0]
 
     async def aclose(self) -> None:
         """Run what was queued, then stop the thread (waited for off the loop)."""

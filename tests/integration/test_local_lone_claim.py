@@ -17,8 +17,10 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import threading
 from pathlib import Path
 
+import anyio
 import pytest
 
 from supervisor import AppState, DuplicateAppError, Role, Supervisor
@@ -150,7 +152,8 @@ async def test_a_lone_replicas_first_records_are_written_while_it_starts(
 
     cfg = {"log_dir": str(tmp_path / "logs")}
     async with Supervisor(session="svc", state_dir=tmp_path / "state") as sv:
-        await _reaper_running(sv, tmp_path / "warm")
+        backend = await _reaper_running(sv, tmp_path / "warm")
+        await backend.records.run(lambda: None)  # what the warm app left is done
         monkeypatch.setattr(LocalRuntime, "_claim_made", told)
         monkeypatch.setattr(LocalRuntime, "_fill_store", filled)
         monkeypatch.setattr(ReplicaProcess, "start", classmethod(started))
@@ -160,6 +163,62 @@ async def test_a_lone_replicas_first_records_are_written_while_it_starts(
         assert (await sv.wait(handle, timeout=30)).state is AppState.SUCCEEDED
     assert seen.index("claim told") < seen.index("spawn answered")
     assert seen.count("filled") == 1
+
+
+async def test_a_host_busy_with_records_is_not_told_and_the_first_record_fills(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With calls queued in the records' thread (a burst of small apps), the reaper is not
+    asked to tell of its claim (``LocalRuntime._fill_pays``): writing the records
+    beside the spawn would only cost the host CPU there. The first record then writes
+    ``app.json`` and the index entry, and the app is recorded and listed all the same."""
+    seen: list[str] = []
+    fill_store = LocalRuntime._fill_store
+
+    def told(self: LocalRuntime) -> None:
+        seen.append("claim told")
+
+    def filled(self: LocalRuntime) -> None:
+        seen.append("filled")
+        fill_store(self)
+
+    spawned = anyio.Event()
+    spawn_lone = LocalRuntime._spawn_lone
+
+    async def lone(self: LocalRuntime) -> None:
+        await spawn_lone(self)
+        spawned.set()
+
+    release = threading.Event()
+    handles: list[str] = []
+    cfg = {"log_dir": str(tmp_path / "logs")}
+    state_dir = tmp_path / "state"
+    async with Supervisor(session="svc", state_dir=state_dir) as sv:
+        backend = await _reaper_running(sv, tmp_path / "warm")
+        monkeypatch.setattr(LocalRuntime, "_claim_made", told)
+        monkeypatch.setattr(LocalRuntime, "_fill_store", filled)
+        monkeypatch.setattr(LocalRuntime, "_spawn_lone", lone)
+
+        async def submit() -> None:
+            handles.append(await sv.submit(app(py_role("r", "pass")), "local", cfg))
+
+        try:
+            # Two calls ahead in the records' thread, held there until the spawn is done.
+            assert backend.records.post(release.wait, 30)
+            assert backend.records.post(release.wait, 30)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(submit)
+                with anyio.fail_after(30):
+                    await spawned.wait()
+                release.set()
+        finally:
+            release.set()
+        (handle,) = handles
+        assert (await sv.wait(handle, timeout=30)).state is AppState.SUCCEEDED
+    assert seen == ["filled"]
+    async with Supervisor(session="svc", state_dir=state_dir) as other:
+        listed = {a.app_handle: a.state for a in await other.list("local")}
+        assert listed[handle] is AppState.SUCCEEDED
 
 
 async def test_a_reaper_that_dies_after_telling_of_its_claim_leaves_a_recorded_app(
@@ -182,6 +241,7 @@ async def test_a_reaper_that_dies_after_telling_of_its_claim_leaves_a_recorded_a
             claim_made(self)
 
         monkeypatch.setattr(LocalRuntime, "_claim_made", told_then_killed)
+        await backend.records.run(lambda: None)  # what the warm app left is done
         token = f"lone-claim-{os.getpid()}-{tmp_path.name}"
         handle = await sv.submit(
             app(py_role("r", f"import time; time.sleep(30)  # {token}")), "local", cfg

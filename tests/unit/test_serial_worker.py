@@ -189,3 +189,22 @@ async def test_nothing_is_posted_to_a_closed_worker() -> None:
     ran: list[int] = []
     assert not worker.post(ran.append, 1)
     assert ran == []
+
+
+@pytest.mark.anyio
+async def test_pending_counts_the_calls_queued_or_running_and_not_one_that_returned() -> None:
+    """``pending`` is what a call queued now would wait for; a call whose caller has its
+    result is no longer counted (the worker counts it before it answers)."""
+    worker = SerialWorker("test-records")
+    release = threading.Event()
+    try:
+        assert worker.pending == 0
+        assert worker.post(release.wait, 10)
+        assert worker.post(lambda: None)
+        assert worker.pending == 2
+        release.set()
+        assert await worker.run(lambda: "done") == "done"
+        assert worker.pending == 0
+    finally:
+        release.set()
+        await worker.aclose()

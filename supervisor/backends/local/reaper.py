@@ -26,7 +26,7 @@ supervisor: ``spawn`` (with the output pipes as SCM_RIGHTS, and whether it comes
 ``alone``: see ``Reaper.spawn``), ``warm`` (spawns of a burst are coming: see
 ``Reaper.warm``), ``kill``, ``release`` (an app ended), ``shutdown``. To it:
 ``hello``, ``spawned`` or ``failed`` per spawn (before it, ``claimed`` for a
-spawn that carried an app's claim, once that is made), ``exit`` per replica
+spawn that carried an app's claim and asked for it, once that is made), ``exit`` per replica
 (``spawned`` and ``exit`` with the wall-clock time this process saw it happen). Sends
 never block this process: replies queue until the socket is writable, so it
 always keeps reading, and it reads every queued message (up to a batch) per
@@ -675,7 +675,7 @@ class Reaper:
                 filename=error.filename,
             )
             return
-        if plan is not None:
+        if plan is not None and msg.get("tell_claim"):
             # Said at once, even among held replies: the supervisor writes the app's first
             # records while the replica starts, not after.
             self.send(op="claimed", id=msg["id"])

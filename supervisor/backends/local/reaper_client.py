@@ -348,6 +348,12 @@ class Reaper:
         """A reaper process runs now (a spawn needs no start first)."""
         return self._live() is not None
 
+    @property
+    def spawning(self) -> bool:
+        """A spawn sent to the reaper has not been answered yet."""
+        conn = self._live()
+        return conn is not None and bool(conn.waiting)
+
     def _live(self) -> _Connection | None:
         """The reaper running now; None when none was started or it died."""
         conn = self._conn
@@ -394,8 +400,9 @@ class Reaper:
         may take the way that is cheaper for a single spawn (see ``reaper.py``).
         ``prepare``: an app's claim (``AppStore.claim_plan``), carried out by the
         reaper first, in the same round trip; ``NotPrepared`` if it failed (then
-        nothing was started). ``on_claim``: called on the loop as soon as that
-        claim is made, before the spawn (which may still fail); it must not raise.
+        nothing was started). ``on_claim``: the reaper is asked to say when that
+        claim is made, before the spawn (which may still fail), and this is called
+        on the loop then; it must not raise.
         Raises OSError when it cannot be started (not found, bad cwd), BackendError
         when the reaper cannot be reached.
         """
@@ -418,6 +425,7 @@ class Reaper:
         if prepare is not None:
             msg["prepare"] = dict(prepare)
             if on_claim is not None:
+                msg["tell_claim"] = True
                 conn.claims[ident] = on_claim
         try:
             conn.send(msg, (stdout, stderr), ident=ident)

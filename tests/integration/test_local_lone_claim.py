@@ -43,6 +43,18 @@ async def _reaper_running(sv: Supervisor, log_dir: Path) -> LocalBackend:
     return backend
 
 
+def _reaper_pid(backend: LocalBackend) -> int:
+    conn = backend.reaper._conn
+    assert conn is not None
+    return conn.popen.pid
+
+
+async def _listed(state_dir: Path) -> dict[str, AppState]:
+    """Each app's state as another process lists it."""
+    async with Supervisor(session="svc", state_dir=state_dir) as other:
+        return {a.app_handle: a.state for a in await other.list("local")}
+
+
 @pytest.mark.parametrize("replicas", [1, 2], ids=["lone", "several"])
 async def test_a_taken_id_starts_nothing_and_leaves_the_holders_files(
     tmp_path: Path, replicas: int
@@ -109,19 +121,17 @@ async def test_a_lone_spawn_the_reaper_cannot_answer_is_recorded_as_a_failure(
     state_dir = tmp_path / "state"
     async with Supervisor(session="svc", state_dir=state_dir) as sv:
         backend = await _reaper_running(sv, tmp_path / "warm")
-        conn = backend.reaper._conn
-        assert conn is not None
-        os.kill(conn.popen.pid, signal.SIGKILL)  # no await before the submit: unheard of
+        reaper_pid = _reaper_pid(backend)
+        os.kill(reaper_pid, signal.SIGKILL)  # no await before the submit: unheard of
         handle = await sv.submit(app(py_role("r", "pass")), "local", cfg)
         status = await sv.wait(handle, timeout=30)
         assert status.state is AppState.FAILED, status
         assert "reaper" in status.msg, status.msg
         again = await sv.submit(app(py_role("r", "pass")), "local", cfg)
         assert (await sv.wait(again, timeout=60)).state is AppState.SUCCEEDED
-    async with Supervisor(session="svc", state_dir=state_dir) as other:
-        listed = {a.app_handle: a.state for a in await other.list("local")}
-        assert listed[handle] is AppState.FAILED
-        assert listed[again] is AppState.SUCCEEDED
+    listed = await _listed(state_dir)
+    assert listed[handle] is AppState.FAILED
+    assert listed[again] is AppState.SUCCEEDED
 
 
 async def test_a_lone_replicas_first_records_are_written_while_it_starts(
@@ -216,9 +226,8 @@ async def test_a_host_busy_with_records_is_not_told_and_the_first_record_fills(
         (handle,) = handles
         assert (await sv.wait(handle, timeout=30)).state is AppState.SUCCEEDED
     assert seen == ["filled"]
-    async with Supervisor(session="svc", state_dir=state_dir) as other:
-        listed = {a.app_handle: a.state for a in await other.list("local")}
-        assert listed[handle] is AppState.SUCCEEDED
+    listed = await _listed(state_dir)
+    assert listed[handle] is AppState.SUCCEEDED
 
 
 async def test_a_reaper_that_dies_after_telling_of_its_claim_leaves_a_recorded_app(
@@ -233,11 +242,10 @@ async def test_a_reaper_that_dies_after_telling_of_its_claim_leaves_a_recorded_a
     state_dir = tmp_path / "state"
     async with Supervisor(session="svc", state_dir=state_dir) as sv:
         backend = await _reaper_running(sv, tmp_path / "warm")
-        conn = backend.reaper._conn
-        assert conn is not None
+        reaper_pid = _reaper_pid(backend)
 
         def told_then_killed(self: LocalRuntime) -> None:
-            os.kill(conn.popen.pid, signal.SIGKILL)
+            os.kill(reaper_pid, signal.SIGKILL)
             claim_made(self)
 
         monkeypatch.setattr(LocalRuntime, "_claim_made", told_then_killed)
@@ -254,10 +262,9 @@ async def test_a_reaper_that_dies_after_telling_of_its_claim_leaves_a_recorded_a
         assert (app_dir / "app.json").is_file()
         again = await sv.submit(app(py_role("r", "pass")), "local", cfg)
         assert (await sv.wait(again, timeout=60)).state is AppState.SUCCEEDED
-    async with Supervisor(session="svc", state_dir=state_dir) as other:
-        listed = {a.app_handle: a.state for a in await other.list("local")}
-        assert listed[handle] is AppState.FAILED
-        assert listed[again] is AppState.SUCCEEDED
+    listed = await _listed(state_dir)
+    assert listed[handle] is AppState.FAILED
+    assert listed[again] is AppState.SUCCEEDED
     assert not _running_with(token)  # (were it spawned, it went with the reaper's cgroup)
 
 
@@ -287,9 +294,8 @@ async def test_first_records_that_cannot_be_written_ahead_are_tried_again_and_sa
         status = await sv.wait(handle, timeout=30)
         assert status.state is AppState.SUCCEEDED, status
         assert "recording" not in status.msg, status
-    async with Supervisor(session="svc", state_dir=state_dir) as other:
-        listed = {a.app_handle: a.state for a in await other.list("local")}
-        assert listed[handle] is AppState.SUCCEEDED
+    listed = await _listed(state_dir)
+    assert listed[handle] is AppState.SUCCEEDED
 
 
 def _running_with(token: str) -> list[int]:

@@ -157,6 +157,15 @@ def _run_probe(probe: str, *args: str) -> Any:
     return json.loads(done.stdout)
 
 
+def _run_cgroup_probe(probe: str) -> Any:
+    """``_run_probe`` for a probe of the reaper's cgroups (its output has ``cgroup``):
+    skipped where the reaper has none."""
+    out = _run_probe(probe)
+    if out["cgroup"] is None:
+        pytest.skip("no writable cgroup v2 here (needs root): the reaper spawns without one")
+    return out
+
+
 WAYS = ("vfork", "clone", "move")
 
 
@@ -355,9 +364,7 @@ print(json.dumps({"cgroup": r.cgroup, "moves": moves, "replies": replies,
 r.stop_everything()
 """
     )
-    out = _run_probe(probe)
-    if out["cgroup"] is None:
-        pytest.skip("no writable cgroup v2 here (needs root): the reaper spawns without one")
+    out = _run_cgroup_probe(probe)
     assert [m["op"] for m in out["replies"]] == ["spawned"] * 4, out["replies"]
     assert out["in"] == ["app-g", "app-g", "app-h", "app-g"]
     if spawn_in_c:
@@ -435,9 +442,7 @@ finally:
 print(json.dumps(out))
 """
     )
-    out = _run_probe(probe)
-    if out["cgroup"] is None:
-        pytest.skip("no writable cgroup v2 here (needs root): the reaper spawns without one")
+    out = _run_cgroup_probe(probe)
     assert out["ended_in"] == "app-g"
     assert out["again_in"] == "app-g.1"
     assert out["again_alive"], "the replica of the app submitted again was killed at birth"
@@ -516,9 +521,7 @@ finally:
 print(json.dumps(out))
 """
     )
-    out = _run_probe(probe)
-    if out["cgroup"] is None:
-        pytest.skip("no writable cgroup v2 here (needs root): the reaper spawns without one")
+    out = _run_cgroup_probe(probe)
     assert out["replies"] == ["spawned"] * 4
     assert out["in"] == ["app-g", "app-g", "app-h", "app-g"]
     # Once per new cgroup, while it was still empty, and empty again at its return.
@@ -588,9 +591,7 @@ finally:
 print(json.dumps(out))
 """
     )
-    out = _run_probe(probe)
-    if out["cgroup"] is None:
-        pytest.skip("no writable cgroup v2 here (needs root): the reaper spawns without one")
+    out = _run_cgroup_probe(probe)
     assert out["opened"] == ["app-g", "app-h", "app-g"]
     assert out["held_g"] == ["app-g"]
     assert out["held"] == ["app-g"]

@@ -291,11 +291,11 @@ class LocalRuntime(ReplicaRuntime):
     def _fill_ahead(self) -> None:
         """Blocking: ``_fill_store`` ahead of the first record, and the files that record
         goes into (``make_first_files``). Should it fail, the first record fills again
-        (``_record``) and reports what still fails as its own failure."""
-        if self._unfilled:
-            with contextlib.suppress(OSError):
-                self._fill_store()
-                self.store.make_first_files()
+        (``_record``) and reports what still fails as its own failure. Queued before any
+        record (``_claim_made``), so nothing has filled yet."""
+        with contextlib.suppress(OSError):
+            self._fill_store()
+            self.store.make_first_files()
 
     def _fill_store(self) -> None:
         """Blocking: what a lone replica's claim left (``_spawn_lone``), for ``_claim_made``

@@ -57,11 +57,13 @@ async def test_a_failing_replica_stops_the_gang_and_nothing_keeps_running(
 ) -> None:
     # The others announce themselves, then would leave a mark if they lived 8 s more.
     # Only time lived counts: a stop may kill the `sleep` a moment before its shell,
-    # which then still runs the next command.
+    # which then still runs the next command (Slurm's linuxproc tracking signals the
+    # step's processes one by one). Cut short, the shell exits 1, a stop's doing
+    # (CANCELLED): a zero exit would be work finished (SUCCEEDED), as seen once in CI.
     # Three replicas in all: the local cluster has three nodes, one per Slurm het group.
     others = (
         f'touch "$CONF_DIR/up-"{ME}; up=$(date +%s); sleep 8; '
-        f'[ $(( $(date +%s) - up )) -ge 7 ] && touch "$CONF_DIR/survived-"{ME}; exit 0'
+        f'[ $(( $(date +%s) - up )) -ge 7 ] || exit 1; touch "$CONF_DIR/survived-"{ME}; exit 0'
     )
     bad = WAIT_FOR + "wait_for up-slow-0; wait_for up-peer-0; exit 7"
     roles = [

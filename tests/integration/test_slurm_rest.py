@@ -11,6 +11,7 @@ if it cannot start.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -178,6 +179,33 @@ async def test_ping_and_facts_agree_with_the_cli(endpoint: Endpoint) -> None:
     assert facts.version == (22, 5) and facts.default_partition == "debug"
     assert facts.real_memory_mb == {"debug": 4000}
     assert rest.calls == {"ping": 1, "partitions": 1, "nodes": 1}
+
+
+def _open_sockets() -> int:
+    """How many sockets this process holds open."""
+    found = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor, closed since
+            found += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+    return found
+
+
+async def test_a_closed_transport_still_answers_and_keeps_no_connection(
+    endpoint: Endpoint,
+) -> None:
+    """A closed Supervisor still answers ``status`` and ``describe`` of its Slurm apps:
+    after its close the transport made a client anew, kept open for good."""
+    rest = endpoint.transport
+    await rest.ping()
+    held = _open_sockets()
+    await rest.aclose()
+    closed = _open_sockets()
+    assert closed < held, "the close left the kept connection open"
+    for _ in range(3):
+        pings = await rest.ping()
+        assert pings and all(p.get("ping") == "UP" for p in pings), pings
+        assert _open_sockets() == closed
+    assert rest.calls["ping"] == 4
 
 
 async def test_a_het_job_runs_to_completion_seen_like_the_cli_sees_it(

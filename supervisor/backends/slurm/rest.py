@@ -314,32 +314,52 @@ class RestTransport(SlurmTransport):
         self._token = token
         self._http_transport = http_transport
         self._client: httpx.AsyncClient | None = None
+        self._closed = False
 
     @property
     def where(self) -> str:
         return f"unix:{self.socket}" if self.socket is not None else str(self.url)
 
-    def _http(self) -> httpx.AsyncClient:
-        if self._client is None:
-            headers = {"Accept": "application/json"}
-            if self._token is not None and self.user is not None:
-                headers["X-SLURM-USER-NAME"] = self.user
-                headers["X-SLURM-USER-TOKEN"] = self._token
-            transport = self._http_transport
-            if transport is None and self.socket is not None:
-                transport = httpx.AsyncHTTPTransport(uds=self.socket)
-            self._client = httpx.AsyncClient(
-                base_url=self.url or "http://slurmrestd",
-                headers=headers,
-                transport=transport,
-                timeout=self.timeout,
-            )
-        return self._client
+    def _new_client(self) -> httpx.AsyncClient:
+        headers = {"Accept": "application/json"}
+        if self._token is not None and self.user is not None:
+            headers["X-SLURM-USER-NAME"] = self.user
+            headers["X-SLURM-USER-TOKEN"] = self._token
+        transport = self._http_transport
+        if transport is None and self.socket is not None:
+            transport = httpx.AsyncHTTPTransport(uds=self.socket)
+        return httpx.AsyncClient(
+            base_url=self.url or "http://slurmrestd",
+            headers=headers,
+            transport=transport,
+            timeout=self.timeout,
+        )
 
     async def aclose(self) -> None:
+        """Close the connections kept for the next requests.
+
+        Requests may still come (a closed Supervisor still answers ``status`` and
+        ``describe`` of its apps): each then gets a connection of its own, closed
+        once answered, so a closed transport keeps none open.
+        """
+        self._closed = True
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()
+
+    async def _send(
+        self, method: str, path: str, params: Mapping[str, str] | None, body: Any
+    ) -> httpx.Response:
+        if not self._closed:
+            if self._client is None:
+                self._client = self._new_client()
+            return await self._client.request(method, path, params=params, json=body)
+        client = self._new_client()
+        try:
+            return await client.request(method, path, params=params, json=body)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await client.aclose()
 
     # ------------------------------------------------------------------ requests
     async def _request(
@@ -362,7 +382,7 @@ class RestTransport(SlurmTransport):
         what = f"slurmrestd ({self.where}) {method} {path}"
         try:
             with anyio.fail_after(self.timeout):
-                response = await self._http().request(method, path, params=params, json=body)
+                response = await self._send(method, path, params, body)
         except (TimeoutError, httpx.TimeoutException) as e:
             raise BackendError(
                 f"{what} did not answer in {self.timeout:g} s", transient=True

@@ -350,16 +350,18 @@ class RestTransport(SlurmTransport):
     async def _send(
         self, method: str, path: str, params: Mapping[str, str] | None, body: Any
     ) -> httpx.Response:
-        if not self._closed:
-            if self._client is None:
-                self._client = self._new_client()
-            return await self._client.request(method, path, params=params, json=body)
-        client = self._new_client()
+        own = self._closed  # a client of its own, closed once answered (see ``aclose``)
+        if own:
+            client = self._new_client()
+        else:
+            client = self._client = self._client or self._new_client()
         try:
             return await client.request(method, path, params=params, json=body)
         finally:
-            with anyio.CancelScope(shield=True):
-                await client.aclose()
+            if own:
+                # Closing only closes sockets; bounded all the same, as every request is.
+                with anyio.move_on_after(self.timeout, shield=True):
+                    await client.aclose()
 
     # ------------------------------------------------------------------ requests
     async def _request(

@@ -104,6 +104,46 @@ async def test_a_program_that_cannot_start_says_why_in_the_app_message(
     assert status.msg == f"t/0 exited with code 127: {why}", status
 
 
+def _open_under(directory: Path) -> list[str]:
+    """Files under ``directory`` this process holds open."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # closed meanwhile (the listing's own descriptor among them)
+        if target.startswith(f"{directory}/"):
+            found.append(target)
+    return found
+
+
+async def test_a_replica_that_cannot_start_says_why_in_its_log_and_keeps_no_file_open(
+    state_dir: Path,
+) -> None:
+    # A noisy app keeps the log writer busy: the line must still be written before
+    # ``wait`` returns, as a replica that ran has its last lines written (it was
+    # queued and the exit told at once: missing in 4 of 30 reads right after ``wait``).
+    noisy = py_role(
+        "n", "import os\nfor _ in range(400): os.write(1, b'z' * 60000 + b'\\n')", num_replicas=2
+    )
+    async with Supervisor(session="svc") as sv:
+        noise = await sv.submit(app(noisy), "local")
+        for _ in range(8):
+            role = Role(name="t", entrypoint="no-such-command-of-asupervisor")
+            handle = await sv.submit(app(role), "local")
+            status = await sv.wait(handle, timeout=30)
+            assert status.state is AppState.FAILED
+            lines = [line async for line in sv.log_iter(handle, "t", 0)]
+            assert lines == [
+                "asupervisor: cannot start 'no-such-command-of-asupervisor': "
+                "No such file or directory\n"
+            ]
+        await sv.wait(noise, timeout=60)
+        # Its files are closed as a replica's that ran (they were kept open for the
+        # Supervisor's life, three per replica that never started).
+        await until(lambda: not _open_under(state_dir), 10)
+
+
 FAIL_FIRST_ATTEMPT = (
     "import os, sys, time;"
     "attempt = int(os.environ['ASUPERVISOR_ATTEMPT']);"

@@ -591,10 +591,7 @@ class LocalRuntime(ReplicaRuntime):
             else:  # the reaper answered: it made the claim (the spawn may have failed)
                 self._claimed = self._unfilled = True
         if failed is not None:
-            self._backend.log_sink.write(
-                log, "stderr", f"asupervisor: {failed}\n".encode(), time.time()
-            )
-            self._not_started(key, slot, failed)
+            await self._say_not_started(key, slot, log, failed)
             return
         assert proc is not None  # (it started)
         slot.proc = proc
@@ -664,6 +661,26 @@ class LocalRuntime(ReplicaRuntime):
         finally:
             done.set()
         return True
+
+    async def _say_not_started(
+        self, key: ReplicaKey, slot: _Slot, log: ReplicaLog, reason: str
+    ) -> None:
+        """The replica's log says why it did not start, before its exit is told.
+
+        As for a replica that ran (``_follow``): its streams end (which closes its
+        files: else each replica that never started kept three open for the
+        Supervisor's life) and the line is written before ``wait`` can return.
+        """
+        sink = self._backend.log_sink
+        lost = ""
+        try:
+            sink.write(log, "stderr", f"asupervisor: {reason}\n".encode(), time.time())
+            sink.end_stream(log, "stdout")
+            sink.end_stream(log, "stderr")
+            await sink.flush(log)
+        except BackendError as e:
+            lost = self._output_lost(key, e)
+        self._not_started(key, slot, "; ".join(m for m in (reason, lost) if m))
 
     def _output_lost(self, key: ReplicaKey, error: BackendError) -> str:
         """A log write failed (a full disk, a removed log dir): the replica says what was

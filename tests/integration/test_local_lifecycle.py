@@ -144,6 +144,32 @@ async def test_a_replica_that_cannot_start_says_why_in_its_log_and_keeps_no_file
         await until(lambda: not _open_under(state_dir), 10)
 
 
+async def test_a_replica_starts_with_arguments_and_environment_as_long_as_execve_takes(
+    state_dir: Path,
+) -> None:
+    # 300 KB of arguments and 100,000 non-ASCII characters of environment: legal for
+    # ``execve`` (2 MiB in all, 128 KiB per string), but more than one record of the
+    # reaper's socket (208 KiB by default): such a spawn failed with "Message too long".
+    args = ["x" * 1000] * 300
+    env = {"WIDE": "\u2713" * 40_000, "WIDER": "\u00e9" * 60_000}
+    code = (
+        "import os, sys;"
+        "print(sum(map(len, sys.argv[1:])), len(os.environ['WIDE']), len(os.environ['WIDER']))"
+    )
+    role = py_role("big", code, args=args, env=env)
+    too_long = Role(name="huge", entrypoint="true", args=["y" * 100_000] * 30)
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app(role), "local")
+        status = await sv.wait(handle, timeout=30)
+        assert status.state is AppState.SUCCEEDED, status
+        lines = [line async for line in sv.log_iter(handle, "big", 0)]
+        assert lines == ["300000 40000 60000\n"]
+        # Beyond what ``execve`` takes: the replica fails to start, saying why.
+        status = await sv.wait(await sv.submit(app(too_long), "local"), timeout=30)
+    assert status.state is AppState.FAILED
+    assert status.msg == "huge/0 exited with code 127: cannot start 'true': Argument list too long"
+
+
 FAIL_FIRST_ATTEMPT = (
     "import os, sys, time;"
     "attempt = int(os.environ['ASUPERVISOR_ATTEMPT']);"

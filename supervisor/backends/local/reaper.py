@@ -21,7 +21,8 @@ process cannot keep alone:
   registered (SIGTERM, then SIGKILL after a grace) and then kills every
   descendant it still has, until it has no child left.
 
-Protocol: JSON, one message per SOCK_SEQPACKET datagram on fd 0. From the
+Protocol: JSON, one message per SOCK_SEQPACKET datagram on fd 0 (a long one, a
+spawn with megabytes of arguments, in parts: see ``MORE``). From the
 supervisor: ``spawn`` (with the output pipes as SCM_RIGHTS, and whether it comes
 ``alone``: see ``Reaper.spawn``), ``warm`` (spawns of a burst are coming: see
 ``Reaper.warm``), ``kill``, ``release`` (an app ended), ``shutdown``. To it:
@@ -59,6 +60,11 @@ from typing import Any, NamedTuple, NoReturn, TypeVar
 GRACE_SECONDS = 1.0
 PR_SET_CHILD_SUBREAPER = 36
 MAX_MESSAGE = 1 << 20
+PART = 1 << 16
+"""The longest record the supervisor sends: well under a socket's default send buffer."""
+MORE = b"\x01"
+"""Starts each part of a long message but its last (a JSON text never holds this byte):
+the parts are joined, and the fds come with the last."""
 RECEIVE_BATCH = 64
 _FD_ITEM = array.array("i").itemsize
 _T = TypeVar("_T")
@@ -426,6 +432,7 @@ class Reaper:
         os.chdir("/")
         self.emptying: list[str] = []  # cgroups of ended apps, removed once empty
         self.closing = False
+        self.parts: list[bytes] = []  # of a long message, until its last (``MORE``)
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)
@@ -526,6 +533,14 @@ class Reaper:
         if not data:
             self.closing = True  # end-of-file: the supervisor closed or died
             return False
+        if data.startswith(MORE):
+            self.parts.append(data[len(MORE) :])
+            for fd in fds:
+                os.close(fd)
+            return True
+        if self.parts:
+            data = b"".join((*self.parts, data))
+            self.parts.clear()
         msg = json.loads(data)
         try:
             op = msg["op"]

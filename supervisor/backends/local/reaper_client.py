@@ -45,6 +45,7 @@ import anyio.lowlevel
 from anyio.abc import TaskGroup
 
 from supervisor.backends.local.flag import Flag
+from supervisor.backends.local.reaper import MORE, PART
 from supervisor.errors import BackendError
 
 __all__ = ["ExitReport", "NotPrepared", "Reaper"]
@@ -109,11 +110,28 @@ class NotPrepared(Exception):
 
 @dataclass
 class _Outgoing:
-    """One message waiting for room on the socket, with its fds and the spawn it belongs to."""
+    """One message, or one part of a long one, waiting for room on the socket, with its
+    fds and the spawn it belongs to (both on the message's last part)."""
 
     data: bytes
     ancillary: list[tuple[int, int, array.array[int]]]
     ident: int | None
+    last: bool = True
+
+
+def _parts(data: bytes) -> list[bytes]:
+    """``data`` as the records the socket carries: one, or parts for a long message.
+
+    A record of a ``SOCK_SEQPACKET`` socket cannot exceed its send buffer (208
+    KiB by default, less than one replica's legal arguments and environment,
+    which ``execve`` takes up to 2 MiB, JSON escapes aside). Every part but
+    the last starts with ``MORE`` (a JSON text never holds that byte), and the
+    reaper joins them.
+    """
+    if len(data) <= PART:
+        return [data]
+    cut = range(0, len(data), PART)
+    return [(b"" if at + PART >= len(data) else MORE) + data[at : at + PART] for at in cut]
 
 
 def _cspawn_path() -> str:
@@ -186,7 +204,9 @@ class _Connection:
         if self.dead:
             raise BackendError("the local reaper process has ended", transient=True)
         ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
-        self.outbox.append(_Outgoing(json.dumps(msg).encode(), ancillary, ident))
+        *more, last = _parts(json.dumps(msg).encode())
+        self.outbox.extend(_Outgoing(part, [], ident, last=False) for part in more)
+        self.outbox.append(_Outgoing(last, ancillary, ident))
         self._flush()
         if self.outbox:
             self.queued += 1
@@ -202,6 +222,8 @@ class _Connection:
                 return
             except OSError as e:
                 self.outbox.popleft()
+                while not out.last:  # the rest of its parts would be taken for a message
+                    out = self.outbox.popleft()
                 self._unsent(out, e)
                 continue
             self.outbox.popleft()

@@ -50,14 +50,15 @@ import sys, anyio
 from supervisor import AppDef, BindMount, Role, RetryPolicy, Supervisor
 
 async def main() -> None:
-    gate, host, session, image, code = sys.argv[1:6]
-    role = Role("w", image=image, entrypoint="python3", args=["-c", code], num_replicas=2,
+    gate, host, session, image, code, replicas = sys.argv[1:7]
+    role = Role("w", image=image, entrypoint="python3", args=["-c", code],
+                num_replicas=int(replicas),
                 max_retries=1, retry_policy=RetryPolicy.APPLICATION,
                 mounts=[BindMount(gate, "/gate", read_only=True)])
     async with Supervisor(session=session) as sv:
         handle = await sv.submit(AppDef("adopted", [role]), "docker",
                                  {"host": host, "stop_grace": 2.0})
-        for k in (0, 1):  # each replica's first line is in its files before the kill
+        for k in range(int(replicas)):  # each one's first line is in its files before the kill
             async for _ in sv.log_iter(handle, "w", k, should_tail=True):
                 break
         print(handle, flush=True)
@@ -150,8 +151,11 @@ def _key(t: Transition) -> tuple[object, ...]:
     return (t.seq, t.source, t.dest, t.trigger, t.role, t.replica_id, t.attempt)
 
 
-async def _owner_killed_while_running(engine: EngineUnderTest, gate: Path, state_dir: Path) -> str:
+async def _owner_killed_while_running(
+    engine: EngineUnderTest, gate: Path, state_dir: Path, replicas: int = 2
+) -> str:
     argv = [sys.executable, "-c", OWNER, str(gate), engine.host, engine.session, IMAGE, REPLICA]
+    argv.append(str(replicas))
     async with await anyio.open_process(argv, env=_owner_env(state_dir)) as owner:
         assert owner.stdout is not None
         with anyio.fail_after(120):
@@ -224,6 +228,7 @@ async def test_an_observer_takes_the_app_over_by_attaching_again_once_its_owner_
     from the records), then the owner is SIGKILLed: attaching again makes it the owner,
     its observation gives way to the app's machines, and the retry is carried out."""
     argv = [sys.executable, "-c", OWNER, str(tmp_path), engine.host, engine.session, IMAGE, REPLICA]
+    argv.append("2")
     async with (
         await anyio.open_process(argv, env=_owner_env(state_dir)) as owner,
         Supervisor(session=engine.session) as sv,
@@ -420,3 +425,34 @@ async def test_the_cli_attaches_to_an_app_whose_replica_failed_while_nobody_foll
     shown = json.loads(done.stdout)
     assert (shown["state"], shown["num_restarts"]) == ("SUCCEEDED", 1), shown
     assert shown["ended"] is not None
+
+
+async def test_a_read_of_a_failure_with_a_retry_left_leaves_the_retry_to_whoever_attaches(
+    engine: EngineUnderTest, tmp_path: Path, state_dir: Path
+) -> None:
+    """``describe`` and ``list`` of an app whose replica failed, with a retry left, while
+    nobody followed it read UNKNOWN and record nothing: the retry is the attach's to make.
+    A read recorded it FAILED (and removed its containers), and the attach then gave that."""
+    handle = await _owner_killed_while_running(engine, tmp_path, state_dir, replicas=1)
+    (tmp_path / "fail").touch()
+    app_id = handle.rsplit("/", 1)[1]
+    [failing] = [
+        c
+        for c in labelled(engine.host, "containers", f"io.asupervisor.app_id={app_id}")
+        if c["Labels"]["io.asupervisor.replica_id"] == "0"
+    ]
+    with anyio.fail_after(60):  # the engine's wait: returns once the container exited
+        await anyio.to_thread.run_sync(
+            api, engine.host, "POST", f"/containers/{failing['Id']}/wait"
+        )
+    async with Supervisor(session=engine.session) as reader:
+        described = await reader.describe(handle)
+        listed = [a for a in await reader.list("docker") if a.app_handle == handle]
+    assert described is not None and described.state is AppState.UNKNOWN, described
+    assert "w/0 failed with a retry left" in described.msg, described
+    assert [(a.state, a.msg) for a in listed] == [(AppState.UNKNOWN, described.msg)], listed
+    async with Supervisor(session=engine.session) as sv:
+        await sv.attach(handle)
+        with anyio.fail_after(120):
+            final = await sv.wait(handle)
+    assert (final.state, final.num_restarts) == (AppState.SUCCEEDED, 1), final

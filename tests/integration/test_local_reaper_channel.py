@@ -128,7 +128,7 @@ async def test_a_spawn_longer_than_a_datagram_reaches_the_reaper_and_others_go_o
         r, w = os.pipe()
         try:
             huge = {"PATH": os.defpath, "BIG": "x" * (8 << 20)}
-            with pytest.raises(OSError) as refused:
+            with pytest.raises(OSError, match="Argument list too long") as refused:
                 await reaper.spawn(["true"], cwd="/", env=huge, group="g", stdout=w, stderr=w)
             assert refused.value.errno == errno.E2BIG
             _, report = await reaper.spawn(

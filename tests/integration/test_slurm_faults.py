@@ -186,6 +186,32 @@ async def test_a_time_limit_hit_with_a_retry_left_is_retried_and_ends(
     assert seen is not None and seen.state is AppState.SUCCEEDED, seen
 
 
+@pytest.mark.timeout(300)  # Slurm ends the job a minute in, and the retry queues again
+async def test_a_cancel_of_a_job_retried_after_its_time_limit_reaches_slurm(
+    cluster: dict[str, object], state_dir: Path
+) -> None:
+    """A job Slurm ended (its time limit) and this process requeued is a job again: a
+    cancel of its retry is sent until Slurm shows it over. The first run's end had
+    confirmed every later cancel: none was sent, and the retry ran on."""
+    forever = Role(name="w", entrypoint="sleep", args=["300"], max_retries=1)
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(AppDef(name="timeout", roles=[forever]), "slurm", {"time": "1"})
+        submitted = sv.status(handle)
+        assert submitted is not None
+        job = submitted.metadata["slurm_job_id"]
+        with anyio.fail_after(240):
+            async for move in sv.watch(handle):
+                now = sv.status(handle)
+                retried = now is not None and now.num_restarts == 1
+                if move.role is None and move.dest == "RUNNING" and retried:
+                    break
+        await sv.cancel(handle)
+        final = await sv.wait(handle, timeout=60)
+        assert final.state is AppState.CANCELLED, final
+        queued = await anyio.run_process(["squeue", "-h", "-j", job, "-o", "%T"], check=False)
+        assert queued.stdout.decode().strip() in ("", "CANCELLED", "COMPLETING"), queued
+
+
 @pytest.mark.timeout(300)
 async def test_a_time_limit_hit_over_slurmrestd_fails_saying_the_retry_cannot_be_made(
     cluster: dict[str, object], state_dir: Path

@@ -53,7 +53,7 @@ from supervisor.backends.store import (
     lock_file,
 )
 from supervisor.errors import BackendError, DamagedRecordError, only_cause
-from supervisor.fsm.rules import derive_app_state
+from supervisor.fsm.rules import ExitOutcome, derive_app_state, exit_outcome
 from supervisor.logs.inotify_close import open_inotify
 from supervisor.specs import AppHandle
 from supervisor.states import AppState, ReplicaState, is_terminal
@@ -199,6 +199,16 @@ class ForeignApps:
                 if ended is not None:
                     return ended
         derived = self._from_containers(app, containers, recorded)
+        owed = _retry_owed(app, derived, recorded)
+        if owed:
+            # Recorded as the end, it would be the end for good: a process that attaches
+            # makes the retry (``adopt``), whoever looked first. Nothing is recorded.
+            return replace(
+                derived,
+                state=AppState.UNKNOWN,
+                msg=f"{owed} failed with a retry left and no process follows the app: "
+                "attach to make the retry",
+            )
         if derived.is_terminal and containers:
             # Everything ended and nobody follows the app: whoever sees it finishes it.
             return await self.finalize(store, app, derived)
@@ -605,3 +615,21 @@ class ForeignApps:
         for scope, _ in list(self._endings.values()):
             scope.cancel()
         await self.logs.aclose()
+
+
+def _retry_owed(
+    app: AppRecord, derived: AppStatus, recorded: tuple[AppStatus, Owner] | None
+) -> str:
+    """The failed replica that its app's state machine would restart (``exit_outcome``,
+    with its role's retries used as last recorded), as ``role/k``; "" for none."""
+    used = {role.role: role.restarts for role in recorded[0].roles} if recorded else {}
+    limits = {role.name: role.max_retries for role in app.app.roles}
+    for role in derived.roles:
+        left = used.get(role.role, 0) < limits.get(role.role, 0)
+        for replica in role.replicas:
+            if replica.state is not ReplicaState.FAILED:
+                continue
+            outcome = exit_outcome(replica.exit_code, stopping=False, retries_left=left)
+            if outcome is ExitOutcome.RESTART:
+                return f"{role.role}/{replica.id}"
+    return ""

@@ -215,6 +215,7 @@ class SlurmRuntime(AppRuntime):
                     return
                 self.emit(AppNotice(message=f"completing Slurm's requeue failed, retrying: {e}"))
             else:
+                self._run_again()
                 self._backend.poller.poke()
                 # Asked again only if the job still shows ended components well after:
                 # a second requeue of a job that started meanwhile would cut its run short.
@@ -370,8 +371,17 @@ class SlurmRuntime(AppRuntime):
                         )
                     )
                 return
-            self.translator.ended = False
+            self._run_again()
         self._backend.poller.poke()
+
+    def _run_again(self) -> None:
+        """The job was requeued from here: it is no longer over, for a retry or a cancel.
+
+        ``_over`` is the cancel's confirmation: left set from the run before, a
+        cancel of the retry stopped at once and never reached Slurm.
+        """
+        self.translator.ended = False
+        self._over = anyio.Event()
 
     async def record(
         self, status: AppStatus, transitions: Sequence[Transition], final: bool

@@ -24,7 +24,7 @@ backend boundary so callers never see them leak through.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 __all__ = [
@@ -45,6 +45,7 @@ __all__ = [
     "UnsupportedAsyncLibraryError",
     "WaitTimeout",
     "only_cause",
+    "problems_of",
 ]
 
 
@@ -210,3 +211,13 @@ def only_cause(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     return exc
+
+
+def problems_of(check: Callable[[], object]) -> list[Problem]:
+    """The problems ``check`` raises as a ``SpecError``, returned: checks written to
+    raise, gathered into one list (a dry run names every problem at once)."""
+    try:
+        check()
+    except SpecError as e:
+        return list(e.problems)
+    return []

@@ -254,6 +254,18 @@ class RunOpt:
                 return [Problem(f"{field}.default", message)]
         return []
 
+    def refusal(self, value: object) -> str | None:
+        """Why ``value`` (given, not None) is not one this option takes; None where it is."""
+        try:
+            coerced = _coerce(self.type, value)
+        except _MismatchError as exc:
+            return str(exc)
+        if isinstance(coerced, int | float) and not isinstance(coerced, bool):
+            return self.out_of_range(coerced)
+        if isinstance(coerced, str):
+            return self.not_a_choice(coerced)
+        return None
+
     def not_a_choice(self, value: str) -> str | None:
         """Why ``value`` is not one of ``choices``, or None when it is (or any value goes)."""
         if self.choices is None or value in self.choices:
@@ -430,6 +442,19 @@ class RunOpts:
         ``None``), so dry-run output does not depend on what the user typed.
         Resolving a ``ResolvedCfg`` again gives an equal one.
         """
+        resolved, problems = self.resolve_partly(cfg)
+        if problems:
+            raise SpecError(problems, context=_CONTEXT)
+        return resolved
+
+    def resolve_partly(self, cfg: Mapping[str, object] | None) -> tuple[ResolvedCfg, list[Problem]]:
+        """``resolve`` that returns its problems instead of raising them, with what did
+        resolve: an option that did not is at its default and named in ``unresolved``.
+
+        For a dry run that lists every problem at once: the checks a backend makes
+        beyond each option's own (``Backend.check_cfg``) and the app's limits under
+        these options (``Backend.capabilities_for``) still run on the rest.
+        """
         problems: list[Problem] = []
         given: dict[str, object] = {}
         if cfg is not None:
@@ -440,7 +465,7 @@ class RunOpts:
                         f"expected a mapping of option names to values, got {type(cfg).__name__}",
                     )
                 )
-                raise SpecError(problems, context=_CONTEXT)
+                return ResolvedCfg({o.name: o.default for o in self._opts}, unresolved=()), problems
             for key, value in cfg.items():
                 if not isinstance(key, str):
                     problems.append(Problem(f"cfg[{_brief(key)}]", "option names must be strings"))
@@ -449,33 +474,23 @@ class RunOpts:
                 else:
                     given[key] = value
         resolved: dict[str, OptValue] = {}
+        unresolved: list[str] = []
         for opt in self._opts:
             value = given.get(opt.name)
+            resolved[opt.name] = opt.default
             if value is None:
                 if opt.required:
                     detail = f" ({opt.help})" if opt.help else ""
                     problems.append(Problem(f"cfg.{opt.name}", f"required option missing{detail}"))
-                resolved[opt.name] = opt.default
+                    unresolved.append(opt.name)
                 continue
-            try:
-                coerced = _coerce(opt.type, value)
-            except _MismatchError as exc:
-                problems.append(Problem(f"cfg.{opt.name}", str(exc)))
+            message = opt.refusal(value)
+            if message:
+                problems.append(Problem(f"cfg.{opt.name}", message))
+                unresolved.append(opt.name)
                 continue
-            if isinstance(coerced, int | float) and not isinstance(coerced, bool):
-                message = opt.out_of_range(coerced)
-                if message:
-                    problems.append(Problem(f"cfg.{opt.name}", message))
-                    continue
-            if isinstance(coerced, str):
-                message = opt.not_a_choice(coerced)
-                if message:
-                    problems.append(Problem(f"cfg.{opt.name}", message))
-                    continue
-            resolved[opt.name] = coerced
-        if problems:
-            raise SpecError(problems, context=_CONTEXT)
-        return ResolvedCfg(resolved)
+            resolved[opt.name] = _coerce(opt.type, value)
+        return ResolvedCfg(resolved, unresolved=unresolved), problems
 
 
 _T = typing.TypeVar("_T")
@@ -492,16 +507,25 @@ class ResolvedCfg(Mapping[str, object]):
     when one is passed.
     """
 
-    __slots__ = ("_values",)
+    __slots__ = ("_values", "unresolved")
 
     _values: dict[str, object]
+    unresolved: frozenset[str]
+    """Options given that did not resolve (``RunOpts.resolve_partly``): at their defaults
+    here, so a rule over one of them is not checked (it would judge a value nobody gave)."""
 
-    def __init__(self, values: Mapping[str, object] | Iterable[tuple[str, object]] = ()) -> None:
+    def __init__(
+        self,
+        values: Mapping[str, object] | Iterable[tuple[str, object]] = (),
+        *,
+        unresolved: Iterable[str] = (),
+    ) -> None:
         frozen = {
             key: tuple(value) if isinstance(value, list) else value
             for key, value in dict(values).items()
         }
         object.__setattr__(self, "_values", frozen)
+        object.__setattr__(self, "unresolved", frozenset(unresolved))
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"ResolvedCfg is read-only ({name})")

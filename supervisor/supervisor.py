@@ -609,14 +609,14 @@ class Supervisor:
         """
         impl = self.backend(backend)
         found: list[SpecError] = []
-        resolved: ResolvedCfg | None = None
+        # What resolved is checked on: the backend's rules over its options and the app's
+        # limits under them (a limit raised by an option given right counts).
+        resolved, problems = impl.run_opts().resolve_partly(cfg)
+        problems += impl.check_cfg(resolved)
+        if problems:
+            found.append(SpecError(problems, context="invalid run options"))
         try:
-            resolved = impl.run_opts().resolve(cfg)
-        except SpecError as e:
-            found.append(e)
-        try:
-            caps = impl.capabilities if resolved is None else impl.capabilities_for(resolved)
-            validate(app, caps)
+            validate(app, impl.capabilities_for(resolved))
         except SpecError as e:
             found.append(e)
         if app_id is not None:
@@ -626,7 +626,6 @@ class Supervisor:
         if found:
             context = found[0].context if len(found) == 1 else "invalid submit"
             raise SpecError([p for e in found for p in e.problems], context=context)
-        assert resolved is not None  # resolve raised otherwise, and that was re-raised above
         if self._gpus is None:
             self._gpus = _gpu_count()
         ctx = DryrunContext(

@@ -289,6 +289,17 @@ class Backend(abc.ABC):
         """What this backend can honor under these run options (a limit ``cfg`` raises)."""
         return self.capabilities
 
+    def check_cfg(self, cfg: ResolvedCfg) -> list[Problem]:
+        """Every problem of ``cfg`` beyond each option's type and bounds (the forms an
+        option must take, which options go together), returned, not raised: a dry run
+        lists them with the app's (this default: none).
+
+        ``cfg`` may hold options that did not resolve (``cfg.unresolved``, at their
+        defaults): a rule over one of those is skipped. ``dryrun`` may check the
+        same again; it is not called while any problem stands.
+        """
+        return []
+
     @abc.abstractmethod
     def dryrun(self, app: AppDef, cfg: ResolvedCfg, ctx: DryrunContext) -> Request:
         """Pure: the exact request, deterministic for the same inputs."""

@@ -51,7 +51,7 @@ from supervisor.backends.docker.engine import (
 )
 from supervisor.backends.docker.foreign import ForeignApps
 from supervisor.backends.docker.options import DOCKER_CAPABILITIES, default_host, docker_run_opts
-from supervisor.backends.docker.request import LABEL, DockerRequest, render
+from supervisor.backends.docker.request import LABEL, DockerRequest, check_docker_cfg, render
 from supervisor.backends.docker.runtime import (
     CONFIRM_S,
     CREATE_CONCURRENCY,
@@ -59,7 +59,7 @@ from supervisor.backends.docker.runtime import (
     DockerRuntime,
 )
 from supervisor.backends.store import AppRecord, AppStore, Index, Owner, remove_app
-from supervisor.errors import BackendError, SubmitError
+from supervisor.errors import BackendError, Problem, SubmitError
 from supervisor.logs import LogSink
 from supervisor.observe import metrics
 from supervisor.runopts import ResolvedCfg, RunOpts
@@ -111,6 +111,9 @@ class DockerBackend(Backend):
     @property
     def capabilities(self) -> Capabilities:
         return DOCKER_CAPABILITIES
+
+    def check_cfg(self, cfg: ResolvedCfg) -> list[Problem]:
+        return check_docker_cfg(cfg, cfg.get_str("host") or self.host)
 
     def dryrun(self, app: AppDef, cfg: ResolvedCfg, ctx: DryrunContext) -> DockerRequest:
         return render(

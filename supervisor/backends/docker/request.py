@@ -45,6 +45,7 @@ __all__ = [
     "RANK0_ENV",
     "ContainerSpec",
     "DockerRequest",
+    "check_docker_cfg",
     "container_name",
     "render",
 ]
@@ -282,10 +283,14 @@ def _missing_bind_sources(app: AppDef) -> list[Problem]:
     ]
 
 
-def _check(app: AppDef, cfg: ResolvedCfg, ctx: DryrunContext, host: str) -> dict[str, str]:
-    """What an engine would silently ignore (Podman drops GPU requests) is refused here,
-    with what the ``env`` option does not say right, and an engine address no client can
-    reach; returns that option's variables."""
+def check_docker_cfg(cfg: ResolvedCfg, host: str) -> list[Problem]:
+    """The problems of the run options alone (``DockerBackend.check_cfg``): the engine's
+    address and the ``env`` option; ``host`` is the address they resolve to."""
+    return _cfg_env(cfg, host)[1]
+
+
+def _cfg_env(cfg: ResolvedCfg, host: str) -> tuple[dict[str, str], list[Problem]]:
+    """The ``env`` option's variables, and the problems of the run options alone."""
     problems = []
     if not _ENGINE_SCHEME.match(host):
         # The client refuses it only when it is first used, in the engine's event
@@ -298,8 +303,6 @@ def _check(app: AppDef, cfg: ResolvedCfg, ctx: DryrunContext, host: str) -> dict
                 "http(s)://host:port or ssh://user@host",
             )
         )
-    if host.startswith("unix://"):
-        problems += _missing_bind_sources(app)
     env: dict[str, str] = {}
     for i, item in enumerate(cfg.get_list("env", ())):
         name, sep, value = item.partition("=")
@@ -309,6 +312,16 @@ def _check(app: AppDef, cfg: ResolvedCfg, ctx: DryrunContext, host: str) -> dict
             )
         else:
             env[name.strip()] = value
+    return env, problems
+
+
+def _check(app: AppDef, cfg: ResolvedCfg, ctx: DryrunContext, host: str) -> dict[str, str]:
+    """What an engine would silently ignore (Podman drops GPU requests) is refused here,
+    with what the ``env`` option does not say right, and an engine address no client can
+    reach; returns that option's variables."""
+    env, problems = _cfg_env(cfg, host)
+    if host.startswith("unix://"):
+        problems += _missing_bind_sources(app)
     for i, role in enumerate(app.roles):
         res = role.resource
         if res.gpu > 0 and res.gpu > ctx.gpu_count:

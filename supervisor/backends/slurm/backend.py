@@ -82,7 +82,14 @@ from supervisor.backends.store import (
     damaged_status,
 )
 from supervisor.cluster import ClusterInfo, ClusterJob
-from supervisor.errors import BackendError, DamagedRecordError, Problem, SpecError, SubmitError
+from supervisor.errors import (
+    BackendError,
+    DamagedRecordError,
+    Problem,
+    SpecError,
+    SubmitError,
+    problems_of,
+)
 from supervisor.events import (
     Exited,
     Lost,
@@ -457,6 +464,12 @@ class SlurmBackend(Backend):
 
     def statistics(self) -> dict[str, Any]:
         return self.poller.statistics()
+
+    def check_cfg(self, cfg: ResolvedCfg) -> list[Problem]:
+        kind = self.transport.kind
+        return problems_of(partial(check_slurm_cfg, cfg)) + problems_of(
+            partial(check_allocation_cfg, cfg, kind)
+        )
 
     def dryrun(self, app: AppDef, cfg: ResolvedCfg, ctx: DryrunContext) -> SlurmRequest:
         check_slurm_cfg(cfg)

@@ -1,0 +1,88 @@
+"""A dry run lists every problem at once: the run options' types and bounds, each
+backend's rules over its options, and the app's, none hiding another, none false.
+
+The backends' own rules ran only once every option had resolved and the app was
+valid, so one round trip showed the first layer of problems only; and where an
+option did not resolve, the app was judged under the default limits, not the
+ones the options given right had raised.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from supervisor import AppDef, Resource, Role, SpecError, Supervisor
+from supervisor.backends.local.request import local_run_opts
+
+pytestmark = pytest.mark.anyio
+
+
+def _problems(sv: Supervisor, app: AppDef, backend: str, cfg: dict[str, object]) -> list[str]:
+    with pytest.raises(SpecError) as err:
+        sv.dryrun(app, backend, cfg)
+    return sorted(err.value.fields)
+
+
+async def test_the_local_rules_over_options_are_listed_with_the_apps_problems(
+    state_dir: Path,
+) -> None:
+    bad_app = AppDef(name="a", roles=[Role(name="r", entrypoint="", num_replicas=0)])
+    cfg: dict[str, object] = {"env_policy": "allow", "env_allow": ["HOME", "A B"]}
+    async with Supervisor(session="svc") as sv:
+        assert _problems(sv, bad_app, "local", cfg) == [
+            "cfg.env_allow[1]",
+            "roles[0].entrypoint",
+            "roles[0].num_replicas",
+        ]
+        # A rule over an option that did not resolve is not judged on its default.
+        cfg = {"env_policy": "dirty", "env_allow": ["HOME"]}
+        assert _problems(sv, bad_app, "local", cfg) == [
+            "cfg.env_policy",
+            "roles[0].entrypoint",
+            "roles[0].num_replicas",
+        ]
+
+
+async def test_a_limit_raised_by_an_option_given_right_counts_beside_a_bad_one(
+    state_dir: Path,
+) -> None:
+    big = AppDef(name="a", roles=[Role(name="r", entrypoint="true", num_replicas=2000)])
+    cfg: dict[str, object] = {"max_replicas_per_role": 5000, "stop_grace": -1}
+    async with Supervisor(session="svc") as sv:
+        assert _problems(sv, big, "local", cfg) == ["cfg.stop_grace"]
+        assert _problems(sv, big, "local", {"stop_grace": -1}) == [
+            "cfg.stop_grace",
+            "roles[0].num_replicas",
+        ]
+
+
+async def test_slurm_and_docker_rules_over_options_are_listed_with_type_errors_and_the_app(
+    state_dir: Path,
+) -> None:
+    sized = AppDef(name="a", roles=[Role(name="r", entrypoint="true", resource=Resource(memMB=-5))])
+    no_image = AppDef(name="a", roles=[Role(name="r", entrypoint="true", image="")])
+    async with Supervisor(session="svc") as sv:
+        assert _problems(sv, sized, "slurm", {"time": "abc", "hold": "maybe"}) == [
+            "cfg.hold",
+            "cfg.time",
+            "roles[0].resource.memMB",
+        ]
+        cfg: dict[str, object] = {"host": "bogus://x", "privileged": "maybe", "env": ["NOEQ"]}
+        assert _problems(sv, no_image, "docker", cfg) == [
+            "cfg.env[0]",
+            "cfg.host",
+            "cfg.privileged",
+            "roles[0].image",
+        ]
+
+
+def test_resolving_partly_keeps_what_resolved_and_names_what_did_not() -> None:
+    resolved, problems = local_run_opts().resolve_partly(
+        {"stop_grace": -1, "max_replicas_per_role": 5000, "nope": 1}
+    )
+    assert sorted(p.field for p in problems) == ["cfg.nope", "cfg.stop_grace"]
+    assert resolved.unresolved == frozenset({"stop_grace"})
+    assert resolved["max_replicas_per_role"] == 5000
+    assert resolved["stop_grace"] == local_run_opts().resolve({})["stop_grace"]  # its default

@@ -1268,8 +1268,11 @@ class Supervisor:
         stream goes on after the gap); publishing never waits for a reader.
         """
         self._check_loop()
-        if max_buffer < 1:
-            raise SpecError([Problem("max_buffer", "must be at least 1")], context="invalid events")
+        if isinstance(max_buffer, bool) or not isinstance(max_buffer, int) or max_buffer < 1:
+            problem = Problem(
+                "max_buffer", f"must be a whole number of at least 1, not {max_buffer!r}"
+            )
+            raise SpecError([problem], context="invalid events")
         if self._tg is None and not self._closed:  # it would wait for a close never coming
             raise NotEnteredError("use the Supervisor inside `async with Supervisor(...) as sv:`")
         return self._observer.bus.open(max_buffer)

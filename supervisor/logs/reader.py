@@ -260,7 +260,7 @@ def _compile(
         return None
     try:
         return re.compile(regex)
-    except re.error as exc:
+    except (re.error, OverflowError) as exc:  # a repeat count beyond the engine's limit
         problems.append(Problem("regex", f"invalid regex {regex!r}: {exc}"))
         return None
 
@@ -299,10 +299,15 @@ def epoch_or_problem(
     if isinstance(value, bool) or not isinstance(value, int | float):
         problems.append(Problem(name, f"must be a datetime or epoch seconds, not {value!r}"))
         return None
-    if math.isnan(value):
+    try:
+        seconds = float(value)  # an int too large for a float (10**400) cannot be a time
+    except OverflowError:
+        problems.append(Problem(name, f"must be a time, got {value!r}"))
+        return None
+    if math.isnan(seconds):
         problems.append(Problem(name, "must be a time, got nan"))
         return None
-    return float(value)
+    return seconds
 
 
 async def _follow(query: _Query) -> AsyncGenerator[str, None]:

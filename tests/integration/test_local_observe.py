@@ -221,8 +221,9 @@ async def test_events_end_when_the_supervisor_closes_and_bad_buffer_is_refused(
     state_dir: Path,
 ) -> None:
     async with Supervisor(session="obs") as sv:
-        with pytest.raises(SpecError, match="max_buffer"):
-            sv.events(max_buffer=0)
+        for bad in (0, "10", 2.5, True):
+            with pytest.raises(SpecError, match="max_buffer"):
+                sv.events(max_buffer=bad)  # type: ignore[arg-type]
         stream = sv.events()
         ended = anyio.Event()
 

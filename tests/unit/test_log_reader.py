@@ -81,9 +81,17 @@ async def test_regex_searches_each_line(sink: LogSink, tmp_path: Path) -> None:
 
 
 def test_invalid_regex_fails_at_the_call(tmp_path: Path) -> None:
-    with pytest.raises(SpecError, match="regex") as err:
-        iter_log_lines(tmp_path, regex="(unclosed")
-    assert err.value.fields == ("regex",)
+    # A repeat count beyond the regex engine's limit raises OverflowError, not re.error.
+    for regex in ("(unclosed", "a{99999999999}"):
+        with pytest.raises(SpecError, match="regex") as err:
+            iter_log_lines(tmp_path, regex=regex)
+        assert err.value.fields == ("regex",)
+
+
+def test_a_time_no_float_can_hold_is_a_problem_named_for_its_field(tmp_path: Path) -> None:
+    with pytest.raises(SpecError) as err:
+        iter_log_lines(tmp_path, since=10**400, until=-(10**400))
+    assert err.value.fields == ("since", "until")
 
 
 @pytest.mark.anyio

@@ -468,7 +468,9 @@ class Supervisor:
         gave what was already there; ``wait`` returns the status of an app that already ended and
         raises ``ShuttingDown`` otherwise; ``submit`` and ``schedule`` raise
         ``ShuttingDown``. Apps keep running (and ``status``, ``describe``,
-        ``cancel`` and reads to the end keep working) until ``close()``.
+        ``cancel`` and reads to the end keep working) until ``close()``; but
+        a local app whose submit was under way is stopped once launched (its
+        submit raises ``ShuttingDown``: no handle reached anyone to stop it).
         """
         if self._shutting_down:
             return
@@ -684,7 +686,7 @@ class Supervisor:
             # so nobody could ever stop this app. Stop what was started, then go on raising.
             with anyio.CancelScope(shield=True):
                 actor.request_cancel(
-                    "the supervisor closed before the submit returned"
+                    "the supervisor began shutting down before the submit returned"
                     if self._shutting_down
                     else "the submit was cancelled before it returned"
                 )

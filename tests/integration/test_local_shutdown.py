@@ -328,6 +328,45 @@ async def test_a_submit_under_way_when_the_block_ends_is_stopped_with_the_rest(
     assert returned <= {entry.app_handle for entry in listed}
 
 
+async def test_a_submit_under_way_at_begin_shutdown_raises_and_its_app_is_stopped_at_once(
+    state_dir: Path,
+) -> None:
+    """No handle of it reached anyone, so nobody could stop it: stopped once launched,
+    before ``close``, saying why; an app submitted before is untouched."""
+    outcome: list[str | BaseException] = []
+
+    async def submit(sv: Supervisor) -> None:
+        role = py_role("w", "import time; time.sleep(77)", num_replicas=100)
+        try:
+            outcome.append(await sv.submit(app(role, name="late"), "local"))
+        except ShuttingDown as e:
+            outcome.append(e)
+
+    async with Supervisor(session="svc") as sv:
+        before = await sv.submit(app(py_role("s", SLEEPER)), "local")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(submit, sv)
+            await anyio.sleep(0.03)  # its launch under way
+            sv.begin_shutdown()
+        [late] = await sv.list("local", name="late")
+        with anyio.fail_after(BOUND_S):
+            while True:  # the stop runs in a task of its own: its record says when it ended
+                described = await sv.describe(late.app_handle)
+                if described is not None and described.to_status().is_terminal:
+                    break
+                if isinstance(outcome[0], str):
+                    break  # launched before the shutdown began: its handle was returned
+                await anyio.sleep(0.05)
+        if isinstance(outcome[0], ShuttingDown):
+            assert described is not None and described.state is AppState.CANCELLED, described
+            assert described.msg == "the supervisor began shutting down before the submit returned"
+        else:
+            assert outcome[0] == late.app_handle
+            assert sv.status(late.app_handle) is not None
+        status = sv.status(before)
+        assert status is not None and status.state is AppState.RUNNING
+
+
 IGNORES_TERM = (
     "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
     "print('up', flush=True); time.sleep(60)"

@@ -19,6 +19,7 @@ Pure: no I/O, no environment lookups.
 from __future__ import annotations
 
 import json
+import os
 import re
 import warnings
 from collections.abc import Callable, Mapping
@@ -119,6 +120,17 @@ def _key(key: object) -> str:
     return _brief(key)
 
 
+def _unsayable(text: str) -> str:
+    """Why no program could be given ``text`` (a lone surrogate, U+D800..U+DFFF, outside
+    the range Python uses for undecodable bytes), or "": it failed only at the launch,
+    after the app's records were made (``os.fsencode`` refuses it)."""
+    try:
+        os.fsencode(text)
+    except UnicodeEncodeError as e:
+        return f"holds a lone surrogate (U+{ord(text[e.start]):04X}) no program can be given"
+    return ""
+
+
 def _kind(value: object) -> str:
     """``got str 'x'``: the type and a glimpse of a rejected value."""
     return f"got {type(value).__name__} {_brief(value)}"
@@ -164,6 +176,10 @@ class _Checker:
             return None
         if "\0" in value:
             self.add(path, "must not contain a NUL character")
+            return None
+        unsayable = _unsayable(value)
+        if unsayable:
+            self.add(path, unsayable)
             return None
         return value
 
@@ -284,12 +300,14 @@ class _Checker:
             item = f"{path}[{_key(key)}]"
             if not isinstance(key, str):
                 self.add(item, f"name must be a string, got {type(key).__name__}")
-            elif not key or "=" in key or "\0" in key:
+            elif not key or "=" in key or "\0" in key or _unsayable(key):
                 self.add(item, "not a valid environment variable name")
             if not isinstance(value, str):
                 self.add(item, f"value must be a string, {_kind(value)}")
             elif "\0" in value:
                 self.add(item, "value must not contain a NUL character")
+            elif _unsayable(value):
+                self.add(item, f"value {_unsayable(value)}")
 
     def check_replicas(self, path: str, role: Role) -> None:
         caps = self.caps

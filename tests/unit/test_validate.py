@@ -444,6 +444,22 @@ def test_mounts_not_a_sequence() -> None:
     assert problem.field == "roles[0].mounts"
 
 
+def test_text_no_program_can_be_given_is_refused_before_the_launch() -> None:
+    """A lone surrogate passed validation and failed only at the launch (exit 127, after
+    the app's records were made); one of Python's undecodable bytes is text as any."""
+    lone = "a\ud800b"
+    found = problems(
+        app_of(trainer(entrypoint="sh" + lone, args=["-c", lone], env={"X": lone, lone: "1"}))
+    )
+    assert found == {
+        "roles[0].entrypoint": "holds a lone surrogate (U+D800) no program can be given",
+        "roles[0].args[1]": "holds a lone surrogate (U+D800) no program can be given",
+        "roles[0].env['X']": "value holds a lone surrogate (U+D800) no program can be given",
+        f"roles[0].env[{lone!r}]": "not a valid environment variable name",
+    }
+    validate(app_of(trainer(args=["a\udcffb"], env={"X": "\udcff"})), LOCAL)  # a byte 0xff
+
+
 # -- collection ----------------------------------------------------------------
 
 

@@ -302,12 +302,17 @@ def call_component(fn: Component, name: str, args: Sequence[str], parent: click.
             value = ctx.params.get(b.name)
             source = ctx.get_parameter_source(b.name)
             given = source is not None and source is not ParameterSource.DEFAULT
+            # A parameter with no default of its own takes click's value even when not
+            # given: click requires every such one but a flag, which is False when left
+            # out, as --help says. Passing nothing failed on the missing argument, and
+            # before *args passed Parameter.empty, which is true.
+            use_value = given or b.default is inspect.Parameter.empty
             if b.variadic:
                 positional.extend(value or ())
             elif b.positional:
                 # Keep every slot before *args filled, defaults included.
-                positional.append(_plain(value, b) if given else b.default)
-            elif given:
+                positional.append(_plain(value, b) if use_value else b.default)
+            elif use_value:
                 keywords[b.name] = _plain(value, b)
         try:
             app = fn(*positional, **keywords)

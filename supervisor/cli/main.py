@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import re
-import sys
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from supervisor.cli.render import (
     print_list,
     print_status,
     status_json,
+    std_stream,
     use_color,
 )
 from supervisor.cli.runcmd import run
@@ -113,7 +113,7 @@ def cli(
 
 def _log_to_stderr(level: str) -> None:
     """One handler on the library's logger; the root logger and others stay as they are."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler = logging.StreamHandler(std_stream(stderr=True))
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logger = logging.getLogger("supervisor")
     logger.addHandler(handler)
@@ -333,9 +333,9 @@ def log(
                 app,
                 replicas,
                 query,
-                sys.stdout,
+                std_stream(),
                 prefix=not single,
-                color=use_color(sys.stdout),
+                color=use_color(std_stream()),
                 as_json=as_json,
             )
 

@@ -7,6 +7,7 @@ markup or colour codes.
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import shlex
@@ -43,6 +44,7 @@ __all__ = [
     "print_status",
     "replica_prefix",
     "status_json",
+    "std_stream",
     "transition_text",
     "use_color",
 ]
@@ -56,6 +58,25 @@ _STATE_STYLE = {
 }
 _PREFIX_COLORS = ("cyan", "green", "yellow", "blue", "magenta", "red")
 _PIPE_WIDTH = 200  # tables written to a file or pipe: wide enough for handles
+
+
+@functools.cache
+def _devnull() -> TextIO:
+    """One write-only /dev/null for the process's life, however many consoles write to it."""
+    return open(os.devnull, "w", encoding="utf-8")
+
+
+def std_stream(stderr: bool = False) -> TextIO:
+    """``sys.stdout`` (or ``sys.stderr``), or /dev/null where Python made it None.
+
+    Python sets the stream to None when its descriptor was closed at start
+    (``asupervisor run ... 2>&-``, a daemon started without one); the command then
+    runs as usual and what it would have written there goes nowhere. Failing
+    instead, on the first ``isatty()``, cancelled the app a ``run`` had just launched
+    and made ``list`` exit 1.
+    """
+    stream = sys.stderr if stderr else sys.stdout
+    return stream if stream is not None else _devnull()
 
 
 def use_color(stream: TextIO) -> bool:
@@ -76,12 +97,13 @@ class _Console(Console):
 
 
 def console(stderr: bool = False) -> Console:
-    """A console on stdout (or stderr); not a terminal means no colour and no narrow wrap.
+    """A console on stdout (or stderr); not a terminal means no colour and no narrow wrap,
+    and a stream closed at start means nowhere (``std_stream``).
 
     With ``NO_COLOR`` no escape code at all is written, bold and dim included (rich
     alone would drop only the colours), the same rule as ``use_color``.
     """
-    stream = sys.stderr if stderr else sys.stdout
+    stream = std_stream(stderr)
     width = None if stream.isatty() or "COLUMNS" in os.environ else _PIPE_WIDTH
     plain = bool(os.environ.get("NO_COLOR"))
     return _Console(

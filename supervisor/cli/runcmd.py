@@ -6,7 +6,6 @@ import contextlib
 import inspect
 import logging
 import signal
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from supervisor.cli.render import (
     failure_line,
     print_status,
     status_json,
+    std_stream,
     use_color,
 )
 from supervisor.components import BUILTINS, TORCHX_NAMES
@@ -221,7 +221,7 @@ async def _follow(sv: Supervisor, handle: str, plan: RunPlan) -> AppStatus:
             tg.start_soon(print_transitions, sv, handle, console(stderr=True))
         if plan.log:
             replicas = [(r.name, k) for r in plan.app.roles for k in range(r.num_replicas)]
-            tg.start_soon(_logs, sv, handle, replicas, use_color(sys.stdout), plan.as_json)
+            tg.start_soon(_logs, sv, handle, replicas, use_color(std_stream()), plan.as_json)
         final = await sv.wait(handle)
     return final  # noqa: RET504 - mypy needs a return after the task group
 
@@ -231,7 +231,7 @@ async def _logs(
 ) -> None:
     query = LogQuery(follow=True)
     await follow_logs(
-        sv, handle, replicas, query, sys.stdout, prefix=True, color=color, as_json=as_json
+        sv, handle, replicas, query, std_stream(), prefix=True, color=color, as_json=as_json
     )
 
 

@@ -219,6 +219,46 @@ def test_run_without_wait_prints_only_the_handle_and_stays_to_the_end(
     assert cli_json(env, "status", handle)["state"] == "SUCCEEDED"
 
 
+def closed(env: dict[str, str], fd: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``asupervisor ARGS`` with descriptor ``fd`` closed (``2>&-``), as a shell leaves it."""
+    return subprocess.run(
+        ["sh", "-c", f'exec "$@" {fd}>&-', "sh", *CLI, *args],
+        env=env, capture_output=True, text=True, timeout=TIMEOUT, check=False,
+    )  # fmt: skip
+
+
+def test_run_with_stderr_closed_runs_its_app_to_the_end(env: dict[str, str]) -> None:
+    """Python makes a stream closed at start None: `run` cancelled its app at once ("the
+    supervisor closed", exit 1) and `run --wait` failed on ``None.isatty()``."""
+    done = closed(env, "2", "run", "--", "sh", "-c", "sleep 1; exit 0")
+    assert done.returncode == 0, done.stderr
+    (handle,) = done.stdout.splitlines()
+    assert cli_json(env, "status", handle)["state"] == "SUCCEEDED"
+    # Exit codes as ever: 1 for a FAILED app, its status still on stdout.
+    done = closed(env, "2", "run", "--wait", "--", "sh", "-c", "exit 3")
+    assert done.returncode == 1, done.stderr
+    handle = done.stdout.splitlines()[0]
+    assert "FAILED" in done.stdout
+    assert cli_json(env, "status", handle)["state"] == "FAILED"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["run", "--wait", "--", "true"], ["run", "--log", "--", "echo", "hi"], ["list"]],
+    ids=["run-wait", "run-log", "list"],
+)
+def test_a_command_with_stdout_closed_writes_nowhere_and_exits_as_usual(
+    env: dict[str, str], args: list[str]
+) -> None:
+    if args[0] == "list":
+        assert cli(env, "run", "--", "true").returncode == 0
+    done = closed(env, "1", *args)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr and "Error" not in done.stderr, done.stderr
+    (latest,) = cli_json(env, "list")[:1]
+    assert latest["state"] == "SUCCEEDED", latest
+
+
 def test_log_of_an_app_whose_record_is_damaged_says_why(
     env: dict[str, str], state_dir: Path
 ) -> None:

@@ -323,6 +323,38 @@ def test_defaults_before_varargs_keep_their_slots(parent: click.Context) -> None
     assert CAPTURED == {"a": "A", "b": "b2", "c": False, "rest": ("r1", "--r2")}
 
 
+def test_a_flag_without_a_default_is_false_when_left_out(parent: click.Context) -> None:
+    """--help says ``[default: no-verbose]``; left out, the call failed with a missing
+    argument, or before *args got ``Parameter.empty`` (true)."""
+
+    def req_flag(verbose: bool) -> AppDef:
+        CAPTURED.update(verbose=verbose)
+        return _app()
+
+    def flag_varargs(verbose: bool, *rest: str) -> AppDef:
+        CAPTURED.update(verbose=verbose, rest=rest)
+        return _app()
+
+    def keyword_flag(*, verbose: bool) -> AppDef:
+        CAPTURED.update(verbose=verbose)
+        return _app()
+
+    for fn in (req_flag, keyword_flag):
+        for args, verbose in (([], False), (["--verbose"], True), (["--no-verbose"], False)):
+            CAPTURED.clear()
+            assert call(fn, args, parent) == {"verbose": verbose}, (fn.__name__, args)
+    for args, expected in (
+        ([], {"verbose": False, "rest": ()}),
+        (["x", "y"], {"verbose": False, "rest": ("x", "y")}),
+        (["--verbose", "x"], {"verbose": True, "rest": ("x",)}),
+    ):
+        CAPTURED.clear()
+        assert call(flag_varargs, args, parent) == expected, args
+    command, _ = component_command(req_flag, "f")
+    with command.make_context("f", []) as ctx:  # --help as `run` shows it
+        assert "[default: no-verbose]" in command.get_help(ctx)
+
+
 def test_ddp_takes_script_and_args_after_a_double_dash_without_the_dash() -> None:
     result = CliRunner().invoke(
         cli, ["run", "--dryrun", "ddp", "-j", "1x2", "--script", "t.py", "--", "--lr", "0.1"]

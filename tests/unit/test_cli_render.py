@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import io
+import os
+import sys
 
 import pytest
 from rich.console import Console
 
 from supervisor.cli.render import (
+    console,
     failure_line,
     plain_line,
+    std_stream,
     times_json,
     times_text,
     transition_text,
+    use_color,
 )
 from supervisor.states import AppState, ReplicaState
 from supervisor.status import AppStatus, AppTimes, ReplicaStatus, RoleStatus, Transition
@@ -89,3 +94,17 @@ def test_a_plain_transition_line_is_what_rich_prints_without_styles(msg: str) ->
         transition_text(t), soft_wrap=True
     )
     assert plain_line(transition_text(t)) == out.getvalue()
+
+
+@pytest.mark.parametrize("stderr", [False, True])
+def test_a_stream_closed_at_start_is_written_to_nowhere(
+    stderr: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Python sets sys.stdout/sys.stderr to None when the descriptor was closed at start
+    (``2>&-``): a console on it raised AttributeError on ``isatty()``."""
+    monkeypatch.setattr(sys, "stderr" if stderr else "stdout", None)
+    stream = std_stream(stderr)
+    assert stream is std_stream(stderr)  # opened once
+    assert os.path.samestat(os.fstat(stream.fileno()), os.stat(os.devnull))
+    assert not use_color(stream)
+    console(stderr).print("[bold]goes nowhere[/bold]")

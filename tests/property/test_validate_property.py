@@ -142,15 +142,15 @@ def test_arbitrary_apps_give_none_or_spec_error(app: Any, caps: Capabilities) ->
 _ROLE_NAMES = st.from_regex(r"[A-Za-z][A-Za-z0-9_-]{0,10}", fullmatch=True)
 # No surrogates: a lone one is text no program can be given (refused, tested on its own).
 _SAFE_TEXT = st.text(
-    st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)), max_size=10
+    st.characters(blacklist_characters="\0", blacklist_categories=["Cs"]), max_size=10
 )
 # Not the names that make a role look like a torch.distributed job: with REPLICA retries
 # validation then warns (legal, and tested on its own), which the test suite makes an error.
 _ENV_NAMES = st.text(
-    st.characters(blacklist_characters="=\0", blacklist_categories=("Cs",)), min_size=1, max_size=10
+    st.characters(blacklist_characters="=\0", blacklist_categories=["Cs"]), min_size=1, max_size=10
 ).filter(lambda name: name not in ("WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 _PATHS = st.text(
-    st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)), min_size=1, max_size=10
+    st.characters(blacklist_characters="\0", blacklist_categories=["Cs"]), min_size=1, max_size=10
 )
 _MOUNT_PATHS = _PATHS.map(lambda text: "/" + text)  # a mount's paths are absolute
 _UNSET_OR = st.one_of(st.just(-1), st.integers(1, 256))

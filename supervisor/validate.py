@@ -389,8 +389,19 @@ class _Checker:
             return
         if mounts and not self.caps.mounts:
             self.add(path, f"mounts are not supported by backend {self.caps.backend!r}")
+        destinations: dict[object, int] = {}
         for i, mount in enumerate(mounts):
             item = f"{path}[{i}]"
+            destination = getattr(mount, "dst_path", None)
+            if isinstance(destination, str) and destination in destinations:
+                # Refused by the engines only when the container is created, as a
+                # submit's failure naming no mount.
+                first = destinations[destination]
+                self.add(
+                    f"{item}.dst_path", f"{destination!r} is mounted already ({path}[{first}])"
+                )
+            elif isinstance(destination, str):
+                destinations[destination] = i
             if isinstance(mount, BindMount):
                 self.check_absolute(f"{item}.src_path", mount.src_path)
                 self.check_absolute(f"{item}.dst_path", mount.dst_path)

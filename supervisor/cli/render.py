@@ -6,6 +6,7 @@ markup or colour codes.
 
 from __future__ import annotations
 
+import atexit
 import errno
 import functools
 import json
@@ -62,8 +63,11 @@ _PIPE_WIDTH = 200  # tables written to a file or pipe: wide enough for handles
 
 @functools.cache
 def _devnull() -> TextIO:
-    """One write-only /dev/null for the process's life, however many consoles write to it."""
-    return open(os.devnull, "w", encoding="utf-8")
+    """One write-only /dev/null for the process's life, however many consoles write to it
+    (closed at exit: left to the collector then, it is reported as a leak)."""
+    nowhere = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - kept for the process's life
+    atexit.register(nowhere.close)
+    return nowhere
 
 
 def std_stream(stderr: bool = False) -> TextIO:

@@ -176,6 +176,7 @@ def _valid_roles(draw: st.DrawFn, caps: Capabilities, name: str) -> Role:
                     ),
                 ),
                 max_size=2,
+                unique_by=lambda mount: str(mount.dst_path),  # one mount per destination
             )
         )
     return Role(

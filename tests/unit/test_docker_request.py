@@ -86,7 +86,7 @@ def test_resources_and_mounts_become_host_config() -> None:
         mounts=[
             BindMount("/tmp", "/in", read_only=True),
             VolumeMount("vol", "/vol"),
-            DeviceMount("/dev/fuse", "/dev/fuse", permissions="rw"),
+            DeviceMount("/dev/null", "/dev/null", permissions="rw"),
         ],
     )
     host = _render(app).containers[0].body["HostConfig"]
@@ -100,7 +100,7 @@ def test_resources_and_mounts_become_host_config() -> None:
         {"Type": "volume", "Source": "vol", "Target": "/vol", "ReadOnly": False},
     ]
     assert host["Devices"] == [
-        {"PathOnHost": "/dev/fuse", "PathInContainer": "/dev/fuse", "CgroupPermissions": "rw"}
+        {"PathOnHost": "/dev/null", "PathInContainer": "/dev/null", "CgroupPermissions": "rw"}
     ]
     assert "DeviceRequests" not in host
 
@@ -220,10 +220,10 @@ def test_joining_an_existing_network_creates_and_removes_none() -> None:
 def test_named_devices_map_to_host_devices_as_torchx_does() -> None:
     """EFA and Neuron hardware is not on this machine: the create body is what is checked."""
     res = Resource(devices={"vpc.amazonaws.com/efa": 2, "aws.amazon.com/neurondevice": 1})
-    host = _render(_app(resource=res, mounts=[DeviceMount("/dev/fuse", "/dev/fuse")]))
+    host = _render(_app(resource=res, mounts=[DeviceMount("/dev/null", "/dev/null")]))
     devices = host.containers[0].body["HostConfig"]["Devices"]
     assert [(d["PathOnHost"], d["PathInContainer"], d["CgroupPermissions"]) for d in devices] == [
-        ("/dev/fuse", "/dev/fuse", "rwm"),
+        ("/dev/null", "/dev/null", "rwm"),
         ("/dev/infiniband/uverbs0", "/dev/infiniband/uverbs0", "rwm"),
         ("/dev/infiniband/uverbs1", "/dev/infiniband/uverbs1", "rwm"),
         ("/dev/neuron0", "/dev/neuron0", "rwm"),
@@ -299,3 +299,27 @@ def test_a_bind_source_missing_on_this_machine_is_refused_for_a_local_engine(
         app, docker_run_opts().resolve({}), CTX, host="tcp://h:2375", default_log_dir=Path("/l")
     )
     assert remote.containers[0].body["HostConfig"]["Mounts"][2]["Source"] == missing
+
+
+def test_a_device_missing_on_this_machine_and_a_bad_volume_name_are_refused_naming_them(
+    tmp_path: Path,
+) -> None:
+    """A missing device: Podman refused it at the submit, dockerd made no container and
+    the replica read a made-up exit 127. A volume name neither engine takes was refused at
+    the container's create, a submit's failure naming no mount. Both are dry-run problems."""
+    missing = str(tmp_path / "no-such-device")
+    app = _app(
+        mounts=[
+            DeviceMount("/dev/null", "/dev/ok"),
+            DeviceMount(missing, "/dev/x"),
+            VolumeMount("bad name!", "/v"),
+            VolumeMount("good_name-1.x", "/w"),
+        ]
+    )
+    with pytest.raises(SpecError) as caught:
+        _render(app)
+    assert caught.value.fields == ("roles[0].mounts[2].src", "roles[0].mounts[1].src_path")
+    remote = _app(mounts=[DeviceMount(missing, "/dev/x")])  # a remote engine's paths are its own
+    render(
+        remote, docker_run_opts().resolve({}), CTX, host="tcp://h:2375", default_log_dir=Path("/l")
+    )

@@ -444,6 +444,16 @@ def test_mounts_not_a_sequence() -> None:
     assert problem.field == "roles[0].mounts"
 
 
+def test_two_mounts_on_one_destination_are_refused_naming_the_second() -> None:
+    """The engines refused it only when the container was created, naming no mount."""
+    mounts = [BindMount("/a", "/x"), VolumeMount("v", "/y"), BindMount("/b", "/x")]
+    problem = only_problem(app_of(trainer(mounts=mounts)), DOCKER)
+    assert (problem.field, problem.message) == (
+        "roles[0].mounts[2].dst_path",
+        "'/x' is mounted already (roles[0].mounts[0])",
+    )
+
+
 def test_text_no_program_can_be_given_is_refused_before_the_launch() -> None:
     """A lone surrogate passed validation and failed only at the launch (exit 127, after
     the app's records were made); one of Python's undecodable bytes is text as any."""

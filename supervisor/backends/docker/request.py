@@ -261,25 +261,47 @@ def _mounts(role: Role, replica_dir: Path) -> tuple[list[dict[str, Any]], list[d
 
 
 _ENGINE_SCHEME = re.compile(r"(unix|tcp|http|https|ssh|npipe)://.")
+_VOLUME_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]+")  # dockerd's rule; Podman takes these
 """The addresses the engine client (aiodocker) takes."""
 
 
-def _missing_bind_sources(app: AppDef) -> list[Problem]:
-    """Bind sources that do not exist, for an engine on this machine (a unix socket).
+def _missing_sources(app: AppDef) -> list[Problem]:
+    """Bind and device sources that do not exist, for an engine on this machine (a unix
+    socket): one ``stat`` per such mount, before anything is made.
 
-    Podman creates a missing one (empty, owned by root) and runs the container on
-    it; dockerd refuses the container. A mistyped path must fail the same way on
-    both, before anything is made: one ``stat`` per bind mount.
+    Podman creates a missing bind source (empty, owned by root) and runs the
+    container on it, and refuses a missing device at the submit; dockerd refuses
+    the bind's container, and starts none for the device (a made-up exit 127). A
+    mistyped path must fail the same way on both.
     """
     return [
         Problem(
             f"roles[{i}].mounts[{j}].src_path",
             f"{m.src_path!r} does not exist on this machine "
-            "(Podman would create it empty, dockerd refuses it)",
+            + (
+                "(Podman would create it empty, dockerd refuses it)"
+                if isinstance(m, BindMount)
+                else "(no engine can give the container that device)"
+            ),
         )
         for i, role in enumerate(app.roles)
         for j, m in enumerate(role.mounts)
-        if isinstance(m, BindMount) and not os.path.exists(m.src_path)
+        if isinstance(m, BindMount | DeviceMount) and not os.path.exists(m.src_path)
+    ]
+
+
+def _volume_names(app: AppDef) -> list[Problem]:
+    """Volume names both engines take (refused at the container's create otherwise, as a
+    submit's failure naming no mount)."""
+    return [
+        Problem(
+            f"roles[{i}].mounts[{j}].src",
+            f"{m.src!r} is not a volume name (a letter or digit, then at least one of "
+            "letters, digits, '_', '.', '-')",
+        )
+        for i, role in enumerate(app.roles)
+        for j, m in enumerate(role.mounts)
+        if isinstance(m, VolumeMount) and not _VOLUME_NAME.fullmatch(m.src)
     ]
 
 
@@ -320,8 +342,9 @@ def _check(app: AppDef, cfg: ResolvedCfg, ctx: DryrunContext, host: str) -> dict
     with what the ``env`` option does not say right, and an engine address no client can
     reach; returns that option's variables."""
     env, problems = _cfg_env(cfg, host)
+    problems += _volume_names(app)
     if host.startswith("unix://"):
-        problems += _missing_bind_sources(app)
+        problems += _missing_sources(app)
     for i, role in enumerate(app.roles):
         res = role.resource
         if res.gpu > 0 and res.gpu > ctx.gpu_count:

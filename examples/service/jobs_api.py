@@ -17,6 +17,9 @@ so they travel as query parameters.
 
 A stream ends with ``event: end`` whose data says why: ``ended`` (the app
 ended) or ``shutting down`` (the service is stopping; reconnect elsewhere).
+It comes at once at the shutdown, even with lines of a long log still unsent:
+the server waits for its open responses before it stops.
+
 A request that cannot be served because the service is stopping gets 503, one
 for an app (or replica) nobody knows 404, and bad input 400 naming what is wrong
 (a malformed handle, a missing parameter, a timeout or replica that is no number).
@@ -24,6 +27,8 @@ for an app (or replica) nobody knows 404, and bad input 400 naming what is wrong
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 from collections.abc import AsyncIterator
@@ -47,6 +52,11 @@ from supervisor import (
 )
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# A log stream gives the event loop a turn after this many lines. The lines of one
+# read of the file (1 MiB: half a million short lines) come without a pause, and
+# a send does not pause while the socket takes the bytes, so a long backlog held
+# the loop for seconds: no other request was served, and not the shutdown either.
+LINES_PER_TURN = 100
 # Read once at import: a request handler must not block the loop on a file read.
 PAGE = (Path(__file__).parent / "page.html").read_text()
 
@@ -116,8 +126,19 @@ async def logs(request: Request) -> Response:
         return JSONResponse({"error": f"no replica {role}/{k}"}, status_code=404)
 
     async def events() -> AsyncIterator[str]:
-        async for line in sv.log_iter(handle, role, k, should_tail=True):
-            yield _sse("line", line.removesuffix("\n"))
+        # After begin_shutdown a follow still gives every line already in the files,
+        # which for a long log outlasts the server's graceful timeout (it then cuts
+        # the stream, with no end event): stop at the shutdown instead. aclosing
+        # closes the follow now, not whenever the generator is collected.
+        async with contextlib.aclosing(sv.log_iter(handle, role, k, should_tail=True)) as lines:
+            sent = 0
+            async for line in lines:
+                if sv.shutting_down:
+                    break
+                yield _sse("line", line.removesuffix("\n"))
+                sent += 1
+                if sent % LINES_PER_TURN == 0:
+                    await asyncio.sleep(0)  # the loop's turn: see LINES_PER_TURN
         yield _sse("end", "shutting down" if sv.shutting_down else "ended")
 
     return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)

@@ -7,13 +7,15 @@ stay open while it gets SIGTERM. uvicorn waits for open responses before its
 lifespan shutdown, so only ``begin_shutdown`` (called from the server's signal
 handling) lets it stop promptly: every stream must end with ``event: end``
 saying why, the wait must be answered 503, the server must exit, and no process
-it started may be left.
+it started may be left. The same holds for a stream of a log millions of lines
+long.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -25,7 +27,7 @@ import httpx
 import pytest
 from anyio.abc import Process
 
-from .helpers import pid_alive
+from .helpers import pid_alive, until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
@@ -39,6 +41,11 @@ EXIT_BOUND_S = 3
 # The app's pid (its process then sleeps on). ``$$`` is the escape of ``$`` in an
 # AppDef's arguments (its macros), so the shell gets ``echo $$``.
 LONG = "echo $$$$; exec sleep 60"
+# Lines already in a log when SIGTERM comes. Sent one event each, they take uvicorn
+# far longer to send than its 5 s graceful timeout (50,000-100,000 a second on a
+# 2-core machine): a stream that read them out before ending would be cut without
+# its end, and one fast client makes the whole first read (1 MiB) go in one turn.
+BACKLOG = 3_000_000
 
 
 @asynccontextmanager
@@ -209,3 +216,53 @@ async def test_sigterm_with_100_followers_open_ends_every_stream_and_exits(
         assert watch_end == [("end", "shutting down")]
         assert [r.status_code for r in wait_answer] == [503]
         assert [p for p in started if pid_alive(p)] == []
+
+
+async def test_sigterm_ends_a_log_stream_with_a_backlog_at_once(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    """A follow of a log millions of lines long ends at SIGTERM, not at the file's end.
+
+    ``log_iter`` reads on to the end of the files after ``begin_shutdown``; the
+    service's stream used to as well, so uvicorn waited for it its whole graceful
+    timeout and then cut it, with no ``end`` event (and a CancelledError traceback).
+    And a read's half a million short lines went out without the loop getting a
+    turn, which held off the signal's ``begin_shutdown`` for seconds. The client
+    reads as fast as it can (the bytes, not event by event), as curl would.
+    """
+    written = tmp_path / "written"
+    event = b"event: line\n"
+    end = b"event: end\ndata: shutting down\n\n"
+    async with (
+        served(tmp_path) as (server, base),
+        httpx.AsyncClient(base_url=base, timeout=60) as client,
+    ):
+        cmd = f"yes x | head -n {BACKLOG}; touch {shlex.quote(str(written))}; exec sleep 60"
+        handle = await submit(client, cmd)
+        await until(written.exists, 60)  # the whole backlog is in the log
+        lines = 0
+        last = b""  # the stream's last bytes
+        reading = anyio.Event()
+
+        async def follow() -> None:
+            nonlocal lines, last
+            async with client.stream("GET", "/logs", params={"handle": handle}) as response:
+                assert response.status_code == 200, await response.aread()
+                async for chunk in response.aiter_bytes():
+                    # An event cut by the chunk's start is counted now, none twice.
+                    lines += (last[-len(event) + 1 :] + chunk).count(event)
+                    last = (last + chunk)[-len(end) :]
+                    reading.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(follow)
+            with anyio.fail_after(60):
+                await reading.wait()
+            server.send_signal(signal.SIGTERM)
+            # Well before uvicorn's graceful timeout (5 s) would have cut the stream.
+            with anyio.fail_after(EXIT_BOUND_S):
+                code = await server.wait()
+        assert code in (0, -signal.SIGTERM), code
+        assert last == end
+        assert lines < BACKLOG  # it stopped, rather than reading the backlog out fast
+    assert "Traceback" not in (tmp_path / "uvicorn.log").read_text()

@@ -22,7 +22,9 @@ the server waits for its open responses before it stops.
 
 A request that cannot be served because the service is stopping gets 503, one
 for an app (or replica) nobody knows 404, and bad input 400 naming what is wrong
-(a malformed handle, a missing parameter, a timeout or replica that is no number).
+(a body that is not a JSON object, a malformed handle, a missing parameter, a
+timeout or replica that is no number); a body without a string ``cmd`` gets
+422.
 """
 
 from __future__ import annotations
@@ -98,8 +100,13 @@ def _unavailable() -> Response:
 
 
 async def submit(request: Request) -> Response:
-    body = await request.json()
-    cmd = body.get("cmd") if isinstance(body, dict) else None
+    try:
+        body = await request.json()
+    except ValueError:  # not JSON, or not UTF-8: the client's fault, not a 500
+        body = None
+    if not isinstance(body, dict):
+        return JSONResponse({"error": "body: expected a JSON object"}, status_code=400)
+    cmd = body.get("cmd")
     if not isinstance(cmd, str):
         return JSONResponse({"error": "cmd: a string is required"}, status_code=422)
     job = AppDef(name="job", roles=[Role(name="main", entrypoint="sh", args=["-c", cmd])])

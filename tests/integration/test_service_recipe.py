@@ -8,7 +8,7 @@ lifespan shutdown, so only ``begin_shutdown`` (called from the server's signal
 handling) lets it stop promptly: every stream must end with ``event: end``
 saying why, the wait must be answered 503, the server must exit, and no process
 it started may be left. The same holds for a stream of a log millions of lines
-long.
+long; a body that is no JSON object gets 400.
 """
 
 from __future__ import annotations
@@ -265,4 +265,27 @@ async def test_sigterm_ends_a_log_stream_with_a_backlog_at_once(
         assert code in (0, -signal.SIGTERM), code
         assert last == end
         assert lines < BACKLOG  # it stopped, rather than reading the backlog out fast
+    assert "Traceback" not in (tmp_path / "uvicorn.log").read_text()
+
+
+async def test_a_body_that_is_not_json_is_refused_with_400(tmp_path: Path, state_dir: Path) -> None:
+    async with (
+        served(tmp_path) as (server, base),
+        httpx.AsyncClient(base_url=base, timeout=60) as client,
+    ):
+        for body in [b"notjson", b"", b'{"cmd": ', b"\xff", b'["echo hi"]']:
+            refused = await client.post(
+                "/jobs", content=body, headers={"Content-Type": "application/json"}
+            )
+            assert refused.status_code == 400, (body, refused.text)
+            assert refused.json()["error"].startswith("body:"), refused.text
+        # A JSON body whose cmd is wrong stays a 422, and the service serves on.
+        wrong = await client.post("/jobs", json={"cmd": 5})
+        assert wrong.status_code == 422, wrong.text
+        handle = await submit(client, "true")
+        waited = await client.get("/wait", params={"handle": handle, "timeout": "60"})
+        assert waited.json()["state"] == "SUCCEEDED", waited.text
+        server.terminate()
+        with anyio.fail_after(EXIT_BOUND_S):
+            await server.wait()
     assert "Traceback" not in (tmp_path / "uvicorn.log").read_text()

@@ -24,7 +24,8 @@ A request that cannot be served because the service is stopping gets 503, one
 for an app (or replica) nobody knows 404, and bad input 400 naming what is wrong
 (a body that is not a JSON object, a malformed handle, a missing parameter, a
 timeout or replica that is no number); a body without a string ``cmd`` gets
-422.
+422. Every route takes any handle, of a job in memory or one known from its
+records only (an earlier run of the service, or one that ended long ago).
 """
 
 from __future__ import annotations
@@ -153,12 +154,19 @@ async def logs(request: Request) -> Response:
 
 async def watch(request: Request) -> Response:
     sv, handle = _sv(request), _query(request, "handle")
-    if sv.status(handle) is None:
-        return JSONResponse({"error": "not an app of this service"}, status_code=404)
+    # describe, not status: status knows only the apps in memory, and watch also
+    # serves one known from its records (a job of an earlier run of the service).
+    # It parses the handle too: a malformed one is a 400, as for /logs.
+    if await sv.describe(handle) is None:
+        return JSONResponse({"error": "no such app"}, status_code=404)
 
     async def events() -> AsyncIterator[str]:
-        async for t in sv.watch(handle):
-            yield _sse("transition", json.dumps(t.to_json()))
+        try:
+            async for t in sv.watch(handle):
+                yield _sse("transition", json.dumps(t.to_json()))
+        except UnknownAppError:
+            # Its records went since describe: only an ended app's are removed (gc).
+            pass
         yield _sse("end", "shutting down" if sv.shutting_down else "ended")
 
     return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)

@@ -8,7 +8,8 @@ lifespan shutdown, so only ``begin_shutdown`` (called from the server's signal
 handling) lets it stop promptly: every stream must end with ``event: end``
 saying why, the wait must be answered 503, the server must exit, and no process
 it started may be left. The same holds for a stream of a log millions of lines
-long; a body that is no JSON object gets 400.
+long; a body that is no JSON object gets 400, and ``/watch`` answers a malformed
+handle, and a job of the server's previous run, as ``/logs`` does.
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ async def served(tmp_path: Path) -> AsyncIterator[tuple[Process, str]]:
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         "SERVICE_SESSION": "recipe",
     }
-    with (tmp_path / "uvicorn.log").open("wb") as log:
+    # Appended to: a test that restarts the server keeps both servers' logs.
+    with (tmp_path / "uvicorn.log").open("ab") as log:
         argv = [sys.executable, str(SERVE), "--host", "127.0.0.1", "--port", "0"]
         async with await anyio.open_process(argv, env=env, stderr=log) as server:
             try:
@@ -289,3 +291,41 @@ async def test_a_body_that_is_not_json_is_refused_with_400(tmp_path: Path, state
         with anyio.fail_after(EXIT_BOUND_S):
             await server.wait()
     assert "Traceback" not in (tmp_path / "uvicorn.log").read_text()
+
+
+async def test_watch_refuses_a_malformed_handle_and_serves_jobs_after_a_restart(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    """``/watch`` answers as ``/logs`` does, from the records of an app not in memory."""
+    async with (
+        served(tmp_path) as (server, base),
+        httpx.AsyncClient(base_url=base, timeout=60) as client,
+    ):
+        handle = await submit(client, "echo hi")
+        waited = await client.get("/wait", params={"handle": handle, "timeout": "60"})
+        assert waited.json()["state"] == "SUCCEEDED", waited.text
+        before = [e async for e in sse(client, "/watch", handle=handle)]
+        for path in ["/logs", "/watch"]:
+            malformed = await client.get(path, params={"handle": "no handle"})
+            assert malformed.status_code == 400, (path, malformed.text)
+            unknown = await client.get(path, params={"handle": "local://recipe/nope"})
+            assert unknown.status_code == 404, (path, unknown.text)
+        server.terminate()
+        with anyio.fail_after(EXIT_BOUND_S):
+            await server.wait()
+
+    # A new server process: the job is known only from its records.
+    async with (
+        served(tmp_path) as (server, base),
+        httpx.AsyncClient(base_url=base, timeout=60) as client,
+    ):
+        listed = (await client.get("/jobs")).json()
+        assert [j["handle"] for j in listed] == [handle], listed
+        after = [e async for e in sse(client, "/watch", handle=handle)]
+        assert after == before, (before, after)
+        assert after[-1] == ("end", "ended")
+        logged = [e async for e in sse(client, "/logs", handle=handle)]
+        assert logged == [("line", "hi"), ("end", "ended")]
+        server.terminate()
+        with anyio.fail_after(EXIT_BOUND_S):
+            await server.wait()

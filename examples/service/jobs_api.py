@@ -17,13 +17,21 @@ so they travel as query parameters.
 
 A stream ends with ``event: end`` whose data says why: ``ended`` (the app
 ended) or ``shutting down`` (the service is stopping; reconnect elsewhere).
+It comes at once at the shutdown, even with lines of a long log still unsent:
+the server waits for its open responses before it stops.
+
 A request that cannot be served because the service is stopping gets 503, one
 for an app (or replica) nobody knows 404, and bad input 400 naming what is wrong
-(a malformed handle, a missing parameter, a timeout or replica that is no number).
+(a body that is not a JSON object, a malformed handle, a missing parameter, a
+timeout or replica that is no number); a body without a string ``cmd`` gets
+422. Every route takes any handle, of a job in memory or one known from its
+records only (an earlier run of the service, or one that ended long ago).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 from collections.abc import AsyncIterator
@@ -47,6 +55,11 @@ from supervisor import (
 )
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# A log stream gives the event loop a turn after this many lines. The lines of one
+# read of the file (1 MiB: half a million short lines) come without a pause, and
+# a send does not pause while the socket takes the bytes, so a long backlog held
+# the loop for seconds: no other request was served, and not the shutdown either.
+LINES_PER_TURN = 100
 # Read once at import: a request handler must not block the loop on a file read.
 PAGE = (Path(__file__).parent / "page.html").read_text()
 
@@ -88,8 +101,13 @@ def _unavailable() -> Response:
 
 
 async def submit(request: Request) -> Response:
-    body = await request.json()
-    cmd = body.get("cmd") if isinstance(body, dict) else None
+    try:
+        body = await request.json()
+    except ValueError:  # not JSON, or not UTF-8: the client's fault, not a 500
+        body = None
+    if not isinstance(body, dict):
+        return JSONResponse({"error": "body: expected a JSON object"}, status_code=400)
+    cmd = body.get("cmd")
     if not isinstance(cmd, str):
         return JSONResponse({"error": "cmd: a string is required"}, status_code=422)
     job = AppDef(name="job", roles=[Role(name="main", entrypoint="sh", args=["-c", cmd])])
@@ -116,8 +134,19 @@ async def logs(request: Request) -> Response:
         return JSONResponse({"error": f"no replica {role}/{k}"}, status_code=404)
 
     async def events() -> AsyncIterator[str]:
-        async for line in sv.log_iter(handle, role, k, should_tail=True):
-            yield _sse("line", line.removesuffix("\n"))
+        # After begin_shutdown a follow still gives every line already in the files,
+        # which for a long log outlasts the server's graceful timeout (it then cuts
+        # the stream, with no end event): stop at the shutdown instead. aclosing
+        # closes the follow now, not whenever the generator is collected.
+        async with contextlib.aclosing(sv.log_iter(handle, role, k, should_tail=True)) as lines:
+            sent = 0
+            async for line in lines:
+                if sv.shutting_down:
+                    break
+                yield _sse("line", line.removesuffix("\n"))
+                sent += 1
+                if sent % LINES_PER_TURN == 0:
+                    await asyncio.sleep(0)  # the loop's turn: see LINES_PER_TURN
         yield _sse("end", "shutting down" if sv.shutting_down else "ended")
 
     return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
@@ -125,12 +154,19 @@ async def logs(request: Request) -> Response:
 
 async def watch(request: Request) -> Response:
     sv, handle = _sv(request), _query(request, "handle")
-    if sv.status(handle) is None:
-        return JSONResponse({"error": "not an app of this service"}, status_code=404)
+    # describe, not status: status knows only the apps in memory, and watch also
+    # serves one known from its records (a job of an earlier run of the service).
+    # It parses the handle too: a malformed one is a 400, as for /logs.
+    if await sv.describe(handle) is None:
+        return JSONResponse({"error": "no such app"}, status_code=404)
 
     async def events() -> AsyncIterator[str]:
-        async for t in sv.watch(handle):
-            yield _sse("transition", json.dumps(t.to_json()))
+        try:
+            async for t in sv.watch(handle):
+                yield _sse("transition", json.dumps(t.to_json()))
+        except UnknownAppError:
+            # Its records went since describe: only an ended app's are removed (gc).
+            pass
         yield _sse("end", "shutting down" if sv.shutting_down else "ended")
 
     return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)

@@ -7,13 +7,16 @@ stay open while it gets SIGTERM. uvicorn waits for open responses before its
 lifespan shutdown, so only ``begin_shutdown`` (called from the server's signal
 handling) lets it stop promptly: every stream must end with ``event: end``
 saying why, the wait must be answered 503, the server must exit, and no process
-it started may be left.
+it started may be left. The same holds for a stream of a log millions of lines
+long; a body that is no JSON object gets 400, and ``/watch`` answers a malformed
+handle, and a job of the server's previous run, as ``/logs`` does.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -25,7 +28,7 @@ import httpx
 import pytest
 from anyio.abc import Process
 
-from .helpers import pid_alive
+from .helpers import pid_alive, until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
@@ -39,6 +42,11 @@ EXIT_BOUND_S = 3
 # The app's pid (its process then sleeps on). ``$$`` is the escape of ``$`` in an
 # AppDef's arguments (its macros), so the shell gets ``echo $$``.
 LONG = "echo $$$$; exec sleep 60"
+# Lines already in a log when SIGTERM comes. Sent one event each, they take uvicorn
+# far longer to send than its 5 s graceful timeout (50,000-100,000 a second on a
+# 2-core machine): a stream that read them out before ending would be cut without
+# its end, and one fast client makes the whole first read (1 MiB) go in one turn.
+BACKLOG = 3_000_000
 
 
 @asynccontextmanager
@@ -48,7 +56,8 @@ async def served(tmp_path: Path) -> AsyncIterator[tuple[Process, str]]:
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         "SERVICE_SESSION": "recipe",
     }
-    with (tmp_path / "uvicorn.log").open("wb") as log:
+    # Appended to: a test that restarts the server keeps both servers' logs.
+    with (tmp_path / "uvicorn.log").open("ab") as log:
         argv = [sys.executable, str(SERVE), "--host", "127.0.0.1", "--port", "0"]
         async with await anyio.open_process(argv, env=env, stderr=log) as server:
             try:
@@ -209,3 +218,114 @@ async def test_sigterm_with_100_followers_open_ends_every_stream_and_exits(
         assert watch_end == [("end", "shutting down")]
         assert [r.status_code for r in wait_answer] == [503]
         assert [p for p in started if pid_alive(p)] == []
+
+
+async def test_sigterm_ends_a_log_stream_with_a_backlog_at_once(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    """A follow of a log millions of lines long ends at SIGTERM, not at the file's end.
+
+    ``log_iter`` reads on to the end of the files after ``begin_shutdown``; the
+    service's stream used to as well, so uvicorn waited for it its whole graceful
+    timeout and then cut it, with no ``end`` event (and a CancelledError traceback).
+    And a read's half a million short lines went out without the loop getting a
+    turn, which held off the signal's ``begin_shutdown`` for seconds. The client
+    reads as fast as it can (the bytes, not event by event), as curl would.
+    """
+    written = tmp_path / "written"
+    event = b"event: line\n"
+    end = b"event: end\ndata: shutting down\n\n"
+    async with (
+        served(tmp_path) as (server, base),
+        httpx.AsyncClient(base_url=base, timeout=60) as client,
+    ):
+        cmd = f"yes x | head -n {BACKLOG}; touch {shlex.quote(str(written))}; exec sleep 60"
+        handle = await submit(client, cmd)
+        await until(written.exists, 60)  # the whole backlog is in the log
+        lines = 0
+        last = b""  # the stream's last bytes
+        reading = anyio.Event()
+
+        async def follow() -> None:
+            nonlocal lines, last
+            async with client.stream("GET", "/logs", params={"handle": handle}) as response:
+                assert response.status_code == 200, await response.aread()
+                async for chunk in response.aiter_bytes():
+                    # An event cut by the chunk's start is counted now, none twice.
+                    lines += (last[-len(event) + 1 :] + chunk).count(event)
+                    last = (last + chunk)[-len(end) :]
+                    reading.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(follow)
+            with anyio.fail_after(60):
+                await reading.wait()
+            server.send_signal(signal.SIGTERM)
+            # Well before uvicorn's graceful timeout (5 s) would have cut the stream.
+            with anyio.fail_after(EXIT_BOUND_S):
+                code = await server.wait()
+        assert code in (0, -signal.SIGTERM), code
+        assert last == end
+        assert lines < BACKLOG  # it stopped, rather than reading the backlog out fast
+    assert "Traceback" not in (tmp_path / "uvicorn.log").read_text()
+
+
+async def test_a_body_that_is_not_json_is_refused_with_400(tmp_path: Path, state_dir: Path) -> None:
+    async with (
+        served(tmp_path) as (server, base),
+        httpx.AsyncClient(base_url=base, timeout=60) as client,
+    ):
+        for body in [b"notjson", b"", b'{"cmd": ', b"\xff", b'["echo hi"]']:
+            refused = await client.post(
+                "/jobs", content=body, headers={"Content-Type": "application/json"}
+            )
+            assert refused.status_code == 400, (body, refused.text)
+            assert refused.json()["error"].startswith("body:"), refused.text
+        # A JSON body whose cmd is wrong stays a 422, and the service serves on.
+        wrong = await client.post("/jobs", json={"cmd": 5})
+        assert wrong.status_code == 422, wrong.text
+        handle = await submit(client, "true")
+        waited = await client.get("/wait", params={"handle": handle, "timeout": "60"})
+        assert waited.json()["state"] == "SUCCEEDED", waited.text
+        server.terminate()
+        with anyio.fail_after(EXIT_BOUND_S):
+            await server.wait()
+    assert "Traceback" not in (tmp_path / "uvicorn.log").read_text()
+
+
+async def test_watch_refuses_a_malformed_handle_and_serves_jobs_after_a_restart(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    """``/watch`` answers as ``/logs`` does, from the records of an app not in memory."""
+    async with (
+        served(tmp_path) as (server, base),
+        httpx.AsyncClient(base_url=base, timeout=60) as client,
+    ):
+        handle = await submit(client, "echo hi")
+        waited = await client.get("/wait", params={"handle": handle, "timeout": "60"})
+        assert waited.json()["state"] == "SUCCEEDED", waited.text
+        before = [e async for e in sse(client, "/watch", handle=handle)]
+        for path in ["/logs", "/watch"]:
+            malformed = await client.get(path, params={"handle": "no handle"})
+            assert malformed.status_code == 400, (path, malformed.text)
+            unknown = await client.get(path, params={"handle": "local://recipe/nope"})
+            assert unknown.status_code == 404, (path, unknown.text)
+        server.terminate()
+        with anyio.fail_after(EXIT_BOUND_S):
+            await server.wait()
+
+    # A new server process: the job is known only from its records.
+    async with (
+        served(tmp_path) as (server, base),
+        httpx.AsyncClient(base_url=base, timeout=60) as client,
+    ):
+        listed = (await client.get("/jobs")).json()
+        assert [j["handle"] for j in listed] == [handle], listed
+        after = [e async for e in sse(client, "/watch", handle=handle)]
+        assert after == before, (before, after)
+        assert after[-1] == ("end", "ended")
+        logged = [e async for e in sse(client, "/logs", handle=handle)]
+        assert logged == [("line", "hi"), ("end", "ended")]
+        server.terminate()
+        with anyio.fail_after(EXIT_BOUND_S):
+            await server.wait()

@@ -30,7 +30,6 @@ records only (an earlier run of the service, or one that ended long ago).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -55,11 +54,6 @@ from supervisor import (
 )
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-# A log stream gives the event loop a turn after this many lines. The lines of one
-# read of the file (1 MiB: half a million short lines) come without a pause, and
-# a send does not pause while the socket takes the bytes, so a long backlog held
-# the loop for seconds: no other request was served, and not the shutdown either.
-LINES_PER_TURN = 100
 # Read once at import: a request handler must not block the loop on a file read.
 PAGE = (Path(__file__).parent / "page.html").read_text()
 
@@ -139,14 +133,10 @@ async def logs(request: Request) -> Response:
         # the stream, with no end event): stop at the shutdown instead. aclosing
         # closes the follow now, not whenever the generator is collected.
         async with contextlib.aclosing(sv.log_iter(handle, role, k, should_tail=True)) as lines:
-            sent = 0
             async for line in lines:
                 if sv.shutting_down:
                     break
                 yield _sse("line", line.removesuffix("\n"))
-                sent += 1
-                if sent % LINES_PER_TURN == 0:
-                    await asyncio.sleep(0)  # the loop's turn: see LINES_PER_TURN
         yield _sse("end", "shutting down" if sv.shutting_down else "ended")
 
     return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)

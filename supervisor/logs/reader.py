@@ -23,6 +23,7 @@ from pathlib import Path
 
 import aiofiles
 import anyio
+import anyio.lowlevel
 from aiofiles.threadpool.binary import AsyncFileIO
 from asyncinotify import Event, Inotify, Mask
 
@@ -67,6 +68,12 @@ Each read is a hop to a worker thread (aiofiles), and a replica that prints a li
 followers the host's loop did little else. Lines that come faster are read together;
 lines that come slower are each read at once."""
 _PACE_BURST = 2.0
+
+LINES_PER_TURN = 512
+"""The event loop gets a turn after this many lines given without a pause. One read of
+the file (1 MiB: half a million short lines) otherwise came in one turn of the loop to
+a caller whose own awaits did not pause (a web server's send while its socket takes the
+bytes): a stream of a long log held the loop, and a service's shutdown, for seconds."""
 
 Finished = anyio.Event | EndSignal
 """What tells a follower its replica's output is over (see ``EndSignal``)."""
@@ -318,6 +325,7 @@ async def _follow(query: _Query) -> AsyncGenerator[str, None]:
     watcher: _Watcher | None = None
     file: AsyncFileIO | None = None
     pace = _Pace()
+    unpaused = 0  # lines given since the loop last had a turn
     try:
         while True:
             # Asked before reading: True here means nothing can be appended
@@ -337,10 +345,15 @@ async def _follow(query: _Query) -> AsyncGenerator[str, None]:
                     line_start += len(block)
                     for line in lines:
                         yield line
+                        unpaused += 1
+                        if unpaused >= LINES_PER_TURN:
+                            unpaused = 0
+                            await anyio.lowlevel.checkpoint()
                     if dated is not None and dated.past_until:
                         return
                 if len(data) < _CHUNK:
                     break
+                unpaused = 0  # the next read is a turn
             if final:
                 rest = splitter.flush()
                 if rest:

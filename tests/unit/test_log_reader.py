@@ -703,3 +703,35 @@ async def test_a_follow_on_a_shared_watch_picks_up_a_file_created_later(
             await follower.ended.wait()
             group.cancel_scope.cancel()
     assert follower.got == ["hello\n", "bye\n"]
+
+
+@pytest.mark.anyio
+async def test_a_caller_that_never_pauses_still_lets_the_loop_turn(
+    sink: LogSink, tmp_path: Path
+) -> None:
+    """The lines of one read came in one turn of the loop to a caller whose awaits did not
+    pause (a server's send while its socket takes the bytes): 100,000 short lines held the
+    loop, and everything else on it, from the first line to the last."""
+    count = 100_000
+    await _written(sink, tmp_path, ("stdout", b"x\n" * count, 1.0))
+    turns = 0
+    reading = True
+
+    async def ticker() -> None:
+        nonlocal turns
+        while reading:
+            turns += 1
+            await anyio.lowlevel.checkpoint()
+
+    got = 0
+    first = 0  # the ticker's turns when the first line came (the reads' hops let it run)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker)
+        async for _ in iter_log_lines(tmp_path, stream="stdout"):
+            got += 1
+            if got == 1:
+                first = turns
+        reading = False
+    assert got == count
+    # Between the first line and the last: every line is in the first read.
+    assert turns - first >= count // reader.LINES_PER_TURN - 1, turns - first

@@ -193,6 +193,10 @@ class SlurmRuntime(AppRuntime):
             return
         if self.translator.ended:
             self._over.set()
+        elif self._over.is_set():
+            # Over no longer (requeued): what a view polled before the requeue set must
+            # not confirm a cancel of the run now queued (``_run_again``).
+            self._over = anyio.Event()
         requeued_to = self.translator.incomplete_requeue
         if requeued_to > self._completing and not self.translator.stopping:
             self._completing = requeued_to

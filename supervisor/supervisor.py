@@ -1310,17 +1310,20 @@ class Supervisor:
         described = await self._describe_recorded(parsed)
         if described is None:
             raise UnknownAppError(f"no app {handle}")
-        seen = 0
+        # The longest journal read: one read shorter (damaged since) takes nothing back,
+        # and the end's steps are numbered after what was given.
+        given: Sequence[Transition] = ()
         last = described
         async with contextlib.aclosing(self._recorded_views(parsed, described)) as views:
             async for found in views:
-                for recorded in found.transitions[seen:]:
+                for recorded in found.transitions[len(given) :]:
                     yield recorded
-                seen = max(seen, len(found.transitions))
+                if len(found.transitions) > len(given):
+                    given = found.transitions
                 last = found
         status = last.to_status()
         if status.is_settled:  # none when the journal reached it (the table drops it)
-            for step in closing_steps(last.transitions, status, None, time.time()):
+            for step in closing_steps(given, status, None, time.time()):
                 yield step
 
     async def _recorded_views(

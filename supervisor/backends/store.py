@@ -727,18 +727,32 @@ class AppStore:
         return result
 
     def read_transitions(self) -> list[Transition]:
-        try:
-            text = (self.app_dir / "transitions.jsonl").read_text()
-        except FileNotFoundError:
+        """The journal: every transition appended, in order.
+
+        Read as every record is (``_read_regular``: a FIFO under its name hung the
+        reader for good). An append cut short (no newline: its writer died in it)
+        is left out, the rest kept: it emptied the whole history, and a ``watch``
+        then gave transitions again. Any other line that is no transition is
+        damage (``DamagedRecordError``).
+        """
+        path = self.app_dir / "transitions.jsonl"
+        raw = _read_regular(path, RECORD_LIMIT)
+        if raw is None:
             return []
-        return [Transition.from_json(json.loads(line)) for line in text.splitlines() if line]
+        whole, _, _torn = raw.rpartition(b"\n")
+        try:
+            return [
+                Transition.from_json(json.loads(line)) for line in whole.splitlines() if line
+            ]
+        except (ValueError, KeyError, TypeError) as e:
+            raise DamagedRecordError(str(path), f"a line that is no transition ({e})") from e
 
     def read_transitions_or_none(self) -> list[Transition]:
         """The journal, or none of it when it is damaged: the times and history it gives
         are extras of a status whose own record says whether it is damaged."""
         try:
             return self.read_transitions()
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, BackendError):  # damaged (or unreadable), as said above
             return []
 
     def followed(self, app: AppRecord) -> bool:

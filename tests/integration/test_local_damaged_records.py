@@ -170,3 +170,36 @@ async def test_a_damaged_record_of_a_running_app_is_still_cancelled_by_its_owner
         listed = {a.app_handle: a for a in await other.list("local")}
         assert listed[handle].state is AppState.CANCELLED, listed[handle]
         assert "damaged" not in listed[handle].msg
+
+
+async def test_a_journal_cut_short_keeps_what_it_holds_and_a_fifo_in_its_place_hangs_nothing(
+    state_dir: Path,
+) -> None:
+    """An append cut short (its writer died in it) emptied the whole history: ``describe``
+    showed no transitions, and a ``watch`` gave steps numbered from 0 again. A FIFO named
+    like the journal hung ``describe`` for good, in a thread nothing could cancel."""
+    async with Supervisor(session="svc") as sv:
+        torn = await sv.submit(app(py_role("a", "pass"), name="torn"), "local")
+        fifo = await sv.submit(app(py_role("a", "pass"), name="fifo"), "local")
+        for handle in (torn, fifo):
+            await sv.wait(handle, timeout=30)
+    async with Supervisor(session="reader") as reader:
+        described = await reader.describe(torn)
+        assert described is not None
+        recorded = list(described.transitions)
+        assert recorded and [t.seq for t in recorded] == list(range(len(recorded)))
+        with (_app_dir(state_dir, torn) / "transitions.jsonl").open("a") as journal:
+            journal.write(f'{{"seq": {len(recorded)}, "at": 17')  # no newline: cut short
+        with anyio.fail_after(30):
+            again = await reader.describe(torn)
+            watched = [t async for t in reader.watch(torn)]
+        assert again is not None and list(again.transitions) == recorded
+        assert again.state is AppState.SUCCEEDED
+        assert watched == recorded
+        journal_path = _app_dir(state_dir, fifo) / "transitions.jsonl"
+        journal_path.unlink()
+        os.mkfifo(journal_path)
+        with anyio.fail_after(10):
+            described = await reader.describe(fifo)
+        assert described is not None and described.state is AppState.SUCCEEDED
+        assert list(described.transitions) == []  # the history is lost: not made up

@@ -113,6 +113,24 @@ DISK_FULL: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
 """The errors of a file system with no room left (for everyone, or for this user)."""
 
 
+def _cut_torn_line(fd: int, size: int) -> int:
+    """Cut a line its writer died in (no newline ends the file) off the file; its new size.
+
+    A reader leaves such a line out (``AppStore.read_transitions``); a line appended
+    after it would join it, and the two make a line that is no record at all.
+    """
+    end = size
+    while end > 0:
+        start = max(0, end - 65536)
+        newline = os.pread(fd, end - start, start).rfind(b"\n")
+        if newline >= 0:
+            end = start + newline + 1
+            break
+        end = start
+    os.ftruncate(fd, end)
+    return end
+
+
 def append_bytes(path: Path, data: bytes) -> None:
     """``data`` at the end of the file at ``path`` (made if missing), with no file object.
 
@@ -120,9 +138,11 @@ def append_bytes(path: Path, data: bytes) -> None:
     a codec, built and torn down for one write: 70-100 us of the final record,
     which every ``wait`` waits for, where the write itself takes 10.
     """
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         start = os.lseek(fd, 0, os.SEEK_END)
+        if start and os.pread(fd, 1, start - 1) != b"\n":
+            start = _cut_torn_line(fd, start)
         try:
             write_all(fd, data)
         except OSError:

@@ -25,11 +25,12 @@ from supervisor.backends.store import (
     AppStore,
     Index,
     Owner,
+    append_bytes,
     damaged_status,
     read_record,
     write_json_atomic,
 )
-from supervisor.status import AppStatus, ReplicaStatus, RoleStatus
+from supervisor.status import AppStatus, ReplicaStatus, RoleStatus, Transition
 
 OWNER = Owner.current()
 APP = AppDef(name="n", roles=[Role(name="r", entrypoint="true", num_replicas=2)])
@@ -400,3 +401,26 @@ def test_the_app_record_is_typed_and_keeps_what_a_backend_adds(tmp_path: Path) -
     store.write_app(clash)
     found = store.read_app()
     assert found is not None and found.owner == OWNER and "owner" not in found.extra
+
+
+def _steps(*seqs: int) -> list[Transition]:
+    return [Transition(seq, float(seq), "A", "B", "go") for seq in seqs]
+
+
+def test_a_journal_append_cut_short_is_left_out_and_the_next_append_cuts_it_off(
+    tmp_path: Path,
+) -> None:
+    """An append its writer died in (no newline) is left out by readers, the rest kept;
+    the next writer (one that attached) cuts it off before its own lines, which would
+    otherwise join it into a line that is no record. Any other bad line is damage."""
+    store = AppStore(tmp_path)
+    journal = tmp_path / "transitions.jsonl"
+    lines = "".join(t.to_json_line() + "\n" for t in _steps(0, 1))
+    journal.write_text(lines + '{"seq": 2, "at": 17')
+    assert store.read_transitions() == _steps(0, 1)
+    append_bytes(journal, "".join(t.to_json_line() + "\n" for t in _steps(2)).encode())
+    assert store.read_transitions() == _steps(0, 1, 2)
+    journal.write_text(lines + "not json\n" + lines)
+    with pytest.raises(DamagedRecordError, match="no transition"):
+        store.read_transitions()
+    assert store.read_transitions_or_none() == []

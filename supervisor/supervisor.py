@@ -355,6 +355,7 @@ class Supervisor:
         self._tg: TaskGroup | None = None
         self._gpus: int | None = None
         self._closed = False
+        self._closing: anyio.Event | None = None  # set once close's work is done
         self._watch_hub: WatchHub | None = None
         self._observer = Observer()
         self._unregister_metrics: Callable[[], None] | None = None
@@ -499,8 +500,13 @@ class Supervisor:
         self._check_loop()
         self.begin_shutdown()
         if self._closed:
+            # Another close is under way (a signal's and the lifespan's, or one whose
+            # caller was cancelled, its work going on): done when it is done, not before.
+            if self._closing is not None:
+                await self._closing.wait()
             return
         self._closed = True
+        self._closing = anyio.Event()
         if self._unregister_metrics is not None:
             self._unregister_metrics()
         if self._tg is None:  # never entered: nothing runs
@@ -515,6 +521,13 @@ class Supervisor:
 
     async def _shut_down(self) -> None:
         """``close``'s work, from the launches under way to the task group's end."""
+        try:
+            await self._shut_down_once()
+        finally:
+            if self._closing is not None:
+                self._closing.set()
+
+    async def _shut_down_once(self) -> None:
         with anyio.CancelScope(shield=True):
             while self._launches:  # each ends soon: a launch is bounded, and shielded
                 await next(iter(self._launches)).wait()
@@ -1232,6 +1245,8 @@ class Supervisor:
         with anyio.move_on_after(timeout):
             with anyio.CancelScope() as shutdown:  # only begin_shutdown cancels this one
                 self._open_waits.add(shutdown)
+                if self._shutting_down:  # it began before this scope was there to cancel
+                    shutdown.cancel()
                 try:
                     status = await self._wait(handle, parsed)
                 finally:

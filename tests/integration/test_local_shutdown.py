@@ -19,7 +19,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from supervisor import AppEvent, AppState, ShuttingDown, Supervisor, Transition
+from supervisor import AppEvent, AppState, ShuttingDown, Supervisor, Transition, WaitTimeout
 from supervisor.backends.local.backend import LocalRuntime
 from supervisor.errors import BackendError
 
@@ -365,6 +365,59 @@ async def test_a_submit_under_way_at_begin_shutdown_raises_and_its_app_is_stoppe
             assert sv.status(late.app_handle) is not None
         status = sv.status(before)
         assert status is not None and status.state is AppState.RUNNING
+
+
+async def test_a_second_close_returns_only_once_the_apps_are_stopped(state_dir: Path) -> None:
+    """Two closes at once (a signal's and the lifespan's): the second returned at once,
+    while the first still waited for a replica that takes a second to stop."""
+    slow_stop = (
+        "import os, signal, sys, time;"
+        "signal.signal(signal.SIGTERM, lambda *_: (time.sleep(1), sys.exit(0)));"
+        "print(os.getpid(), flush=True); time.sleep(60)"
+    )
+    returned: list[tuple[int, bool]] = []
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app(py_role("s", slow_stop)), "local")
+        async for line in sv.log_iter(handle, "s", 0, should_tail=True):
+            pid = int(line)
+            break
+
+        async def close(k: int) -> None:
+            await sv.close()
+            returned.append((k, pid_alive(pid)))
+
+        with anyio.fail_after(BOUND_S):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(close, 1)
+                await anyio.sleep(0.01)
+                tg.start_soon(close, 2)
+    assert sorted(returned) == [(1, False), (2, False)]
+
+
+async def test_a_wait_on_records_ends_at_a_shutdown_begun_while_it_first_read_them(
+    state_dir: Path,
+) -> None:
+    """``begin_shutdown`` while a ``wait`` of another Supervisor's app read its records
+    (before its scope could be cancelled): the wait ran its whole timeout."""
+    async with Supervisor(session="svc") as owner:
+        handle = await owner.submit(app(py_role("s", SLEEPER)), "local")
+        for _ in range(3):
+            async with Supervisor(session="svc") as other:
+                outcome: list[BaseException] = []
+
+                async def wait(sv: Supervisor, into: list[BaseException]) -> None:
+                    try:
+                        await sv.wait(handle, timeout=60)
+                    except (ShuttingDown, WaitTimeout) as e:
+                        into.append(e)
+
+                with anyio.fail_after(BOUND_S):
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(wait, other, outcome)
+                        await anyio.lowlevel.checkpoint()  # the wait is reading the records
+                        other.begin_shutdown()
+                assert len(outcome) == 1 and isinstance(outcome[0], ShuttingDown), outcome
+        await owner.cancel(handle)
 
 
 IGNORES_TERM = (

@@ -170,6 +170,23 @@ async def test_a_replica_starts_with_arguments_and_environment_as_long_as_execve
     assert status.msg == "huge/0 exited with code 127: cannot start 'true': Argument list too long"
 
 
+async def test_replicas_failing_together_each_keep_their_own_exit(state_dir: Path) -> None:
+    """The gang's stop of a replica that had exited, its exit not told yet (its output
+    flushed, its error file read), made up one of its own: "stopped before it ran", no
+    exit code, no error, in a fifth to a third of such apps. Both ranks' causes count."""
+    role = Role(
+        name="w", entrypoint="sh", args=["-c", "echo ran-$ASUPERVISOR_REPLICA_ID; exit 3"],
+        num_replicas=2,
+    )  # fmt: skip
+    async with Supervisor(session="svc") as sv:
+        for _ in range(15):
+            status = await sv.wait(await sv.submit(app(role), "local"), timeout=30)
+            assert status.state is AppState.FAILED
+            replicas = status.roles[0].replicas
+            assert [r.exit_code for r in replicas] == [3, 3], replicas
+            assert not [r for r in replicas if "before it ran" in r.msg], replicas
+
+
 FAIL_FIRST_ATTEMPT = (
     "import os, sys, time;"
     "attempt = int(os.environ['ASUPERVISOR_ATTEMPT']);"

@@ -716,8 +716,11 @@ class LocalRuntime(ReplicaRuntime):
         return self._slots[key]
 
     def attempt_running(self, key: ReplicaKey) -> bool:
-        proc = self._slots[key].proc
-        return proc is not None and not proc.exited.is_set()
+        # Until its exit is told, not merely until it exited: between the two its output
+        # is flushed and its error file read, and a stop then made up an exit of its own
+        # ("stopped before it ran") that came first and took the real one's place.
+        slot = self._slots[key]
+        return slot.proc is not None and slot.done is not None and not slot.done.is_set()
 
     async def end_attempt(self, key: ReplicaKey) -> None:
         slot = self._slots[key]

@@ -761,9 +761,7 @@ class AppStore:
             return []
         whole, _, _torn = raw.rpartition(b"\n")
         try:
-            return [
-                Transition.from_json(json.loads(line)) for line in whole.splitlines() if line
-            ]
+            return [Transition.from_json(json.loads(line)) for line in whole.splitlines() if line]
         except (ValueError, KeyError, TypeError) as e:
             raise DamagedRecordError(str(path), f"a line that is no transition ({e})") from e
 

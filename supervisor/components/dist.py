@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import socket
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -80,7 +79,7 @@ NAMED_RESOURCES: Mapping[str, Resource] = {
 
 _J = re.compile(r"(?:(\d+)x)?(\d+)")
 _PORT_RANGE = (20000, 12768)
-"""Multi-node apps derive their port from the app id: 20000 + (crc32(app id) mod 12768),
+"""Apps derive their port from the app id: 20000 + (crc32(app id) mod 12768),
 computed on each node by the job's own interpreter (an image need have no ``cksum``).
 
 The range ends below 32768, where Linux's ephemeral ports begin (IANA's begin at
@@ -110,13 +109,6 @@ def role_name(script: str | None, module: str | None) -> str:
     base = Path(script).stem if script else (module or "").rpartition(".")[2]
     name = re.sub(r"[^A-Za-z0-9_-]+", "-", base).strip("-_")
     return name if name[:1].isalpha() else f"ddp-{name}".rstrip("-")
-
-
-def _free_port() -> int:
-    """A port free on this host now (as torchrun --standalone finds one for one node)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
 
 
 def _per_proc(total: int, nproc: int) -> int:
@@ -155,8 +147,8 @@ def ddp(
 
     ``asupervisor run ddp -j 2x2 --script train.py -- --lr 0.1`` (or simply
     ``ddp train.py --lr 0.1``). Rank 0's host is the rendezvous address; the
-    port is free on this host for one node, derived from the app id for
-    several (so two apps do not collide), or ``--rdzv_port``. Resources are
+    port is derived from the app id (so two apps, two submits of one app
+    among them, do not collide), or ``--rdzv_port``. Resources are
     per node, as in TorchX; in rank mode each rank asks for its share.
 
     Args:
@@ -173,7 +165,7 @@ def ddp(
         env: extra environment variables, k=v,k2=v2
         max_retries: restarts of the whole job after a failure (torchrun mode:
             also torchrun's in-place --max_restarts)
-        rdzv_port: the rendezvous port (0: chosen as described above)
+        rdzv_port: the rendezvous port, 1-65535 (0: derived as described above)
         mode: rank (one replica per rank) or torchrun (one torchrun per node)
         interpreter: the Python that runs the script on each node
         image: the container image to run it in (docker needs one; none for local)
@@ -193,7 +185,11 @@ def ddp(
     node = NAMED_RESOURCES[h] if h else _node_resource(cpu, gpu, memMB)
     role = role_name(script, m)
     target = ["-m", m] if m else [str(script)]
-    port = str(rdzv_port or (_free_port() if nnodes == 1 else 0))
+    if not isinstance(rdzv_port, int) or isinstance(rdzv_port, bool) or not 0 <= rdzv_port <= 65535:
+        raise ValueError(f"--rdzv_port {rdzv_port!r}: expected a port, 1-65535 (0: derived)")
+    # Derived per app on one node too: a port chosen here, when the AppDef is made, went
+    # with every submit of it, and two of them took each other's ranks or EADDRINUSE.
+    port = str(rdzv_port)
     world = nnodes * nproc
     extra = dict(env or {})
     base_env = {

@@ -141,19 +141,26 @@ def test_ddp_script_module_interpreter_env_and_port_options() -> None:
         ddp("x.py", h="huge")
 
 
-def test_ddp_ports_differ_per_app_and_agree_within_one() -> None:
-    """One node: a free port now; several: derived from the app id by every rank alike."""
-    one = only_role(ddp("x.py", j="1x2")).args[1]
-    assert "MASTER_PORT=$((" not in one
-    many = only_role(ddp("x.py", j="2x1", interpreter=sys.executable))
+@pytest.mark.parametrize("j", ["1x2", "2x1"])
+def test_ddp_ports_differ_per_app_and_agree_within_one(j: str) -> None:
+    """Derived from the app id by every rank alike, on one node too: a free port chosen
+    when the AppDef was made went with every submit of it, and two submits of one AppDef
+    took each other's ranks (or failed with EADDRINUSE)."""
+    role = only_role(ddp("x.py", j=j, interpreter=sys.executable))
     ports = set()
     for app_id in ("app-1", "app-2"):
         for rank in ("0", "1"):
             values = macros.Values(img_root="", app_id=app_id, replica_id=rank, rank0_env="H")
-            shell = values.apply(many).args[1].split(" exec ")[0] + ' echo "$MASTER_PORT"'
+            shell = values.apply(role).args[1].split(" exec ")[0] + ' echo "$MASTER_PORT"'
             done = subprocess.run(["sh", "-c", shell], capture_output=True, text=True, check=True)
             ports.add((app_id, int(done.stdout)))
     assert len(ports) == 2 and len({p for _, p in ports}) == 2
+
+
+@pytest.mark.parametrize("port", [-1, 65536, "29500", True])
+def test_ddp_refuses_a_rendezvous_port_that_is_no_port(port: object) -> None:
+    with pytest.raises(ValueError, match="--rdzv_port"):
+        ddp("x.py", rdzv_port=port)  # type: ignore[arg-type]
 
 
 def test_ddp_derived_ports_stay_below_the_ephemeral_range() -> None:

@@ -58,9 +58,9 @@ _ROLE_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
 def load_component(target: str) -> Component:
     """The function ``target`` names; ``click.UsageError`` if there is none."""
-    target = TORCHX_NAMES.get(target, target)
-    if target in BUILTINS:
-        return BUILTINS[target]
+    builtin = BUILTINS.get(target) or TORCHX_NAMES.get(target)
+    if builtin is not None:
+        return builtin
     where, sep, attr = target.rpartition(":")
     if not sep or not where or not attr:
         raise click.UsageError(

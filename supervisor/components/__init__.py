@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
-from supervisor.components.basic import echo, sh
+from supervisor.components.basic import echo, sh, torchx_sh
 from supervisor.components.dist import MASTER_PORT, ddp, parse_j
 from supervisor.components.mpi import mpi
 from supervisor.specs import AppDef
@@ -28,7 +28,8 @@ BUILTINS: Mapping[str, Callable[..., AppDef]] = MappingProxyType(
 )
 """Built-in components by the name the CLI knows them by."""
 
-TORCHX_NAMES: Mapping[str, str] = MappingProxyType(
-    {"utils.echo": "echo", "utils.sh": "sh", "dist.ddp": "ddp"}
+TORCHX_NAMES: Mapping[str, Callable[..., AppDef]] = MappingProxyType(
+    {"utils.echo": echo, "utils.sh": torchx_sh, "dist.ddp": ddp}
 )
-"""TorchX's names of the built-ins that stand in for its own, so its command lines port."""
+"""The built-ins that stand in for TorchX's own, by TorchX's names, so its command lines
+port: ``utils.sh`` quotes each argument as TorchX's does (``sh`` takes a script)."""

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import shlex
+
 from supervisor.specs import AppDef, Role
 
-__all__ = ["echo", "sh"]
+__all__ = ["echo", "sh", "torchx_sh"]
 
 
 def echo(msg: str = "hello world", num_replicas: int = 1, image: str = "") -> AppDef:
@@ -42,3 +44,20 @@ def sh(*args: str, num_replicas: int = 1, name: str = "sh", image: str = "") -> 
         name=name, entrypoint="sh", args=["-c", script], num_replicas=num_replicas, image=image
     )
     return AppDef(name=name, roles=[role])
+
+
+def torchx_sh(*args: str, num_replicas: int = 1, name: str = "sh", image: str = "") -> AppDef:
+    """Run a command through ``sh -c``, each argument one word of it, as TorchX's ``utils.sh``.
+
+    TorchX quotes every argument (``shlex.quote``) before it joins them, so
+    ``utils.sh python3 -c 'print("hi")'`` runs as typed; ``sh`` joins them as
+    they are, a script (``sh echo hi '&&' exit 3``). Ported command lines keep
+    TorchX's meaning under TorchX's name.
+
+    Args:
+        args: the command and its arguments
+        num_replicas: how many replicas run it
+        name: the app's and the role's name
+        image: the container image to run it in (docker needs one; none for local)
+    """
+    return sh(shlex.join(args), num_replicas=num_replicas, name=name, image=image)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from supervisor import AppDef, RetryPolicy, Role, macros
-from supervisor.components import BUILTINS, ddp, echo, parse_j, sh
+from supervisor.components import BUILTINS, TORCHX_NAMES, ddp, echo, parse_j, sh
 from supervisor.specs import PROCS_PER_NODE
 from supervisor.validate import Capabilities, validate
 
@@ -90,6 +90,21 @@ def test_ddp_refuses_a_resource_that_is_no_count(option: str, value: object) -> 
     """Each rank's share of -5 was -1 ("unset"), so nothing ever saw the bad value."""
     with pytest.raises(ValueError, match=f"--{option}"):
         ddp("train.py", j="1x4", **{option: value})  # type: ignore[arg-type]
+
+
+def test_torchx_utils_sh_runs_each_argument_as_one_word_as_torchx_does() -> None:
+    """TorchX's ``utils.sh`` quotes every argument: a ported ``utils.sh python3 -c
+    'print("hello world")'`` failed with a shell syntax error when it meant ``sh``."""
+    from supervisor.cli.components import load_component
+
+    component = load_component("utils.sh")
+    assert component is TORCHX_NAMES["utils.sh"] and load_component("sh") is sh
+    role = only_role(component("python3", "-c", 'print("hello world")', "a  b"))
+    assert role.entrypoint == "sh" and role.name == "sh"
+    line = role.args[1].replace("python3", sys.executable, 1)
+    done = subprocess.run(["sh", "-c", line], capture_output=True, text=True, check=True)
+    assert done.stdout == "hello world\n"
+    assert role.args[1].endswith("'a  b'")  # one word, spaces kept
 
 
 def test_a_ranks_share_of_memory_is_rounded_up() -> None:

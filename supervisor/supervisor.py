@@ -354,8 +354,7 @@ class Supervisor:
         self._stack: AsyncExitStack | None = None
         self._tg: TaskGroup | None = None
         self._gpus: int | None = None
-        self._closed = False
-        self._closing: anyio.Event | None = None  # set once close's work is done
+        self._closing: anyio.Event | None = None  # made by the first close, set once it is done
         self._watch_hub: WatchHub | None = None
         self._observer = Observer()
         self._unregister_metrics: Callable[[], None] | None = None
@@ -375,7 +374,7 @@ class Supervisor:
 
     # --------------------------------------------------------------- lifecycle
     async def __aenter__(self) -> Supervisor:
-        if self._stack is not None or self._closed:
+        if self._stack is not None or self._is_closed:
             # Its apps, backends and shutdown belong to one ``async with``: a second
             # would start with every verb refusing (closed) or share the first's apps.
             raise NotEnteredError(
@@ -488,6 +487,11 @@ class Supervisor:
         if self._shutting_down:
             raise ShuttingDown(f"the Supervisor is shutting down: no new {what}")
 
+    @property
+    def _is_closed(self) -> bool:
+        """``close`` was called (its work may still be under way)."""
+        return self._closing is not None
+
     async def close(self) -> None:
         """End follows, watches and waits; stop the local apps; release the backends.
 
@@ -499,13 +503,11 @@ class Supervisor:
         """
         self._check_loop()
         self.begin_shutdown()
-        if self._closed:
+        if self._closing is not None:
             # Another close is under way (a signal's and the lifespan's, or one whose
             # caller was cancelled, its work going on): done when it is done, not before.
-            if self._closing is not None:
-                await self._closing.wait()
+            await self._closing.wait()
             return
-        self._closed = True
         self._closing = anyio.Event()
         if self._unregister_metrics is not None:
             self._unregister_metrics()
@@ -521,11 +523,11 @@ class Supervisor:
 
     async def _shut_down(self) -> None:
         """``close``'s work, from the launches under way to the task group's end."""
+        assert self._closing is not None  # (made by ``close``, which alone calls this)
         try:
             await self._shut_down_once()
         finally:
-            if self._closing is not None:
-                self._closing.set()
+            self._closing.set()
 
     async def _shut_down_once(self) -> None:
         with anyio.CancelScope(shield=True):
@@ -578,7 +580,7 @@ class Supervisor:
             )
 
     def _task_group(self) -> TaskGroup:
-        if self._closed:
+        if self._is_closed:
             # Reads still work after ``close`` through the backends it had in use; one it
             # never used cannot start now.
             raise ShuttingDown("the Supervisor is closed: this needs a backend it had not used")
@@ -1290,7 +1292,7 @@ class Supervisor:
                 "max_buffer", f"must be a whole number of at least 1, not {max_buffer!r}"
             )
             raise SpecError([problem], context="invalid events")
-        if self._tg is None and not self._closed:  # it would wait for a close never coming
+        if self._tg is None and not self._is_closed:  # it would wait for a close never coming
             raise NotEnteredError("use the Supervisor inside `async with Supervisor(...) as sv:`")
         return self._observer.bus.open(max_buffer)
 
@@ -1488,7 +1490,7 @@ class Supervisor:
                 await copied()
 
             self._task_group().start_soon(_set_when_ended, ended, copies_done, stop_watching)
-        if finished is None and target.ended is not None and should_tail and not self._closed:
+        if finished is None and target.ended is not None and should_tail and not self._is_closed:
             # The backend has an event for "no more output" (another process's app
             # whose owner died): it ends the follow at once.
             finished = EndSignal()

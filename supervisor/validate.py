@@ -177,8 +177,7 @@ class _Checker:
         if "\0" in value:
             self.add(path, "must not contain a NUL character")
             return None
-        unsayable = _unsayable(value)
-        if unsayable:
+        if unsayable := _unsayable(value):
             self.add(path, unsayable)
             return None
         return value
@@ -306,8 +305,8 @@ class _Checker:
                 self.add(item, f"value must be a string, {_kind(value)}")
             elif "\0" in value:
                 self.add(item, "value must not contain a NUL character")
-            elif _unsayable(value):
-                self.add(item, f"value {_unsayable(value)}")
+            elif unsayable := _unsayable(value):
+                self.add(item, f"value {unsayable}")
 
     def check_replicas(self, path: str, role: Role) -> None:
         caps = self.caps

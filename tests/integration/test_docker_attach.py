@@ -165,6 +165,21 @@ async def _owner_killed_while_running(
     return handle
 
 
+async def _failed_while_nobody_followed(engine: EngineUnderTest, gate: Path, handle: str) -> None:
+    """Make replica 0 of the (owner-killed) app fail, and return once its container exited."""
+    (gate / "fail").touch()
+    app_id = handle.rsplit("/", 1)[1]
+    [failing] = [
+        c
+        for c in labelled(engine.host, "containers", f"io.asupervisor.app_id={app_id}")
+        if c["Labels"]["io.asupervisor.replica_id"] == "0"
+    ]
+    with anyio.fail_after(60):  # the engine's wait: returns once the container exited
+        await anyio.to_thread.run_sync(
+            api, engine.host, "POST", f"/containers/{failing['Id']}/wait"
+        )
+
+
 async def test_an_app_whose_owner_was_sigkilled_is_retried_by_the_process_that_attaches(
     engine: EngineUnderTest, tmp_path: Path, state_dir: Path
 ) -> None:
@@ -402,17 +417,7 @@ async def test_the_cli_attaches_to_an_app_whose_replica_failed_while_nobody_foll
     """``asupervisor attach``: the failure that happened while the app had no owner is
     decided by its machines on attach (a retry left: the app runs again), to its end."""
     handle = await _owner_killed_while_running(engine, tmp_path, state_dir)
-    (tmp_path / "fail").touch()
-    app_id = handle.rsplit("/", 1)[1]
-    [failing] = [
-        c
-        for c in labelled(engine.host, "containers", f"io.asupervisor.app_id={app_id}")
-        if c["Labels"]["io.asupervisor.replica_id"] == "0"
-    ]
-    with anyio.fail_after(60):  # the engine's wait: returns once the container exited
-        await anyio.to_thread.run_sync(
-            api, engine.host, "POST", f"/containers/{failing['Id']}/wait"
-        )
+    await _failed_while_nobody_followed(engine, tmp_path, handle)
     env = {
         **os.environ,
         "ASUPERVISOR_HOME": str(state_dir),
@@ -434,17 +439,7 @@ async def test_a_read_of_a_failure_with_a_retry_left_leaves_the_retry_to_whoever
     nobody followed it read UNKNOWN and record nothing: the retry is the attach's to make.
     A read recorded it FAILED (and removed its containers), and the attach then gave that."""
     handle = await _owner_killed_while_running(engine, tmp_path, state_dir, replicas=1)
-    (tmp_path / "fail").touch()
-    app_id = handle.rsplit("/", 1)[1]
-    [failing] = [
-        c
-        for c in labelled(engine.host, "containers", f"io.asupervisor.app_id={app_id}")
-        if c["Labels"]["io.asupervisor.replica_id"] == "0"
-    ]
-    with anyio.fail_after(60):  # the engine's wait: returns once the container exited
-        await anyio.to_thread.run_sync(
-            api, engine.host, "POST", f"/containers/{failing['Id']}/wait"
-        )
+    await _failed_while_nobody_followed(engine, tmp_path, handle)
     async with Supervisor(session=engine.session) as reader:
         described = await reader.describe(handle)
         listed = [a for a in await reader.list("docker") if a.app_handle == handle]

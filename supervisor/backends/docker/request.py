@@ -261,8 +261,9 @@ def _mounts(role: Role, replica_dir: Path) -> tuple[list[dict[str, Any]], list[d
 
 
 _ENGINE_SCHEME = re.compile(r"(unix|tcp|http|https|ssh|npipe)://.")
-_VOLUME_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]+")  # dockerd's rule; Podman takes these
 """The addresses the engine client (aiodocker) takes."""
+_VOLUME_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]+")
+"""The volume names dockerd takes (Podman takes them too)."""
 
 
 def _missing_sources(app: AppDef) -> list[Problem]:

@@ -476,8 +476,7 @@ class SlurmBackend(Backend):
         )
 
     def dryrun(self, app: AppDef, cfg: ResolvedCfg, ctx: DryrunContext) -> SlurmRequest:
-        check_slurm_cfg(cfg)
-        check_allocation_cfg(cfg, self.transport.kind)
+        # The options' own rules were checked already (``check_cfg``, before any dryrun).
         request = render(
             app,
             cfg,

@@ -45,6 +45,17 @@ async def test_the_local_rules_over_options_are_listed_with_the_apps_problems(
         ]
 
 
+async def test_env_allow_patterns_are_judged_whatever_env_policy_is(state_dir: Path) -> None:
+    """The patterns are env_allow's own rule: a bad policy beside them (which leaves
+    how the two go together unjudged), or one they do not go with, hid them."""
+    app = AppDef(name="a", roles=[Role(name="r", entrypoint="true")])
+    async with Supervisor(session="svc") as sv:
+        cfg: dict[str, object] = {"env_policy": "dirty", "env_allow": ["HOME", "A B"]}
+        assert _problems(sv, app, "local", cfg) == ["cfg.env_allow[1]", "cfg.env_policy"]
+        cfg = {"env_policy": "inherit", "env_allow": ["A B"]}
+        assert _problems(sv, app, "local", cfg) == ["cfg.env_allow", "cfg.env_allow[0]"]
+
+
 async def test_a_limit_raised_by_an_option_given_right_counts_beside_a_bad_one(
     state_dir: Path,
 ) -> None:

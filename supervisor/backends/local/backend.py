@@ -46,7 +46,7 @@ from supervisor.backends.local.request import (
     DEFAULT_MAX_REPLICAS,
     LocalRequest,
     ReplicaLaunch,
-    check_env_cfg,
+    env_cfg_problems,
     is_path_like,
     local_run_opts,
     render,
@@ -66,7 +66,7 @@ from supervisor.backends.store import (
     record_identities,
     unknown_status,
 )
-from supervisor.errors import BackendError, DamagedRecordError, Problem, SubmitError, problems_of
+from supervisor.errors import BackendError, DamagedRecordError, Problem, SubmitError
 from supervisor.events import Exited, ReplicaKey, Started, Submitted
 from supervisor.logs import LogSink, ReplicaLog
 from supervisor.logs.inotify_close import close_inotify, open_inotify
@@ -906,9 +906,7 @@ class LocalBackend(Backend):
         return LOCAL_CAPABILITIES
 
     def check_cfg(self, cfg: ResolvedCfg) -> list[Problem]:
-        if cfg.unresolved & {"env_policy", "env_allow"}:
-            return []  # (how they go together is judged once both are right)
-        return problems_of(partial(check_env_cfg, cfg))
+        return env_cfg_problems(cfg)
 
     def capabilities_for(self, cfg: ResolvedCfg) -> Capabilities:
         limit = cfg.get_int("max_replicas_per_role", DEFAULT_MAX_REPLICAS)

@@ -159,17 +159,22 @@ def local_run_opts() -> RunOpts:
     )
 
 
-def check_env_cfg(cfg: ResolvedCfg) -> tuple[str, tuple[str, ...]]:
-    """The policy and allow-list of ``cfg``; SpecError naming the field when they do not fit."""
-    policy = cfg.get_str("env_policy", "inherit")
+def env_cfg_problems(cfg: ResolvedCfg) -> list[Problem]:
+    """The problems of ``env_policy`` and ``env_allow``. Each pattern is judged whenever
+    it was given: it is ``env_allow``'s own rule, so a bad ``env_policy`` beside it (or one
+    it does not go with) hides none of them. How the two go together is judged only once
+    both resolved (``cfg.unresolved``); nothing is judged on an unresolved ``env_allow``."""
+    if "env_allow" in cfg.unresolved:
+        return []
     allow = cfg.get_list("env_allow")
     problems: list[Problem] = []
-    if allow is not None and policy != "allow":
-        problems.append(
-            Problem("cfg.env_allow", f"only used with env_policy=allow (it is {policy})")
-        )
-    if policy == "allow":
-        if not allow:
+    if "env_policy" not in cfg.unresolved:
+        policy = cfg.get_str("env_policy", "inherit")
+        if allow is not None and policy != "allow":
+            problems.append(
+                Problem("cfg.env_allow", f"only used with env_policy=allow (it is {policy})")
+            )
+        if policy == "allow" and not allow:
             problems.append(
                 Problem(
                     "cfg.env_allow",
@@ -177,18 +182,24 @@ def check_env_cfg(cfg: ResolvedCfg) -> tuple[str, tuple[str, ...]]:
                     "for none at all use env_policy=clean",
                 )
             )
-        for i, pattern in enumerate(allow or ()):
-            if not _ENV_PATTERN.fullmatch(pattern):
-                problems.append(
-                    Problem(
-                        f"cfg.env_allow[{i}]",
-                        f"{pattern!r} is not a variable name or a glob over names "
-                        "(letters, digits, '_', and * ? [ ] !)",
-                    )
+    for i, pattern in enumerate(allow or ()):
+        if not _ENV_PATTERN.fullmatch(pattern):
+            problems.append(
+                Problem(
+                    f"cfg.env_allow[{i}]",
+                    f"{pattern!r} is not a variable name or a glob over names "
+                    "(letters, digits, '_', and * ? [ ] !)",
                 )
+            )
+    return problems
+
+
+def check_env_cfg(cfg: ResolvedCfg) -> tuple[str, tuple[str, ...]]:
+    """The policy and allow-list of ``cfg``; SpecError naming the field when they do not fit."""
+    problems = env_cfg_problems(cfg)
     if problems:
         raise SpecError(problems, context="invalid run options")
-    return policy, tuple(allow or ())
+    return cfg.get_str("env_policy", "inherit"), tuple(cfg.get_list("env_allow") or ())
 
 
 def replica_base_env(

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +18,7 @@ from supervisor.backends.local.request import (
     render,
     replica_base_env,
 )
+from supervisor.components import ddp
 from supervisor.errors import SpecError
 
 CTX = DryrunContext(session="svc", app_id="app-1", cwd="/work/dir", gpu_count=4)
@@ -41,6 +46,36 @@ def test_gpus_are_assigned_in_contiguous_blocks_across_roles() -> None:
     assert env[("trainer", 0)]["CUDA_VISIBLE_DEVICES"] == "0"
     assert env[("trainer", 1)]["CUDA_VISIBLE_DEVICES"] == "1"
     assert env[("eval", 0)]["CUDA_VISIBLE_DEVICES"] == "2,3"
+
+
+def test_ranks_of_one_node_share_its_gpus_so_local_rank_indexes_them(tmp_path: Path) -> None:
+    """ddp's rank mode, 2 nodes x 2 ranks, 2 GPUs per node on a 4-GPU host: each rank's
+    CUDA_VISIBLE_DEVICES is its node's block and LOCAL_RANK indexes it, as under torchrun,
+    so ``torch.cuda.set_device(LOCAL_RANK)`` picks a device that is there, another for
+    each rank. Each replica's own line runs (a real process) and reports what it got."""
+    script = tmp_path / "report.py"
+    script.write_text(
+        "import json, os\n"
+        "print(json.dumps([os.environ['LOCAL_RANK'], os.environ['CUDA_VISIBLE_DEVICES']]))\n"
+    )
+    app = ddp(str(script), j="2x2", gpu=2, interpreter=sys.executable, rdzv_port=29511)
+    cfg = local_run_opts().resolve({"auto_set_cuda_visible_devices": True})
+    request = render(app, cfg, CTX, Path("/state/logs"))
+    picked = []
+    for replica in request.replicas:
+        done = subprocess.run(
+            replica.argv,
+            env={**os.environ, **replica.env},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode == 0, done.stderr
+        local_rank, visible = json.loads(done.stdout)
+        devices = visible.split(",")
+        assert int(local_rank) < len(devices), (replica.replica_id, local_rank, visible)
+        picked.append(devices[int(local_rank)])
+    assert picked == ["0", "1", "2", "3"]
 
 
 def test_gpus_are_left_alone_when_too_few_or_when_off() -> None:

@@ -75,7 +75,7 @@ from supervisor.runopts import (
     RunOpts,
     stop_grace_opt,
 )
-from supervisor.specs import AppDef, AppHandle, macros
+from supervisor.specs import PROCS_PER_NODE, AppDef, AppHandle, Role, macros
 
 __all__ = [
     "CLEAN_PATH",
@@ -129,7 +129,8 @@ def local_run_opts() -> RunOpts:
                 type=OptType.BOOL,
                 default=False,
                 help="give each replica asking for GPUs its own contiguous block of devices "
-                "through CUDA_VISIBLE_DEVICES, when enough exist",
+                "through CUDA_VISIBLE_DEVICES, when enough exist; replicas sharing a node "
+                "(ddp's rank mode) share its block, which their LOCAL_RANK indexes",
             ),
             stop_grace_opt(),
             RunOpt(
@@ -317,20 +318,35 @@ class LocalRequest(Request):
         }
 
 
+def _node_size(role: Role) -> int:
+    """How many consecutive replicas of ``role`` share a node (``PROCS_PER_NODE``), else 1."""
+    value = role.metadata.get(PROCS_PER_NODE)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
+
+
 def _gpu_blocks(app: AppDef, gpu_count: int) -> dict[tuple[str, int], str]:
-    """Contiguous device blocks, in role order, only when every request fits."""
-    wanted = [
-        ((role.name, k), role.resource.gpu)
-        for role in app.roles
-        for k in range(role.num_replicas)
-        if role.resource.gpu > 0
-    ]
+    """Contiguous device blocks, in role order, only when every request fits.
+
+    Replicas that share a node (``PROCS_PER_NODE``: ddp's rank mode) share the node's
+    block, the sum of their requests, as torchrun's workers see every device of their
+    node: their LOCAL_RANK indexes it (``torch.cuda.set_device(LOCAL_RANK)``), which a
+    block of one device each left out of range from local rank 1 on.
+    """
+    wanted: list[tuple[list[tuple[str, int]], int]] = []
+    for role in app.roles:
+        if role.resource.gpu <= 0:
+            continue
+        size = _node_size(role)
+        for first in range(0, role.num_replicas, size):
+            keys = [(role.name, k) for k in range(first, min(first + size, role.num_replicas))]
+            wanted.append((keys, role.resource.gpu * len(keys)))
     if not wanted or sum(g for _, g in wanted) > gpu_count:
         return {}
     blocks: dict[tuple[str, int], str] = {}
     nxt = 0
-    for key, g in wanted:
-        blocks[key] = ",".join(str(d) for d in range(nxt, nxt + g))
+    for keys, g in wanted:
+        block = ",".join(str(d) for d in range(nxt, nxt + g))
+        blocks.update((key, block) for key in keys)
         nxt += g
     return blocks
 

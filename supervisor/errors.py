@@ -120,10 +120,11 @@ class UnsupportedAsyncLibraryError(SupervisorError, RuntimeError):
 
 
 class NotEnteredError(SupervisorError, RuntimeError):
-    """The Supervisor is used outside its ``async with``: before it, or entered again.
+    """The Supervisor is used outside its ``async with``: before it, entered again, or
+    from another thread than its event loop's.
 
     Its verbs need the task group the block holds (the apps' actors, the backends'
-    tasks). After ``close`` they raise ``ShuttingDown`` instead.
+    tasks), which is that loop's. After ``close`` they raise ``ShuttingDown`` instead.
     """
 
 

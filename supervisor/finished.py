@@ -32,6 +32,13 @@ class FinishedStatuses:
     def get(self, handle: str) -> AppStatus | None:
         return self._statuses.get(handle)
 
+    def drop(self, handle: str) -> None:
+        """Forget ``handle`` (``gc`` removed its records): ``status`` and ``wait`` answer
+        it as ``describe`` does then, not from a status whose app is gone."""
+        old = self._statuses.pop(handle, None)
+        if old is not None:
+            self._replicas -= _replicas(old)
+
     def put(self, handle: str, status: AppStatus) -> None:
         old = self._statuses.pop(handle, None)
         if old is not None:

@@ -10,7 +10,10 @@ Each key has a lock file beside its record, held with ``flock`` from the
 moment the record is read until the app is launched and recorded. ``flock``
 is released by the kernel when its holder dies, so a crash never leaves a
 key stuck, and a second process (or task) submitting under the same key
-waits for the first and then finds its handle.
+waits for the first and then finds its handle. ``gc`` removes a key's record
+and lock file with its app, holding that lock: whoever had opened the file
+meanwhile finds, once it holds the lock, that it is no longer the key's file,
+and takes the one there now (``_Pending.acquire``).
 
 The record is written before the launch, with a fingerprint of what was
 submitted (backend, app, run options): a key reused for a different submit is
@@ -27,7 +30,7 @@ import hashlib
 import json
 import os
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,12 +54,17 @@ class _Pending:
 
     def acquire(self, path: Path) -> int | None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except BaseException:
-            os.close(fd)
-            raise
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                current = _is_current(fd, path)
+            except BaseException:
+                os.close(fd)
+                raise
+            if current:
+                break
+            os.close(fd)  # ``gc`` removed it while this waited: lock the key's file now
         with self.mutex:
             if self.abandoned:  # the waiter was cancelled meanwhile: let go at once
                 os.close(fd)
@@ -70,6 +78,41 @@ class _Pending:
             if self.fd is not None:
                 os.close(self.fd)
                 self.fd = None
+
+
+def _is_current(fd: int, path: Path) -> bool:
+    """Whether ``fd`` is still the file at ``path``: a lock held on a file ``gc`` removed
+    meanwhile locks out nobody, as the next submit under the key opens a new one."""
+    try:
+        there = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino)
+
+
+def _try_lock(path: Path) -> int | None:
+    """The lock file at ``path``, locked without waiting; None while a submit under its
+    key holds it (or another gc removed it meanwhile). Blocking, briefly. Read-only: a
+    read-only state directory is then said by the removal of the app's records."""
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if _is_current(fd, path):
+            return fd
+    except BlockingIOError:
+        pass
+    except BaseException:
+        os.close(fd)
+        raise
+    os.close(fd)
+    return None
+
+
+def _handle_of(record: Path) -> str | None:
+    data = read_json_or_none(record)
+    handle = data.get("handle") if isinstance(data, dict) else None
+    return handle if isinstance(handle, str) else None
 
 
 class KeyQueues:
@@ -132,33 +175,65 @@ class IdempotencyKeys:
         # Keys are arbitrary text; their hash makes a safe, fixed-length file name.
         return self.root / hashlib.sha256(key.encode()).hexdigest()
 
-    def forget_handles(self, handles: Collection[str]) -> int:
-        """Remove the records of keys that map to one of ``handles`` (apps ``gc`` removed),
-        under each key's lock; a key whose lock is held (a submit under it is under way)
-        is left to that submit. The empty lock files stay: removing one while another
-        process opens it would let two submits hold "the" lock of one key. Blocking: for
-        a worker thread. Returns how many records went."""
-        gone = set(handles)
-        removed = 0
-        try:
-            records = sorted(self.root.glob("*.json"))
-        except OSError:
-            return 0
-        for path in records:
-            record = read_json_or_none(path)
-            if not isinstance(record, dict) or record.get("handle") not in gone:
-                continue
-            fd = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    def remove_apps(self, handles: Sequence[str], remove: Callable[[str], bool]) -> list[str]:
+        """``remove(handle)`` (``gc``'s removal of one app; True if it removed it) for each
+        of ``handles``, holding the locks of the keys that name it, then those keys'
+        records and lock files: the handles removed. Blocking: for a worker thread.
+
+        The locks come first. A submit under way under such a key holds its lock from
+        reading the record until it returns, and may return this very handle: its app
+        stays, for a later gc. Once gc holds the lock, a submit under the key waits for
+        it, then finds no record and starts a new run. The lock files that no record
+        stands beside (a submit that failed before its app existed, earlier gcs) go too,
+        each removed while held, as these are.
+        """
+        naming: dict[str, list[Path]] = {handle: [] for handle in handles}
+        for record in self._files("*.json"):
+            found = naming.get(_handle_of(record) or "")
+            if found is not None:
+                found.append(record)
+        removed: list[str] = []
+        for handle in handles:
+            held: list[tuple[Path, int]] = []
             try:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    continue
-                path.unlink(missing_ok=True)
-                removed += 1
+                for record in naming[handle]:
+                    fd = _try_lock(record.with_suffix(".lock"))
+                    if fd is None:
+                        break  # a submit under this key is under way: the app stays
+                    held.append((record, fd))
+                else:
+                    if remove(handle):
+                        removed.append(handle)
+                        for record, _ in held:
+                            if _handle_of(record) == handle:  # (not replaced meanwhile)
+                                record.unlink(missing_ok=True)
+                                record.with_suffix(".lock").unlink(missing_ok=True)
+            finally:
+                for _, fd in held:
+                    os.close(fd)
+        self._remove_idle_locks()
+        return removed
+
+    def _files(self, pattern: str) -> list[Path]:
+        try:
+            return sorted(self.root.glob(pattern))
+        except OSError:
+            return []
+
+    def _remove_idle_locks(self) -> None:
+        """Remove the lock files that have no record beside them and no holder."""
+        for lock in self._files("*.lock"):
+            if lock.with_suffix(".json").exists():
+                continue
+            fd = _try_lock(lock)
+            if fd is None:
+                continue
+            try:
+                # Looked at again, held: a submit may have recorded its key meanwhile.
+                if not lock.with_suffix(".json").exists():
+                    lock.unlink(missing_ok=True)
             finally:
                 os.close(fd)
-        return removed
 
     @asynccontextmanager
     async def locked(self, key: str) -> AsyncIterator[_Entry]:

@@ -355,6 +355,8 @@ class Supervisor:
         self._tg: TaskGroup | None = None
         self._gpus: int | None = None
         self._closing: anyio.Event | None = None  # made by the first close, set once it is done
+        # What that close's work raised, with where: every close raises it (``close``).
+        self._close_failure: tuple[Exception, TracebackType | None] | None = None
         self._watch_hub: WatchHub | None = None
         self._observer = Observer()
         self._unregister_metrics: Callable[[], None] | None = None
@@ -463,7 +465,9 @@ class Supervisor:
         cheap, but call it on the event loop's thread (from a signal handler,
         through ``loop.call_soon_threadsafe``).
 
-        Idempotent. From then on ``log_iter(..., should_tail=True)``, ``watch``
+        From another thread it raises ``NotEnteredError`` and does nothing: the
+        streams, waits and events it ends belong to the loop, and are not
+        thread-safe. Idempotent. From then on ``log_iter(..., should_tail=True)``, ``watch``
         and ``events()`` streams end naturally (``StopAsyncIteration``) once they
         gave what was already there; ``wait`` returns the status of an app that already ended and
         raises ``ShuttingDown`` otherwise; ``submit`` and ``schedule`` raise
@@ -472,6 +476,7 @@ class Supervisor:
         a local app whose submit was under way is stopped once launched (its
         submit raises ``ShuttingDown``: no handle reached anyone to stop it).
         """
+        self._check_loop(hint="from another thread, through loop.call_soon_threadsafe")
         if self._shutting_down:
             return
         self._shutting_down = True
@@ -500,6 +505,12 @@ class Supervisor:
         backends that are not durable (local) this Supervisor started and waits
         for them to stop. Durable apps (Docker, Slurm) keep running, and any
         process can follow them on.
+
+        The work is done once: a second ``close`` (at the same time, or later: a
+        signal's and the lifespan's, or leaving ``async with`` after an explicit
+        one) waits for the first's work to end, and raises what that work raised
+        (a backend's close that failed), as every close does, the first too; so a
+        failure is not lost to whichever close happened to be second.
         """
         self._check_loop()
         self.begin_shutdown()
@@ -507,6 +518,9 @@ class Supervisor:
             # Another close is under way (a signal's and the lifespan's, or one whose
             # caller was cancelled, its work going on): done when it is done, not before.
             await self._closing.wait()
+            if self._close_failure is not None:
+                failure, where = self._close_failure
+                raise failure.with_traceback(where)
             return
         self._closing = anyio.Event()
         if self._unregister_metrics is not None:
@@ -526,6 +540,9 @@ class Supervisor:
         assert self._closing is not None  # (made by ``close``, which alone calls this)
         try:
             await self._shut_down_once()
+        except Exception as e:
+            self._close_failure = (e, e.__traceback__)
+            raise
         finally:
             self._closing.set()
 
@@ -563,10 +580,11 @@ class Supervisor:
         if failures:
             raise failures[0]
 
-    def _check_loop(self) -> None:
+    def _check_loop(self, hint: str = "") -> None:
         """Refuse a verb from another event loop (another thread's) than the one that
         entered this Supervisor: its tasks, events and locks are that loop's, and such a
-        call hung for good or left its app recorded wrongly."""
+        call hung for good or left its app recorded wrongly. ``hint``: how else to reach
+        that loop, said after "use it from that loop"."""
         if self._loop is None:
             return  # not entered: the verb says so itself
         try:
@@ -574,9 +592,10 @@ class Supervisor:
         except RuntimeError:
             running = None
         if running is not self._loop:
+            how = f" ({hint})" if hint else ""
             raise NotEnteredError(
                 "this Supervisor belongs to the event loop that entered it, in another "
-                "thread: use it from that loop, or enter a Supervisor of this loop's own"
+                f"thread: use it from that loop{how}, or enter a Supervisor of this loop's own"
             )
 
     def _task_group(self) -> TaskGroup:
@@ -895,8 +914,9 @@ class Supervisor:
         observer of an app whose owner lives: then the snapshot is its records as
         ``watch`` reads them, each change within about 50 ms where the records are
         on this machine). An app that ended is answered from a cache of the last
-        ``FINISHED_CACHE`` final statuses; one that left it answers None, as an
-        app of another process does: ``describe`` or ``wait`` read its records.
+        ``FINISHED_CACHE`` final statuses; one that left it (or that this
+        Supervisor's ``gc`` removed) answers None, as an app of another process
+        does: ``describe`` or ``wait`` read its records.
         """
         actor = self._actors.get(handle)
         if actor is not None:
@@ -965,8 +985,13 @@ class Supervisor:
         ago, and all but the ``keep`` settled apps that ended last (either may be
         None; not both). Never removed: an app followed here and not yet over,
         an app that is not settled, or one whose end is not recorded while its
-        supervising process lives, or whose index entry is damaged. Returns the
+        supervising process lives, or whose index entry is damaged, or one a
+        submit under its idempotency key may be returning right now (a later gc
+        removes it). The idempotency keys of the apps removed go with them. Returns the
         handles removed (with ``dry_run``: those that would be), newest first.
+        Once removed, an app is unknown to this Supervisor too: ``status`` answers
+        None and ``wait`` raises ``UnknownAppError``, as ``describe`` answers None
+        (a gc by another process is not seen by ``status``'s cache of final statuses).
         The file work runs in a worker thread.
         """
         self._check_loop()
@@ -1000,27 +1025,38 @@ class Supervisor:
             return handles
         keys = IdempotencyKeys(self.state_dir, backend, self.session)
         requests = CancelRequests(self.state_dir, backend)
+        entries_of = dict(zip(handles, doomed, strict=True))
+        gone: builtins.list[str] = []  # also when a later one fails
+
+        def remove_one(handle: str) -> bool:
+            entry = entries_of[handle]
+            try:
+                if not remove_app(index, entry.session, entry.app_id, entry.app_dir):
+                    return False  # another gc (another process) took it first
+                # One its owner never read (it died first) would stay for ever.
+                requests.withdraw(entry.session, entry.app_id)
+            except OSError as e:  # records this process may read but not remove
+                raise BackendError(
+                    f"cannot remove the records of {handle}: {e}", transient=False
+                ) from e
+            gone.append(handle)
+            return True
 
         def remove() -> builtins.list[str]:
-            removed: builtins.list[str] = []
             try:
-                for entry, handle in zip(doomed, handles, strict=True):
-                    try:
-                        if not remove_app(index, entry.session, entry.app_id, entry.app_dir):
-                            continue  # another gc (another process) took it first
-                        # One its owner never read (it died first) would stay for ever.
-                        requests.withdraw(entry.session, entry.app_id)
-                    except OSError as e:  # records this process may read but not remove
-                        raise BackendError(
-                            f"cannot remove the records of {handle}: {e}", transient=False
-                        ) from e
-                    removed.append(handle)
-            finally:
-                # A key of a removed app would otherwise stay on disk for ever.
-                keys.forget_handles(removed)
-            return removed
+                # Each app under the locks of its idempotency keys, which go with it.
+                return keys.remove_apps(handles, remove_one)
+            except OSError as e:
+                raise BackendError(
+                    f"cannot remove the idempotency keys under {keys.root}: {e}", transient=False
+                ) from e
 
-        return await anyio.to_thread.run_sync(remove)
+        try:
+            return await anyio.to_thread.run_sync(remove)
+        finally:
+            for handle in gone:
+                # ``status`` and ``wait`` answered it from memory while ``describe`` said None.
+                self._finished.drop(handle)
 
     async def _settled_at(self, backend: str, entry: IndexEntry) -> float | None:
         """When a removable app ended (else submitted); None when it must stay."""

@@ -8,6 +8,8 @@ Real local apps throughout.
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import math
 import os
@@ -21,7 +23,7 @@ import anyio
 import pytest
 
 import supervisor.finished as finished_module
-from supervisor import AppState, Retention, SpecError, Supervisor
+from supervisor import AppState, Retention, SpecError, Supervisor, UnknownAppError
 from supervisor.backends.store import Index
 from supervisor.specs import parse_handle
 
@@ -401,3 +403,147 @@ async def test_gc_removes_the_idempotency_keys_of_the_apps_it_removes(state_dir:
         again = await sv.submit(app(SHORT, name="old"), "local", idempotency_key="job-old")
         assert again != old
         await sv.wait(again, timeout=30)
+
+
+async def test_an_app_gc_removed_is_unknown_to_status_and_wait_as_to_describe(
+    state_dir: Path,
+) -> None:
+    """``status`` and ``wait`` answered a removed app from the cache of final statuses
+    while ``describe`` said None: the three now agree that it is gone."""
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app(SHORT), "local")
+        assert (await sv.wait(handle, timeout=30)).state is AppState.SUCCEEDED
+        assert sv.status(handle) is not None  # from the cache, before the gc
+
+        assert await sv.gc("local", keep=0) == [handle]
+        assert await sv.describe(handle) is None
+        assert sv.status(handle) is None
+        for timeout in (None, 0):
+            with pytest.raises(UnknownAppError):
+                await sv.wait(handle, timeout=timeout)
+
+
+def _key_files(state_dir: Path, session: str) -> list[str]:
+    root = state_dir / "idempotency" / "local" / session
+    return sorted(p.name for p in root.iterdir())
+
+
+def _key_base(state_dir: Path, session: str, key: str) -> Path:
+    return state_dir / "idempotency" / "local" / session / hashlib.sha256(key.encode()).hexdigest()
+
+
+def _lock(path: Path, *, create: bool = False) -> int:
+    """``path`` locked as a submit under its key locks it (another open file, so it is
+    held against this process's own submits and gc too)."""
+    fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+async def test_gc_removes_the_lock_files_of_the_keys_it_removes_and_idle_ones(
+    state_dir: Path,
+) -> None:
+    """Each key left its lock file for ever, one per key ever used. gc removes it with the
+    key's record, and the lock files no record stands beside (a submit that died before
+    it recorded its key: made here by another process that takes a lock and exits)."""
+    async with Supervisor(session="svc") as sv:
+        handles = []
+        for k in range(3):
+            handles.append(await sv.submit(app(SHORT), "local", idempotency_key=f"k{k}"))
+            assert (await sv.wait(handles[-1], timeout=30)).state is AppState.SUCCEEDED
+        died = _key_base(state_dir, "svc", "died").with_suffix(".lock")
+        with anyio.fail_after(60):
+            await anyio.run_process([sys.executable, "-c", TAKE_LOCK, str(died)])
+        assert len(_key_files(state_dir, "svc")) == 7
+
+        assert await sv.gc("local", keep=1) == handles[1::-1]
+        kept = _key_base(state_dir, "svc", "k2")
+        assert _key_files(state_dir, "svc") == sorted(
+            [kept.with_suffix(".json").name, kept.with_suffix(".lock").name]
+        )
+        assert await sv.submit(app(SHORT), "local", idempotency_key="k2") == handles[2]
+        assert await sv.gc("local", keep=0) == [handles[2]]
+        assert _key_files(state_dir, "svc") == []
+        # A removed key starts afresh, its lock file made again.
+        again = await sv.submit(app(SHORT), "local", idempotency_key="k0")
+        assert again not in handles
+        assert (await sv.wait(again, timeout=30)).state is AppState.SUCCEEDED
+
+
+TAKE_LOCK = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+"""
+
+
+async def test_gc_leaves_an_app_whose_key_a_submit_holds(state_dir: Path) -> None:
+    """gc removed the app first and looked at its key's lock after: a submit under the
+    key, holding its lock, could have found the app there and returned its handle as gc
+    removed it, and the key's record was left naming a removed app. The app now stays
+    while its key is held (held here as a submit holds it), and goes at the next gc."""
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app(SHORT), "local", idempotency_key="busy")
+        assert (await sv.wait(handle, timeout=30)).state is AppState.SUCCEEDED
+        base = _key_base(state_dir, "svc", "busy")
+        fd = _lock(base.with_suffix(".lock"))
+        try:
+            assert await sv.gc("local", keep=0) == []
+            described = await sv.describe(handle)
+            assert described is not None and described.state is AppState.SUCCEEDED
+            assert json.loads(base.with_suffix(".json").read_text())["handle"] == handle
+            assert base.with_suffix(".lock").exists()
+        finally:
+            os.close(fd)
+        assert await sv.gc("local", keep=0) == [handle]
+        assert _key_files(state_dir, "svc") == []
+
+
+def _lock_waiters(path: Path) -> int:
+    """How many flock waits for the file now at ``path`` /proc/locks shows."""
+    there = path.stat()
+    file = f"{os.major(there.st_dev):02x}:{os.minor(there.st_dev):02x}:{there.st_ino}"
+    return sum(
+        1
+        for line in Path("/proc/locks").read_text().splitlines()
+        if line.split()[1:3] == ["->", "FLOCK"] and line.split()[-3] == file
+    )
+
+
+async def test_a_submit_waiting_on_a_lock_file_gc_removed_takes_the_new_one(
+    state_dir: Path,
+) -> None:
+    """gc removes a key's lock file while it holds it. A submit that had opened the file
+    before, and waited for its lock, then held a file nobody else opens: a submit of
+    another process, opening the key's file anew, held "the" lock at the same time.
+    It now sees the file is not the key's any more and waits for the one there. gc
+    holds the lock too briefly to catch a submit waiting on it, so this test does its
+    steps by hand: hold the file, remove it, let go, while a new holder has the new one."""
+    async with Supervisor(session="svc") as sv:
+        await sv.submit(app(SHORT), "local", idempotency_key="warm")  # the key directory
+        lock = _key_base(state_dir, "svc", "raced").with_suffix(".lock")
+        first = _lock(lock, create=True)
+        done = anyio.Event()
+        handles: list[str] = []
+
+        async def submit() -> None:
+            handles.append(await sv.submit(app(SHORT), "local", idempotency_key="raced"))
+            done.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(submit)
+            with anyio.fail_after(30):
+                while _lock_waiters(lock) == 0:  # noqa: ASYNC110 (no event says it waits)
+                    await anyio.sleep(0.01)
+            lock.unlink()  # as gc does, holding it
+            second = _lock(lock, create=True)  # another process's submit, on the new file
+            os.close(first)
+            try:
+                with anyio.fail_after(30):
+                    while _lock_waiters(lock) == 0:
+                        assert not done.is_set(), "the submit held a lock file gc removed"
+                        await anyio.sleep(0.01)
+                assert not done.is_set()
+            finally:
+                os.close(second)
+        assert (await sv.wait(handles[0], timeout=30)).state is AppState.SUCCEEDED

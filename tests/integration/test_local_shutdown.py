@@ -19,7 +19,15 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from supervisor import AppEvent, AppState, ShuttingDown, Supervisor, Transition, WaitTimeout
+from supervisor import (
+    AppEvent,
+    AppState,
+    NotEnteredError,
+    ShuttingDown,
+    Supervisor,
+    Transition,
+    WaitTimeout,
+)
 from supervisor.backends.local.backend import LocalRuntime
 from supervisor.errors import BackendError
 
@@ -210,6 +218,66 @@ async def test_a_close_that_fails_still_closes_the_rest_then_says_so(
     with pytest.raises(BackendError, match="injected close failure"):
         await sv.close()
     assert not any(pid_alive(pid) for pid in reapers), reapers
+
+
+async def test_every_close_raises_the_failure_of_the_one_close_work(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two closes at once (a signal's and the lifespan's) when a backend's close fails:
+    the first raised the failure and the second returned as if all was well, so the
+    failure was lost to whichever caller came second. Each close, at once or later,
+    now raises it. The failure is injected: no real fault makes it on demand."""
+    real = LocalRuntime.aclose
+
+    async def failing(runtime: LocalRuntime) -> None:
+        await real(runtime)
+        raise BackendError("injected close failure", transient=False)
+
+    monkeypatch.setattr(LocalRuntime, "aclose", failing)
+    sv = Supervisor(session="svc")
+    await sv.__aenter__()
+    handle = await sv.submit(app(py_role("a", "pass")), "local")
+    assert (await sv.wait(handle, timeout=30)).state is AppState.SUCCEEDED
+    raised: dict[int, BaseException | None] = {}
+
+    async def close(k: int) -> None:
+        try:
+            await sv.close()
+            raised[k] = None
+        except BackendError as e:
+            raised[k] = e
+
+    with anyio.fail_after(BOUND_S):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(close, 1)
+            await anyio.lowlevel.checkpoint()  # the first's work is under way
+            tg.start_soon(close, 2)
+    assert raised[1] is not None and raised[1] is raised[2]
+    with pytest.raises(BackendError, match="injected close failure"):
+        await sv.close()  # later still: the same
+    with pytest.raises(BackendError, match="injected close failure"):
+        await sv.__aexit__(None, None, None)
+
+
+async def test_begin_shutdown_from_another_thread_is_refused(state_dir: Path) -> None:
+    """``begin_shutdown`` from a thread other than the loop's cancelled the loop's scopes
+    and set its events from there (not thread-safe) and was let through. It is refused,
+    ending nothing; through ``call_soon_threadsafe``, as the docs say, it works."""
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app(py_role("s", SLEEPER)), "local")
+        with pytest.raises(NotEnteredError, match="call_soon_threadsafe"):
+            await anyio.to_thread.run_sync(sv.begin_shutdown)
+        assert not sv.shutting_down
+        with pytest.raises(WaitTimeout):  # open waits were not ended
+            await sv.wait(handle, timeout=0.1)
+
+        loop = asyncio.get_running_loop()
+        await anyio.to_thread.run_sync(loop.call_soon_threadsafe, sv.begin_shutdown)
+        with anyio.fail_after(BOUND_S):
+            while not sv.shutting_down:  # the loop runs it at one of its next turns
+                await anyio.lowlevel.checkpoint()
+        with pytest.raises(ShuttingDown):
+            await sv.wait(handle)
 
 
 async def test_the_block_goes_on_after_close(state_dir: Path) -> None:

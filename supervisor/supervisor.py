@@ -1318,7 +1318,10 @@ class Supervisor:
         """Every transition of every app this Supervisor follows, from now on, as they happen.
 
         One stream for all apps (``watch`` follows one), app and replica level, each
-        app's transitions in order. It ends when the Supervisor closes. A reader more
+        app's transitions in order. An app ``attach`` observes (its owner, another
+        process, lives) is in it from the attach on: what its records say from then
+        on, as ``watch`` reads them, so a service's dashboard shows the apps of its
+        other replicas too. It ends when the Supervisor closes. A reader more
         than ``max_buffer`` events behind gets ``EventsOverflowError`` once (the
         stream goes on after the gap); publishing never waits for a reader.
         """
@@ -1465,24 +1468,41 @@ class Supervisor:
                 self._finished.put(handle, status)  # even when the close cut the follow short
 
     async def _follow_observed(
-        self, handle: str, parsed: AppHandle, start: DescribeAppResponse | None
+        self, handle: str, parsed: AppHandle, start: DescribeAppResponse
     ) -> None:
-        """``_observe``'s follow: each view's status into ``_observed``."""
+        """``_observe``'s follow: each view's status into ``_observed``, and each transition
+        recorded after ``start`` (the view ``attach`` answered from) to the ``events()``
+        stream, as ``watch`` gives them: once each, in order, then the steps to an end no
+        journal holds. Only to the stream: the owner's process logs and counts them.
+
+        The longest journal read is what was given, across a backend that could not be
+        read for a while too: a view read again gives only what came after it.
+        """
+        given: Sequence[Transition] = start.transitions
+        found: DescribeAppResponse | None = start
         while handle not in self._actors:
             try:
-                if start is None:
-                    start = await self._describe_recorded(parsed)
-                    if start is None:
+                if found is None:
+                    found = await self._describe_recorded(parsed)
+                    if found is None:
                         return  # removed meanwhile (gc)
-                views = self._recorded_views(parsed, start, to_shutdown=False)
+                views = self._recorded_views(parsed, found, to_shutdown=False)
                 async with contextlib.aclosing(views) as found_views:
                     async for found in found_views:
                         if handle in self._actors:
-                            return
+                            return  # taken over: its actor publishes from its journal on
                         self._observed[handle] = found.to_status()
+                        if len(found.transitions) > len(given):
+                            self._observer.bus.publish(handle, found.transitions[len(given) :])
+                            given = found.transitions
+                status = found.to_status()
+                if status.is_settled:  # none when the journal reached it
+                    self._observer.bus.publish(
+                        handle, closing_steps(given, status, None, time.time())
+                    )
                 return
             except BackendError:
-                start = None
+                found = None
                 await anyio.sleep(RECORDED_RECHECK_S)
 
     async def log_iter(

@@ -9,6 +9,10 @@ Three outlets, fed once per batch of transitions by each app's actor:
 - OpenTelemetry metrics (``metrics``), a no-op unless ``opentelemetry-api`` is
   installed (the ``otel`` extra) and the application set up an SDK.
 
+The stream also carries the apps the Supervisor only observes (``attach`` while
+their owner lives), as their records are read; those are not logged or counted
+here, as their owner's process does that.
+
 The actor only calls ``Observer.transitions`` and ``Observer.action``; what each
 outlet does with them is its own business, so a slow event consumer or a logging
 handler can never change how an app is supervised.

@@ -7,6 +7,9 @@ in-memory reader, as an application's own SDK set-up would see them.
 from __future__ import annotations
 
 import logging
+import os
+import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -177,6 +180,103 @@ async def test_events_carries_every_transition_of_every_app_in_order(state_dir: 
         assert grouped[handle] == histories[handle]
         assert grouped[handle][-1].dest == "SUCCEEDED"
     assert {event.backend for event in seen} == {"local"}
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+OWNER = textwrap.dedent(
+    """
+    import sys
+    import anyio
+    from supervisor import AppDef, Role, Supervisor
+
+    # Says it runs, then waits for the test's go-ahead file.
+    CODE = (
+        "import os, sys, time\\n"
+        "print('ready', flush=True)\\n"
+        "while not os.path.exists(sys.argv[1]):\\n"
+        "    time.sleep(0.02)\\n"
+    )
+
+    async def main() -> None:
+        role = Role(name="w", entrypoint=sys.executable, args=["-c", CODE, sys.argv[1]])
+        async with Supervisor(session="obs") as sv:
+            handle = await sv.submit(AppDef(name="owned", roles=[role]), "local")
+            print(handle, flush=True)
+            await sv.wait(handle)
+
+    anyio.run(main)
+    """
+)
+
+
+def _steps(transitions: Sequence[Transition]) -> list[tuple[int, str, str, str]]:
+    """What a transition says, without its time: the end no journal holds is timed as read."""
+    return [(t.seq, t.scope, t.source, t.dest) for t in transitions]
+
+
+@pytest.mark.parametrize("end", ["succeeds", "owner-killed"])
+async def test_events_carries_an_app_observed_from_another_process_from_the_attach_on(
+    state_dir: Path, tmp_path: Path, end: str
+) -> None:
+    """``attach`` while its owner (another process) lives observes the app: the stream
+    carries what is recorded from then on, once each, in order, to the end ``watch``
+    gives (the steps to UNKNOWN when the owner is killed first). It carried nothing."""
+    go = tmp_path / "go"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    seen: list[AppEvent] = []
+    ended = anyio.Event()
+    async with await anyio.open_process([sys.executable, "-c", OWNER, str(go)], env=env) as owner:
+        try:
+            assert owner.stdout is not None
+            with anyio.fail_after(30):
+                handle = (await owner.stdout.receive()).decode().strip()
+            assert handle.startswith("local://obs/"), handle
+            async with Supervisor(session="obs") as sv:
+                stream = sv.events()  # opened before the attach: nothing before it comes
+
+                async def read() -> None:
+                    async for event in stream:
+                        seen.append(event)
+                        if event.transition.role is None and event.transition.dest in (
+                            "SUCCEEDED",
+                            "UNKNOWN",
+                        ):
+                            ended.set()
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(read)
+                    with anyio.fail_after(30):
+                        async for line in sv.log_iter(handle, "w", 0, should_tail=True):
+                            assert line == "ready\n"
+                            break
+                        before = await sv.describe(handle)  # the replica waits: no change
+                        assert before is not None and before.state is AppState.RUNNING
+                        recorded = len(before.transitions)
+                        assert (await sv.attach(handle)).state is AppState.RUNNING
+                        assert sv.followed() == []  # observed, not owned
+                        if end == "succeeds":
+                            await anyio.Path(go).touch()
+                        else:
+                            owner.kill()
+                        watched = [t async for t in sv.watch(handle)]  # to the app's end
+                    with anyio.move_on_after(10):  # the follow reads the records as watch does
+                        await ended.wait()
+                    await sv.close()  # ends the stream: nothing more was in it
+        finally:
+            if owner.returncode is None:
+                await anyio.Path(go).touch()  # the app ends, and its owner with it
+            with anyio.fail_after(30):
+                await owner.wait()
+    assert ended.is_set(), f"the stream carried no end of the observed app: {seen}"
+    assert {e.handle for e in seen} == {handle}
+    after = _steps(watched)[recorded:]
+    assert after, watched
+    assert _steps([e.transition for e in seen]) == after
+    assert after[-1][1:] == ("app", "RUNNING", "SUCCEEDED" if end == "succeeds" else "UNKNOWN")
 
 
 async def test_a_reader_that_falls_behind_is_told_how_many_it_missed(state_dir: Path) -> None:

@@ -131,11 +131,30 @@ class AppActor:
     def post(self, item: ReplicaEvent | AppCancelRequested | AppNotice) -> None:
         """The backend's EventSink; never blocks."""
         if not self.done.is_set():
+            if isinstance(item, AppCancelRequested):
+                self._refuse_starts()
             self._send.send_nowait(item)
 
     def request_cancel(self, reason: str = "cancelled by request") -> None:
         if not self.done.is_set():
+            self._refuse_starts()
             self._send.send_nowait(_Cancel(reason))
+
+    def _refuse_starts(self) -> None:
+        """A cancel is asked: the runtime starts no new attempt from now on.
+
+        Told here, not when the cancel is applied: its stop goes out some turns
+        of the loop later, and a restart under way sent its spawn meanwhile,
+        user code starting after ``cancel`` returned. A cancel always stops
+        every live replica (``AppFSM.cancel``), so no start it refuses was
+        still wanted; one under way is stopped and ends CANCELLED (the FSM).
+        """
+        if self.runtime is None:
+            return
+        try:
+            self.runtime.refuse_starts()
+        except Exception as exc:
+            self.broken("refusing new attempts for a cancel", exc)
 
     async def settle(self) -> None:
         """Return once everything posted so far has been applied."""

@@ -254,6 +254,17 @@ class AppRuntime(abc.ABC):
         the request for whoever looks next. Others need nothing.
         """
 
+    def refuse_starts(self) -> None:  # noqa: B027 - optional hook, empty on purpose
+        """A cancel of the app was asked: start no new attempt of any replica from now on.
+
+        Called by the app's actor at once, when the cancel is asked, before the
+        actor applies it: the ``stop`` it then decides comes some turns of the
+        loop later, while a restart under way could start its new attempt, and
+        user code would run after the cancel returned. Must not block or raise.
+        A start already under way is the stop's to end. This default does
+        nothing (a backend whose restarts are not its own to start).
+        """
+
     def metadata(self) -> Mapping[str, str]:
         """What the backend knows the app by (Slurm: ``slurm_job_id``), for its status."""
         return {}

@@ -819,6 +819,14 @@ class LocalRuntime(ReplicaRuntime):
         if self.cancel_asked:
             self._backend.cancel_requests.withdraw(self.request.session, self.request.app_id)
 
+    def refuse_starts(self) -> None:
+        # Every start checks ``stopped`` just before it asks the reaper (``_spawn_counted``),
+        # and a restart before it moves on (``ReplicaRuntime._restart_one``): marked now, a
+        # cancel asked wins over a restart that had not yet sent its spawn, which the stop,
+        # some turns of the loop later, did not. Each one not started answers its stop.
+        for slot in self._slots.values():
+            slot.stopped = True
+
     def kill_all(self) -> None:
         for slot in self._slots.values():
             slot.stopped = True

@@ -147,7 +147,7 @@ class AppActor:
         of the loop later, and a restart under way sent its spawn meanwhile,
         user code starting after ``cancel`` returned. A cancel always stops
         every live replica (``AppFSM.cancel``), so no start it refuses was
-        still wanted; one under way is stopped and ends CANCELLED (the FSM).
+        still wanted; one already under way is stopped.
         """
         if self.runtime is None:
             return

@@ -216,7 +216,7 @@ class AppFSM:
         for key, model in self.replicas.items():
             if model.state.name in TERMINAL:
                 continue
-            _mark_stopped(model, StopReason.CANCEL)
+            model.stop_reason = StopReason.CANCEL
             if model.state is ReplicaState.UNSUBMITTED:
                 self._fire(model, "cancel", at, "cancelled before submission")
             else:
@@ -271,7 +271,7 @@ class AppFSM:
             others = []
             for key, other in self.replicas.items():
                 if other.state.name not in TERMINAL:
-                    _mark_stopped(other, StopReason.GANG)
+                    other.stop_reason = StopReason.GANG
                     others.append(key)
             if others:
                 actions.append(StopReplicas(tuple(others), f"{self.msg}; stopping the app"))
@@ -308,7 +308,6 @@ class AppFSM:
         outcome = exit_outcome(
             event.exit_code,
             stopping=model.stop_reason is not None,
-            stopped_unstarted=model.stopped_unstarted,
             # A whole-job requeue seen without its failure (the scheduler requeued a run
             # that failed between two looks) used a retry as well, as Slurm counts it.
             retries_left=max(self.role_restarts[role.name], self._requeued_to) < role.max_retries,
@@ -336,7 +335,7 @@ class AppFSM:
         others = []
         for key, other in self.replicas.items():
             if other.state.name not in TERMINAL and other.stop_reason is None:
-                _mark_stopped(other, StopReason.GANG)
+                other.stop_reason = StopReason.GANG
                 others.append(key)
         return [StopReplicas(tuple(others), f"{what}; stopping the app")] if others else []
 
@@ -426,20 +425,6 @@ class AppFSM:
 
     def _drop(self, reason: str) -> None:
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
-
-
-_UNSTARTED = frozenset({ReplicaState.UNSUBMITTED, ReplicaState.SUBMITTED, ReplicaState.PENDING})
-
-
-def _mark_stopped(model: ReplicaModel, reason: StopReason) -> None:
-    """Decide the replica's stop, noting whether its current attempt was seen to start.
-
-    One not seen to start may still be starting (a restart's spawn under way,
-    which cannot be taken back): it is stopped at once, and its exit, even a
-    zero one from a short attempt that raced to its end, is the stop's.
-    """
-    model.stop_reason = reason
-    model.stopped_unstarted = model.state in _UNSTARTED
 
 
 def _exit_reason(model: ReplicaModel, event: Exited) -> str:

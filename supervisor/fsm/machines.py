@@ -60,7 +60,6 @@ class ReplicaModel:
         "signal",
         "state",
         "stop_reason",
-        "stopped_unstarted",
         "structured_error_msg",
     )
 
@@ -76,9 +75,6 @@ class ReplicaModel:
         self.msg = ""
         self.structured_error_msg = ""
         self.stop_reason: StopReason | None = None
-        # The stop was decided before the current attempt was seen to start: whatever that
-        # attempt does now (a spawn under way cannot be taken back), it ends CANCELLED.
-        self.stopped_unstarted = False
 
     def __repr__(self) -> str:
         return f"<replica {self.role}/{self.replica_id} {self.state.name} attempt={self.attempt}>"

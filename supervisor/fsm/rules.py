@@ -22,21 +22,13 @@ class ExitOutcome(enum.Enum):
     FAILED = "fail"
 
 
-def exit_outcome(
-    exit_code: int | None, stopping: bool, retries_left: bool, stopped_unstarted: bool = False
-) -> ExitOutcome:
+def exit_outcome(exit_code: int | None, stopping: bool, retries_left: bool) -> ExitOutcome:
     """Classify one replica's exit.
 
-    A zero exit is success even while stopping (the work finished), unless the
-    stop was decided before this attempt was seen to start (``stopped_unstarted``):
-    it ran only because its start could not be taken back (a restart's spawn
-    under way when the cancel came), and a short one that raced to its end did
-    no work the user still wanted. Any other exit of a replica we were stopping
-    is the stop we asked for. Otherwise it is a failure, retried while its role
-    has retries left.
+    A zero exit is success even while stopping (the work finished). Any other
+    exit of a replica we were stopping is the stop we asked for. Otherwise it
+    is a failure, retried while its role has retries left.
     """
-    if stopped_unstarted:
-        return ExitOutcome.CANCELLED
     if exit_code == 0:
         return ExitOutcome.SUCCEEDED
     if stopping:

@@ -1,11 +1,12 @@
 """A cancel asked while a restart starts its replica's new attempt (local backend).
 
-Once ``cancel`` is asked, no new attempt may start running user code; one whose
-spawn was already under way (it cannot be taken back) is stopped, and the
-replica and the app end CANCELLED: never SUCCEEDED because a short attempt
-raced to its end. Before, the stop reached the runtime some turns of the loop
-after the cancel was asked, and a restart that had not yet sent its spawn sent
-it meanwhile; and a zero exit of the attempt then started was a success.
+Once ``cancel`` is asked, no new attempt may start running user code, and the
+app ends CANCELLED. One whose spawn was already under way (it cannot be taken
+back) began before the cancel: it is stopped, and a short one that ended first
+with a zero exit did its work (SUCCEEDED, as any replica whose zero exit beats
+the stop). Before, the stop reached the runtime some turns of the loop after
+the cancel was asked, and a restart that had not yet sent its spawn sent it
+meanwhile: user code began after ``cancel`` returned.
 
 The window is a few turns of the loop wide. To land in it on any machine, the
 test holds the loop (blocking, on purpose) between its turns: during a hold the
@@ -113,16 +114,19 @@ async def test_a_cancel_during_a_restarts_spawn_starts_nothing_and_ends_cancelle
                         sv, seen, turns, mark, token
                     )
                     where = f"cancel after {turns} turns, replica {at_cancel} then"
-                    if mark.exists():
-                        ran = float(mark.read_text())
-                        assert ran < asked, f"{where}: attempt 1 began {ran - asked:.3f}s after"
+                    began = float(mark.read_text()) if mark.exists() else None
+                    if began is not None:
+                        assert began < asked, f"{where}: attempt 1 began {began - asked:.3f}s after"
                     if at_cancel is None or at_cancel is ReplicaState.RUNNING:
                         break  # past the window: the attempt had started, or ended, first
                     unstarted += 1
-                    assert (app_state, replica) == (
-                        AppState.CANCELLED,
-                        ReplicaState.CANCELLED,
-                    ), where
+                    assert app_state is AppState.CANCELLED, where
+                    # Its zero exit is work done only when its code began before the cancel
+                    # (a spawn already under way, which cannot be taken back).
+                    allowed = {ReplicaState.CANCELLED}
+                    if began is not None:
+                        allowed.add(ReplicaState.SUCCEEDED)
+                    assert replica in allowed, where
             finally:
                 logger.removeHandler(seen)
         assert unstarted, "no cancel came while the new attempt was not yet seen to start"

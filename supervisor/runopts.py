@@ -185,7 +185,7 @@ class RunOpt:
                 Problem(
                     f"{field}.name",
                     f"{_brief(self.name)} is not a valid option name "
-                    "(a letter, then letters, digits, '_', '.' or '-')",
+                    "(an ASCII letter, then ASCII letters, digits, '_', '.' or '-')",
                 )
             )
         try:

@@ -266,7 +266,8 @@ class _Checker:
         elif name is not None and not _ROLE_NAME.fullmatch(name):
             self.add(
                 f"{path}.name",
-                f"{name!r} is not a valid role name (a letter, then letters, digits, '_' or '-')",
+                f"{name!r} is not a valid role name (an ASCII letter, then ASCII letters, "
+                "digits, '_' or '-')",
             )
         self.check_str(f"{path}.entrypoint", role.entrypoint)
         image = self.check_str(f"{path}.image", role.image, non_empty=False)

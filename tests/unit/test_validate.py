@@ -173,6 +173,12 @@ def test_invalid_role_names(name: str) -> None:
     assert problem.field == "roles[0].name"
 
 
+def test_a_role_name_of_other_letters_is_told_the_letters_are_ascii() -> None:
+    # 'ρόλος' is letters to Python (and to a user): the message must not say "a letter".
+    problem = only_problem(app_of(trainer(name="ρόλος")))
+    assert "ASCII letter" in problem.message, problem.message
+
+
 @pytest.mark.parametrize("name", ["a", "Trainer", "a-b_c", "x9"])
 def test_valid_role_names(name: str) -> None:
     validate(app_of(trainer(name=name)), LOCAL)

@@ -964,7 +964,9 @@ class Supervisor:
         (submitted at or after: a datetime, naive meaning local time, or epoch
         seconds), ``name`` (the AppDef's name; shell-style wildcards ``*?[]``),
         ``limit`` (at most that many, the newest). Settled apps are listed from
-        the index alone (see ``supervisor.backends.store``).
+        the index alone (see ``supervisor.backends.store``). A local app whose
+        launch is under way is listed once its first state is recorded (before
+        its submit returns): until then it has no submit time to be listed by.
         """
         self._check_loop()
         query = _ListQuery.of(state, since, name, limit)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import functools
 import os
 import socket
 import time
@@ -1002,11 +1003,17 @@ class LocalBackend(Backend):
         return AppStore(app_dir) if app_dir is not None else None
 
     @staticmethod
-    def _read_status(store: AppStore) -> tuple[AppStatus, AppRecord | None] | None:
+    def _read_status(
+        store: AppStore, *, launching: bool = True
+    ) -> tuple[AppStatus, AppRecord | None] | None:
         """The app's status and ``app.json``; None for no app. Blocking.
 
         A damaged record is the app's status (UNKNOWN, saying so), not an
         error: with a damaged ``app.json`` there is no ``app.json`` to give.
+        ``launching=False``: None too for an app whose launch is under way (its
+        owner lives and recorded no state yet): its submit has not returned, so
+        no handle reached anyone, it has no submit time to be listed by, and a
+        launch that fails leaves no trace of it (``release_store``).
         """
         try:
             app = store.read_app()
@@ -1022,6 +1029,8 @@ class LocalBackend(Backend):
         if state is None:
             owner = app.owner
             if owner.alive():
+                if not launching:
+                    return None
                 return AppStatus(AppState.SUBMITTED, msg="no state recorded yet"), app
             msg = f"the supervising process (pid {owner.pid}) ended without recording any state"
             return unknown_status(msg, roles), app
@@ -1064,7 +1073,11 @@ class LocalBackend(Backend):
         async def one(entry: IndexEntry) -> ListAppResponse | None:
             assert entry.app_dir is not None  # list_indexed gives intact entries only
             store = AppStore(entry.app_dir)
-            found = await anyio.to_thread.run_sync(self._read_status, store)
+            # An app still being launched is left out: it has no submit time yet,
+            # so ``since`` dropped it and newest-first put it last, the newest app.
+            found = await anyio.to_thread.run_sync(
+                functools.partial(self._read_status, store, launching=False)
+            )
             if found is None:
                 return None
             status, app = found

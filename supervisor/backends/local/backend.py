@@ -1004,13 +1004,13 @@ class LocalBackend(Backend):
 
     @staticmethod
     def _read_status(
-        store: AppStore, *, launching: bool = True
+        store: AppStore, *, include_launching: bool = True
     ) -> tuple[AppStatus, AppRecord | None] | None:
         """The app's status and ``app.json``; None for no app. Blocking.
 
         A damaged record is the app's status (UNKNOWN, saying so), not an
         error: with a damaged ``app.json`` there is no ``app.json`` to give.
-        ``launching=False``: None too for an app whose launch is under way (its
+        ``include_launching=False``: None too for an app whose launch is under way (its
         owner lives and recorded no state yet): its submit has not returned, so
         no handle reached anyone, it has no submit time to be listed by, and a
         launch that fails leaves no trace of it (``release_store``).
@@ -1029,7 +1029,7 @@ class LocalBackend(Backend):
         if state is None:
             owner = app.owner
             if owner.alive():
-                if not launching:
+                if not include_launching:
                     return None
                 return AppStatus(AppState.SUBMITTED, msg="no state recorded yet"), app
             msg = f"the supervising process (pid {owner.pid}) ended without recording any state"
@@ -1076,7 +1076,7 @@ class LocalBackend(Backend):
             # An app still being launched is left out: it has no submit time yet,
             # so ``since`` dropped it and newest-first put it last, the newest app.
             found = await anyio.to_thread.run_sync(
-                functools.partial(self._read_status, store, launching=False)
+                functools.partial(self._read_status, store, include_launching=False)
             )
             if found is None:
                 return None

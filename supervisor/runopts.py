@@ -452,8 +452,9 @@ class RunOpts:
         resolve: an option that did not is at its default and named in ``unresolved``.
 
         For a dry run that lists every problem at once: the checks a backend makes
-        beyond each option's own (``Backend.check_cfg``) and the app's limits under
-        these options (``Backend.capabilities_for``) still run on the rest.
+        beyond each option's own (``Backend.check_cfg``), the app's limits under
+        these options (``Backend.capabilities_for``) and its rules over the app
+        under them (``Backend.check_app``) still run on the rest.
         """
         problems: list[Problem] = []
         given: dict[str, object] = {}

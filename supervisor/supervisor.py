@@ -640,7 +640,8 @@ class Supervisor:
     ) -> DryRunInfo:
         """Validate and render the request; no side effects. ``app`` is never mutated.
 
-        Run options, the app and ``app_id`` are all checked before one
+        Run options, the app (with the backend's rules over it under those
+        options, ``Backend.check_app``) and ``app_id`` are all checked before one
         ``SpecError`` lists every problem found in them.
         """
         impl = self.backend(backend)
@@ -655,6 +656,12 @@ class Supervisor:
             validate(app, impl.capabilities_for(resolved))
         except SpecError as e:
             found.append(e)
+        else:
+            # The backend's rules over the app and its options together: listed with the
+            # options' problems above, not a round trip after them (from ``dryrun``).
+            fitting = impl.check_app(app, resolved)
+            if fitting:
+                found.append(SpecError(fitting, context="the app does not fit these options"))
         if app_id is not None:
             named = check_name("app_id", app_id, max_length=MAX_APP_ID_LENGTH)
             if named:

@@ -311,6 +311,22 @@ class Backend(abc.ABC):
         """
         return []
 
+    def check_app(self, app: AppDef, cfg: ResolvedCfg) -> list[Problem]:
+        """Every problem of ``app`` under ``cfg`` that this backend's rules find beyond
+        ``validate``'s (a count of nodes named against the nodes the app runs on, what
+        one replica's grouping needs), returned, not raised: a dry run lists them with
+        the options' problems, not one round trip after them (this default: none).
+
+        Called only for an app that validated (an invalid one is named by its own
+        problems), and also while ``cfg`` has problems of its own: a rule over an
+        option in ``cfg.unresolved`` (at its default) is skipped, and one over an
+        option whose form ``check_cfg`` refuses judges what it can and never raises.
+        A rule needing what only the dry run knows (``DryrunContext``) or an answer
+        from the system stays in ``dryrun``; ``dryrun`` must refuse what this finds
+        too (call the same functions), as a backend used directly is not checked here.
+        """
+        return []
+
     @abc.abstractmethod
     def dryrun(self, app: AppDef, cfg: ResolvedCfg, ctx: DryrunContext) -> Request:
         """Pure: the exact request, deterministic for the same inputs."""

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import AppDef, Resource, Role, SpecError, Supervisor
+from supervisor import AppDef, BindMount, Resource, Role, SpecError, Supervisor, VolumeMount
 from supervisor.backends.local.request import local_run_opts
+from supervisor.specs import MPI
 
 pytestmark = pytest.mark.anyio
 
@@ -86,6 +87,102 @@ async def test_slurm_and_docker_rules_over_options_are_listed_with_type_errors_a
             "cfg.host",
             "cfg.privileged",
             "roles[0].image",
+        ]
+
+
+async def test_slurm_rules_over_the_app_and_its_options_are_listed_with_the_options(
+    state_dir: Path,
+) -> None:
+    """Where the app and the options meet (nodes named against the nodes the app runs
+    on, tasks per node against replicas, MPI, container mounts), Slurm's rules ran only
+    in its ``render``, after every other problem was gone: a second dry run found them."""
+    one = AppDef(name="a", roles=[Role(name="r", entrypoint="true")])
+    three = AppDef(name="a", roles=[Role(name="r", entrypoint="true", num_replicas=3)])
+    mixed = AppDef(
+        name="a",
+        roles=[
+            Role(name="m", entrypoint="true", metadata={MPI: "nope"}),
+            Role(name="b", entrypoint="true", mounts=[BindMount("/data", "/data")]),
+        ],
+    )
+    mpirun = AppDef(name="a", roles=[Role(name="m", entrypoint="true", metadata={MPI: "mpirun"})])
+    async with Supervisor(session="svc") as sv:
+        assert _problems(sv, one, "slurm", {"nodelist": ["n[1-4]"], "time": "abc"}) == [
+            "cfg.nodelist",
+            "cfg.time",
+        ]
+        assert _problems(sv, three, "slurm", {"ntasks_per_node": 2, "time": "abc"}) == [
+            "cfg.ntasks_per_node",
+            "cfg.time",
+        ]
+        assert _problems(sv, mixed, "slurm", {"time": "abc"}) == [
+            "cfg.time",
+            f"roles[0].metadata[{MPI!r}]",
+            "roles[1].mounts",
+        ]
+        # mpirun runs in a batch script, which steps of an allocation have not.
+        with pytest.raises(SpecError) as err:
+            sv.dryrun(mpirun, "slurm", {"allocation": "1234", "hold": "maybe"})
+        assert {p.field for p in err.value.problems} == {"cfg.allocation", "cfg.hold"}
+        assert any("mpirun" in p.message for p in err.value.problems)
+
+
+async def test_rules_over_the_app_skip_options_that_did_not_resolve(state_dir: Path) -> None:
+    """An option that did not resolve is at its default: nothing is judged on it."""
+    one = AppDef(name="a", roles=[Role(name="r", entrypoint="true")])
+    tagged = AppDef(
+        name="a",
+        roles=[Role(name="r", entrypoint="true", image="x", mounts=[BindMount("/d", "/d")])],
+    )
+    async with Supervisor(session="svc") as sv:
+        # ntasks_per_node=0 is refused by its bounds: how many nodes the app runs on
+        # is not known, so the nodes named are not counted against it.
+        cfg: dict[str, object] = {"nodelist": ["n[1-4]"], "ntasks_per_node": 0}
+        assert _problems(sv, one, "slurm", cfg) == ["cfg.ntasks_per_node"]
+        assert _problems(sv, tagged, "slurm", {"image_is_tag": "maybe"}) == ["cfg.image_is_tag"]
+
+
+async def test_rules_over_the_app_are_not_made_on_an_invalid_app(state_dir: Path) -> None:
+    """An invalid app is named by its own problems: none of a rule that assumed it valid
+    (no replica runs on any of the nodes named)."""
+    empty = AppDef(name="a", roles=[Role(name="r", entrypoint="true", num_replicas=0)])
+    async with Supervisor(session="svc") as sv:
+        assert _problems(sv, empty, "slurm", {"nodelist": ["n1"], "time": "abc"}) == [
+            "cfg.time",
+            "roles[0].num_replicas",
+        ]
+
+
+async def test_docker_rules_over_the_app_are_listed_with_the_options(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    """A volume's name, a named device, a bind source missing on this machine: found by
+    Docker's ``render`` only once the options were right."""
+    app = AppDef(
+        name="a",
+        roles=[
+            Role(
+                name="r",
+                entrypoint="true",
+                image="img",
+                resource=Resource(devices={"nope": 1}),
+                mounts=[VolumeMount("-bad", "/v"), BindMount(str(tmp_path / "absent"), "/d")],
+            )
+        ],
+    )
+    local = f"unix://{tmp_path}/engine.sock"  # no engine is asked
+    async with Supervisor(session="svc") as sv:
+        assert _problems(sv, app, "docker", {"host": local, "env": ["NOEQ"]}) == [
+            "cfg.env[0]",
+            "roles[0].mounts[0].src",
+            "roles[0].mounts[1].src_path",
+            "roles[0].resource.devices",
+        ]
+        # A host that did not resolve says nothing of where the sources must exist.
+        assert _problems(sv, app, "docker", {"host": 5}) == [
+            "cfg.host",
+            "roles[0].mounts[0].src",
+            "roles[0].resource.devices",
         ]
 
 

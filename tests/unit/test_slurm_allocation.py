@@ -19,8 +19,8 @@ from supervisor import AppDef, Role, SpecError
 from supervisor.backends.base import DryrunContext
 from supervisor.backends.slurm.allocation import (
     Progress,
+    allocation_app_problems,
     check_allocation_cfg,
-    check_allocation_request,
     driver_dir,
     observe,
     read_progress,
@@ -283,6 +283,5 @@ def test_mpi_plugins_go_on_the_steps_and_mpirun_is_refused_naming_allocation() -
     assert driver.count("--mpi=pmix") == 2  # each rank's step is wired up by Slurm
     mpirun = Role(name="m", entrypoint="a.out", metadata={MPI: "mpirun", MPI_NODES: 2})
     request = _request(AppDef(name="m", roles=[mpirun]), {}, Path("/l"))
-    with pytest.raises(SpecError) as refused:
-        check_allocation_request(request)
-    assert [p.field for p in refused.value.problems] == ["cfg.allocation"]
+    refused = allocation_app_problems(request.app, request.cfg)
+    assert [p.field for p in refused] == ["cfg.allocation"]

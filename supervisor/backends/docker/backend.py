@@ -51,7 +51,13 @@ from supervisor.backends.docker.engine import (
 )
 from supervisor.backends.docker.foreign import ForeignApps
 from supervisor.backends.docker.options import DOCKER_CAPABILITIES, default_host, docker_run_opts
-from supervisor.backends.docker.request import LABEL, DockerRequest, check_docker_cfg, render
+from supervisor.backends.docker.request import (
+    LABEL,
+    DockerRequest,
+    check_docker_app,
+    check_docker_cfg,
+    render,
+)
 from supervisor.backends.docker.runtime import (
     CONFIRM_S,
     CREATE_CONCURRENCY,
@@ -114,6 +120,9 @@ class DockerBackend(Backend):
 
     def check_cfg(self, cfg: ResolvedCfg) -> list[Problem]:
         return check_docker_cfg(cfg, cfg.get_str("host") or self.host)
+
+    def check_app(self, app: AppDef, cfg: ResolvedCfg) -> list[Problem]:
+        return check_docker_app(app, cfg, cfg.get_str("host") or self.host)
 
     def dryrun(self, app: AppDef, cfg: ResolvedCfg, ctx: DryrunContext) -> DockerRequest:
         return render(

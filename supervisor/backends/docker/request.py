@@ -45,6 +45,7 @@ __all__ = [
     "RANK0_ENV",
     "ContainerSpec",
     "DockerRequest",
+    "check_docker_app",
     "check_docker_cfg",
     "container_name",
     "render",
@@ -338,14 +339,36 @@ def _cfg_env(cfg: ResolvedCfg, host: str) -> tuple[dict[str, str], list[Problem]
     return env, problems
 
 
+def check_docker_app(app: AppDef, cfg: ResolvedCfg, host: str) -> list[Problem]:
+    """What an engine would refuse of the app, or silently not honour, known without
+    asking one (``DockerBackend.check_app``; ``render`` refuses the same): volume names,
+    named devices, and the sources of bind and device mounts on an engine on this
+    machine. ``host``: the address ``cfg`` resolves to (not judged when ``cfg.host``
+    did not resolve)."""
+    problems = _volume_names(app)
+    if host.startswith("unix://") and "host" not in cfg.unresolved:
+        problems += _missing_sources(app)
+    for i, role in enumerate(app.roles):
+        unknown = sorted(name for name in role.resource.devices if name not in NAMED_DEVICES)
+        if unknown:
+            problems.append(
+                Problem(
+                    f"roles[{i}].resource.devices",
+                    f"backend 'docker' maps only {', '.join(sorted(NAMED_DEVICES))} to host "
+                    f"devices, not {', '.join(map(repr, unknown))}; use a DeviceMount",
+                )
+            )
+    return problems
+
+
 def _check(app: AppDef, cfg: ResolvedCfg, ctx: DryrunContext, host: str) -> dict[str, str]:
     """What an engine would silently ignore (Podman drops GPU requests) is refused here,
-    with what the ``env`` option does not say right, and an engine address no client can
-    reach; returns that option's variables."""
+    with what the ``env`` option does not say right, an engine address no client can
+    reach and what ``check_docker_app`` finds; returns that option's variables."""
     env, problems = _cfg_env(cfg, host)
-    problems += _volume_names(app)
-    if host.startswith("unix://"):
-        problems += _missing_sources(app)
+    problems += check_docker_app(app, cfg, host)
+    # The machine's GPUs are the dry run's context (``DryrunContext.gpu_count``), which
+    # ``check_app`` is not given: this rule is made here only.
     for i, role in enumerate(app.roles):
         res = role.resource
         if res.gpu > 0 and res.gpu > ctx.gpu_count:
@@ -354,15 +377,6 @@ def _check(app: AppDef, cfg: ResolvedCfg, ctx: DryrunContext, host: str) -> dict
                     f"roles[{i}].resource.gpu",
                     f"asks for {res.gpu} GPU(s) per replica but this machine has "
                     f"{ctx.gpu_count}; some engines would run it without any",
-                )
-            )
-        unknown = sorted(name for name in res.devices if name not in NAMED_DEVICES)
-        if unknown:
-            problems.append(
-                Problem(
-                    f"roles[{i}].resource.devices",
-                    f"backend 'docker' maps only {', '.join(sorted(NAMED_DEVICES))} to host "
-                    f"devices, not {', '.join(map(repr, unknown))}; use a DeviceMount",
                 )
             )
     if problems:

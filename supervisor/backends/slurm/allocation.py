@@ -72,6 +72,7 @@ from supervisor.events import Exited, Lost, ReplicaKey, Requeued, Started
 from supervisor.fsm.rules import derive_app_state
 from supervisor.logs.pump import EXIT_FILE
 from supervisor.runopts import ResolvedCfg
+from supervisor.specs import MPI, AppDef
 from supervisor.states import ReplicaState
 from supervisor.status import AppStatus, ReplicaStatus, RoleStatus, Transition
 
@@ -93,12 +94,12 @@ __all__ = [
     "ALLOCATION",
     "AllocationRuntime",
     "Progress",
+    "allocation_app_problems",
     "allocation_of",
     "allocation_status",
     "cancel_elsewhere",
     "check_allocation",
     "check_allocation_cfg",
-    "check_allocation_request",
     "driver_dir",
     "driver_path",
     "observe",
@@ -165,19 +166,21 @@ def check_allocation_cfg(cfg: ResolvedCfg, transport_kind: str) -> None:
         raise SpecError(problems, context="invalid run options")
 
 
-def check_allocation_request(request: SlurmRequest) -> None:
-    """What the rendered app needs that steps cannot give: SpecError naming it."""
-    problems = [
+def allocation_app_problems(app: AppDef, cfg: ResolvedCfg) -> list[Problem]:
+    """What the app needs that steps of an allocation cannot give (``SlurmBackend.check_app``
+    lists it in a dry run, ``SlurmBackend.dryrun`` refuses it): an mpirun role runs in a
+    batch script, which such an app has not."""
+    if allocation_of(cfg) is None:
+        return []  # none, or one ``check_allocation_cfg`` names
+    return [
         Problem(
             f"cfg.{ALLOCATION}",
-            f"role {group.replicas[0].role!r} runs mpirun in a batch script, which an app "
+            f"role {role.name!r} runs mpirun in a batch script, which an app "
             "inside an allocation has not: use the pmix or pmi2 plugin (one step of ranks)",
         )
-        for group in request.groups
-        if group.in_batch
+        for role in app.roles
+        if role.metadata.get(MPI) == "mpirun"
     ]
-    if problems:
-        raise SpecError(problems, context="invalid run options")
 
 
 # ---------------------------------------------------------------- the driver

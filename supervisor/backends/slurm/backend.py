@@ -41,12 +41,12 @@ from supervisor.backends.base import (
 from supervisor.backends.listing import list_indexed
 from supervisor.backends.slurm.allocation import (
     AllocationRuntime,
+    allocation_app_problems,
     allocation_of,
     allocation_status,
     cancel_elsewhere,
     check_allocation,
     check_allocation_cfg,
-    check_allocation_request,
     driver_path,
     render_driver,
     start_driver,
@@ -61,6 +61,7 @@ from supervisor.backends.slurm.records import JobRecord, hosts_of_tasks, latest_
 from supervisor.backends.slurm.script import (
     ClusterFacts,
     SlurmRequest,
+    app_problems,
     dependencies,
     group_keys,
     owner_comment,
@@ -475,8 +476,17 @@ class SlurmBackend(Backend):
             partial(check_allocation_cfg, cfg, kind)
         )
 
+    def check_app(self, app: AppDef, cfg: ResolvedCfg) -> list[Problem]:
+        return app_problems(app, cfg, self.facts or ClusterFacts()) + allocation_app_problems(
+            app, cfg
+        )
+
     def dryrun(self, app: AppDef, cfg: ResolvedCfg, ctx: DryrunContext) -> SlurmRequest:
-        # The options' own rules were checked already (``check_cfg``, before any dryrun).
+        # The options' own rules were checked already (``check_cfg``, before any dryrun);
+        # those over the app (``check_app``) are made again, by ``render`` and here.
+        problems = allocation_app_problems(app, cfg)
+        if problems:
+            raise SpecError(problems, context="invalid run options")
         request = render(
             app,
             cfg,
@@ -487,7 +497,6 @@ class SlurmBackend(Backend):
         )
         allocation = allocation_of(cfg)
         if allocation is not None:  # steps of a running job: a driver script, not sbatch's
-            check_allocation_request(request)
             request = dataclasses.replace(request, script=render_driver(request, allocation))
         return request
 

@@ -63,6 +63,7 @@ __all__ = [
     "SlurmGroup",
     "SlurmReplica",
     "SlurmRequest",
+    "app_problems",
     "dependencies",
     "group_keys",
     "owner_comment",
@@ -359,9 +360,23 @@ def _resource_directives(
     return out
 
 
-def _nodelists(app: AppDef, cfg: ResolvedCfg) -> list[list[str]]:
-    """The nodes ``nodelist`` gives each het group, in order; SpecError naming it when too many."""
-    names = [n for item in cfg.get_list("nodelist") or () for n in expand_hostlist(item) or ()]
+def app_problems(app: AppDef, cfg: ResolvedCfg, facts: ClusterFacts) -> list[Problem]:
+    """What Slurm cannot run of ``app`` under ``cfg`` (its grouping, the nodes named, MPI,
+    containers): ``SlurmBackend.check_app`` lists it in a dry run with the options'
+    own problems, ``render`` refuses it. Neither the dry run's context nor the cluster
+    is asked (``facts`` are what the backend knows); a rule over an option in
+    ``cfg.unresolved`` is skipped."""
+    problems = _grouping_problems(app, cfg)
+    if not problems:  # the nodes each group takes are known only for a valid grouping
+        problems += _nodelist_problems(app, cfg)
+    problems += _check_mpi(app)
+    for i, role in enumerate(app.roles):
+        problems += _image_problems(i, role, cfg, facts)
+    return problems
+
+
+def _group_sizes(app: AppDef, cfg: ResolvedCfg) -> list[int]:
+    """The nodes each het group takes, in order (for a grouping ``app_problems`` passed)."""
     sizes: list[int] = []
     default = cfg.get_int("ntasks_per_node")
     for role in app.roles:
@@ -372,25 +387,44 @@ def _nodelists(app: AppDef, cfg: ResolvedCfg) -> list[list[str]]:
             sizes += [1] * role.num_replicas
         else:
             sizes.append(max(role.num_replicas // per_node, 1))
-    if len(names) > sum(sizes):
-        raise SpecError(
-            [
-                Problem(
-                    "cfg.nodelist",
-                    f"{len(names)} nodes named, but the app runs on {sum(sizes)} "
-                    "(each het group takes as many as it has nodes, in order)",
-                )
-            ],
-            context="cannot place the app's replicas on Slurm nodes",
+    return sizes
+
+
+def _named_nodes(cfg: ResolvedCfg) -> list[str]:
+    """The nodes ``nodelist`` names (a malformed item, ``check_cfg``'s to name, gives none)."""
+    return [n for item in cfg.get_list("nodelist") or () for n in expand_hostlist(item) or ()]
+
+
+def _nodelist_problems(app: AppDef, cfg: ResolvedCfg) -> list[Problem]:
+    """More nodes named than the app's het groups take."""
+    if {"nodelist", "ntasks_per_node"} & cfg.unresolved:
+        return []  # the count or the groups are not known
+    named, sizes = len(_named_nodes(cfg)), sum(_group_sizes(app, cfg))
+    if named <= sizes:
+        return []
+    return [
+        Problem(
+            "cfg.nodelist",
+            f"{named} nodes named, but the app runs on {sizes} "
+            "(each het group takes as many as it has nodes, in order)",
         )
+    ]
+
+
+def _nodelists(app: AppDef, cfg: ResolvedCfg) -> list[list[str]]:
+    """The nodes ``nodelist`` gives each het group, in order (``_nodelist_problems`` passed)."""
+    names = _named_nodes(cfg)
     out = []
-    for size in sizes:
+    for size in _group_sizes(app, cfg):
         out.append(names[:size])
         names = names[size:]
     return out
 
 
-def _check_grouping(app: AppDef, default: int | None) -> None:
+def _grouping_problems(app: AppDef, cfg: ResolvedCfg) -> list[Problem]:
+    """Each grouped role's tasks per node: a positive integer dividing its replicas."""
+    # An unresolved ntasks_per_node is at its default (None): no role is grouped by it.
+    default = cfg.get_int("ntasks_per_node")
     problems = []
     for i, role in enumerate(app.roles):
         if role.metadata.get(MPI) == "mpirun":
@@ -410,8 +444,7 @@ def _check_grouping(app: AppDef, default: int | None) -> None:
             problems.append(
                 Problem(where, f"{of}{per_node} does not divide num_replicas={role.num_replicas}")
             )
-    if problems:
-        raise SpecError(problems, context="cannot place the app's replicas on Slurm nodes")
+    return problems
 
 
 def _mpirun_nodes(role: Role) -> int:
@@ -465,11 +498,16 @@ _NO_PYXIS = (
 )
 
 
-def _container_options(
-    i: int, role: Role, cfg: ResolvedCfg, facts: ClusterFacts, app_dir: Path, workdir: str
-) -> tuple[tuple[str, ...], list[Problem]]:
-    """The pyxis srun options of role ``i`` (none when it has no image or it is only a tag)."""
-    rendered = bool(role.image) and not cfg.get_bool("image_is_tag", False)
+def _rendered(role: Role, cfg: ResolvedCfg) -> bool:
+    """Whether the role runs in a container (its image is not only a tag)."""
+    return bool(role.image) and not cfg.get_bool("image_is_tag", False)
+
+
+def _image_problems(i: int, role: Role, cfg: ResolvedCfg, facts: ClusterFacts) -> list[Problem]:
+    """Role ``i``'s image and mounts: a container pyxis can run, mounts it can give."""
+    if role.image and "image_is_tag" in cfg.unresolved:
+        return []  # whether it runs in a container is not known
+    rendered = _rendered(role, cfg)
     problems: list[Problem] = []
     if rendered and facts.pyxis is False:
         problems.append(Problem(f"roles[{i}].image", f"{role.image!r}: {_NO_PYXIS}"))
@@ -482,41 +520,46 @@ def _container_options(
             )
         )
     if not rendered or problems:
-        return (), problems
-    # The app's directory (logs, the log pump) and the working directory, as on the node.
+        return problems
+    for j, mount in enumerate(role.mounts):
+        where = f"roles[{i}].mounts[{j}]"
+        if not isinstance(mount, BindMount | DeviceMount):
+            problems.append(
+                Problem(where, "pyxis (enroot) has no named volumes: use a BindMount of a path")
+            )
+        elif _unmountable(mount.src_path) or _unmountable(mount.dst_path):
+            problems.append(Problem(where, f"pyxis cannot mount it: {_COLON}"))
+    return problems
+
+
+def _implicit_mount_problems(i: int, role: Role, app_dir: Path, workdir: str) -> list[Problem]:
+    """The directories every container of role ``i`` gets, known only in the dry run: the
+    app's (logs, the log pump) and the working one, as on the node."""
     implicit = (
         ("the app's directory (log_dir/session/app id)", str(app_dir)),
         ("the working directory (job_dir, else the current one)", str(workdir)),
     )
-    for what, path in implicit:
-        if _unmountable(path):
-            problems.append(
-                Problem(f"roles[{i}].image", f"pyxis cannot mount {what} {path!r}: {_COLON}")
-            )
-    if problems:
-        return (), problems
+    return [
+        Problem(f"roles[{i}].image", f"pyxis cannot mount {what} {path!r}: {_COLON}")
+        for what, path in implicit
+        if _unmountable(path)
+    ]
+
+
+def _container_options(role: Role, app_dir: Path, workdir: str) -> tuple[str, ...]:
+    """The pyxis srun options of a role run in a container, whose mounts passed
+    ``_image_problems`` and ``_implicit_mount_problems``."""
     mounts = [f"{app_dir}:{app_dir}", f"{workdir}:{workdir}"]
-    for j, mount in enumerate(role.mounts):
-        where = f"roles[{i}].mounts[{j}]"
+    for mount in role.mounts:
         if isinstance(mount, BindMount):
-            item = f"{mount.src_path}:{mount.dst_path}" + (":ro" if mount.read_only else "")
+            mounts.append(f"{mount.src_path}:{mount.dst_path}" + (":ro" if mount.read_only else ""))
         elif isinstance(mount, DeviceMount):
-            item = f"{mount.src_path}:{mount.dst_path}"
-        else:
-            problems.append(
-                Problem(where, "pyxis (enroot) has no named volumes: use a BindMount of a path")
-            )
-            continue
-        if _unmountable(mount.src_path) or _unmountable(mount.dst_path):
-            problems.append(Problem(where, f"pyxis cannot mount it: {_COLON}"))
-            continue
-        mounts.append(item)
-    options = (
+            mounts.append(f"{mount.src_path}:{mount.dst_path}")
+    return (
         f"--container-image={role.image}",
         f"--container-mounts={','.join(mounts)}",
         f"--container-workdir={workdir}",
     )
-    return options, problems
 
 
 _COLON = "a path with ',' or ':' in it cannot be given to --container-mounts"
@@ -538,20 +581,22 @@ def render(
 ) -> SlurmRequest:
     """``job_dir`` is the directory chosen for this app (fresh per app), or None."""
     default_per_node = cfg.get_int("ntasks_per_node")
-    _check_grouping(app, default_per_node)
-    nodelists = _nodelists(app, cfg)
     # Absolute (relative to the dry run's directory): compute nodes and other processes read it.
     log_root = Path(ctx.cwd, cfg.get_str("log_dir") or default_log_dir)
     app_dir = log_root / ctx.session / ctx.app_id
     workdir = job_dir or ctx.cwd
-    problems = _check_mpi(app)
-    containers = []
+    # The same rules as ``check_app``'s: a backend used directly is refused what a dry
+    # run would list.
+    problems = app_problems(app, cfg, facts)
+    containers: list[tuple[str, ...]] = []
     for i, role in enumerate(app.roles):
-        options, found = _container_options(i, role, cfg, facts, app_dir, workdir)
-        containers.append(options)
-        problems += found
+        in_container = _rendered(role, cfg) and facts.pyxis is not False
+        if in_container:
+            problems += _implicit_mount_problems(i, role, app_dir, workdir)
+        containers.append(_container_options(role, app_dir, workdir) if in_container else ())
     if problems:
         raise SpecError(problems, context="cannot run the app on Slurm")
+    nodelists = _nodelists(app, cfg)
     replicas: list[SlurmReplica] = []
     groups: list[SlurmGroup] = []
     tasks = 0

@@ -372,7 +372,8 @@ def cancel(
     (--session, default your user name) that have not ended, never another
     session's, nor a job asupervisor did not launch. They are listed, then
     cancelled once you confirm (--yes: without asking; with no terminal to ask
-    on it refuses, exit 2). A "no" exits 1, nothing cancelled.
+    on it refuses, exit 2). A "no" cancels nothing and exits 1 (`Error: nothing
+    cancelled: ...`).
     """
     filtered = bool(states or partition is not None or every)
     if handle is not None and filtered:

@@ -779,3 +779,57 @@ def test_every_command_with_a_backend_takes_torchx_s_and_scheduler(env: dict[str
             done = cli(env, *args, flag, "nosuch")
             assert done.returncode == 2, (args, flag, done.stderr)
             assert "nosuch" in done.stderr and "No such option" not in done.stderr, done.stderr
+
+
+def _cancel_asking_on_a_pty(env: dict[str, str], typed: bytes | None) -> tuple[int, str]:
+    """``cancel --all`` with a terminal on stdin: ``typed`` is the answer, or None for
+    Ctrl-C (SIGINT, as the terminal sends it) once the question is on stderr."""
+    main, child = pty.openpty()
+    try:
+        if typed is not None:
+            os.write(main, typed)
+        proc = subprocess.Popen(
+            [*AS_FROM_A_SHELL, "--session", "asker", "cancel", "--all"],
+            env=env, stdin=child, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        assert proc.stderr is not None
+        err = b""
+        if typed is None:
+            deadline = time.monotonic() + TIMEOUT
+            while b"[y/N]" not in err:
+                ready, _, _ = select.select([proc.stderr], [], [], deadline - time.monotonic())
+                assert ready, f"no question within {TIMEOUT} s; got {err!r}"
+                chunk = os.read(proc.stderr.fileno(), 65536)
+                assert chunk, f"stderr closed before the question; got {err!r}"
+                err += chunk
+            proc.send_signal(signal.SIGINT)
+        err += proc.stderr.read()
+        proc.stderr.close()
+        return proc.wait(TIMEOUT), err.decode()
+    finally:
+        os.close(child)
+        os.close(main)
+
+
+def test_cancel_all_answered_no_says_nothing_was_cancelled(
+    env: dict[str, str], background: Any
+) -> None:
+    """A "no" printed click's ``Aborted!``, not the one ``Error:`` line every non-zero
+    exit comes with; Ctrl-C at the question did too, and exited 1, not 130."""
+    run = background("--session", "asker", "run", "--wait", "--", "sh", "-c", "exec sleep 30")
+    handle = run.read_line()
+    wait_for_state(env, handle, "RUNNING")
+    for typed, code, last in (
+        (b"n\n", 1, "Error: nothing cancelled: the answer was no"),
+        (b"\x04", 1, "Error: nothing cancelled: no answer"),  # Ctrl-D: end of input
+        (None, 130, "Error: interrupted (SIGINT)"),
+    ):
+        returncode, err = _cancel_asking_on_a_pty(env, typed)
+        assert returncode == code, err
+        assert handle in err and "Cancel these 1 app? [y/N]" in err, err
+        assert err.endswith(f"{last}\n") and err.count("Error:") == 1, err
+        assert "Aborted!" not in err and "cancel requested" not in err, err
+        assert cli_json(env, "status", handle)["state"] == "RUNNING"
+    returncode, err = _cancel_asking_on_a_pty(env, b"y\n")
+    assert returncode == 0 and f"cancel requested: {handle}" in err, err
+    assert run.wait() == 3, run.stderr()

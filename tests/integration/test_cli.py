@@ -833,3 +833,17 @@ def test_cancel_all_answered_no_says_nothing_was_cancelled(
     returncode, err = _cancel_asking_on_a_pty(env, b"y\n")
     assert returncode == 0 and f"cancel requested: {handle}" in err, err
     assert run.wait() == 3, run.stderr()
+
+
+def test_hold_of_an_app_nobody_recorded_is_no_such_app(env: dict[str, str]) -> None:
+    """The local backend refused before looking: exit 2 "cannot hold" for a handle that
+    names no app, where `hold`'s help (and every other command) says exit 1."""
+    for verb in ("hold", "release"):
+        missing = cli(env, verb, "local://me/nope-0")
+        assert missing.returncode == 1, missing.stderr
+        assert one_error_line(missing) == "Error: no app local://me/nope-0"
+    handle = cli(env, "run", "--", "true").stdout.strip()
+    for verb in ("hold", "release"):
+        refused = cli(env, verb, handle)
+        assert refused.returncode == 2, refused.stderr
+        assert "the local backend cannot" in refused.stderr and "(slurm can)" in refused.stderr

@@ -296,7 +296,12 @@ def _with_replicas(handle: str, found: DescribeAppResponse) -> DescribeAppRespon
     type=click.Choice([s.value for s in Stream]),
     help="which output [default: combined, both interleaved]",
 )
-@click.option("--json", "as_json", is_flag=True, help='one {"role","replica_id","line"} per line')
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help='one {"role","replica_id","line"} per line, "line" without its line ending',
+)
 @click.pass_context
 def log(
     ctx: click.Context,

@@ -323,7 +323,7 @@ def test_log_filters(env: dict[str, str]) -> None:
         json.loads(line) for line in log("sh/1", "--json", "--streams", "stdout").splitlines()
     ]
     assert records == [
-        {"role": "sh", "replica_id": 1, "line": "out 1\n"},
+        {"role": "sh", "replica_id": 1, "line": "out 1"},
         {"role": "sh", "replica_id": 1, "line": "no newline"},
     ]
     bad = cli(env, "log", handle, "sh/7")
@@ -335,6 +335,29 @@ def test_log_filters(env: dict[str, str]) -> None:
     assert bad.returncode == 2 and "no role 'nope'" in bad.stderr
     missing = cli(env, "log", f"{handle}x/sh/0")
     assert missing.returncode == 1 and f"no app {handle}x/sh/0" in missing.stderr
+
+
+def test_log_json_gives_each_line_without_its_ending(env: dict[str, str]) -> None:
+    """Each record's "line" kept the ``\\n`` (or ``\\r\\n``) that ended it, where the text
+    output shows one line per line; whatever else the line holds stays, a lone or inner
+    ``\\r`` too."""
+    script = r"printf 'one\ntwo\r\nbar\rfoo\n  spaced  \n\n\tlast\r'"
+    done = cli(env, "run", "--", "sh", "-c", script)
+    assert done.returncode == 0, done.stderr
+    handle = done.stdout.strip()
+    shown = cli(env, "log", handle, "--json")
+    assert shown.returncode == 0, shown.stderr
+    lines = [json.loads(record)["line"] for record in shown.stdout.splitlines()]
+    assert lines == ["one", "two", "bar\rfoo", "  spaced  ", "", "\tlast\r"]
+    # The text output, as written (a newline after the last line), one line per record;
+    # bytes, as text mode would read each \\r as a newline.
+    text = subprocess.run(
+        [*CLI, "log", handle], env=env, capture_output=True, timeout=TIMEOUT, check=True
+    ).stdout
+    assert text == b"".join(
+        b"sh/0 | " + line + b"\n"
+        for line in (b"one", b"two\r", b"bar\rfoo", b"  spaced  ", b"", b"\tlast\r")
+    )
 
 
 # ------------------------------------------------------ a second process

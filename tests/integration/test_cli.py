@@ -259,6 +259,34 @@ def test_a_command_with_stdout_closed_writes_nowhere_and_exits_as_usual(
     assert latest["state"] == "SUCCEEDED", latest
 
 
+def test_a_broken_install_explained_with_stderr_closed_writes_nothing_to_stdout(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """The explanation of a ``supervisor`` package that is not ours (here: its
+    ``__init__.py`` deleted, as uninstalling supervisord does) went to stdout when stderr
+    was closed at start: ``print(file=None)`` writes to stdout, into what a script reads."""
+    package = tmp_path / "supervisor"
+    (package / "cli").mkdir(parents=True)
+    for name in ("__main__.py", "clash.py", "cli/__init__.py"):
+        shutil.copy(ROOT / "supervisor" / name, package / name)
+    bare = {**env, "PYTHONPATH": str(tmp_path)}
+
+    def broken(redirect: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["sh", "-c", f'exec "$@" {redirect}', "sh", sys.executable, "-m", "supervisor",
+             "list"],
+            env=bare, cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT, check=False,
+        )  # fmt: skip
+
+    told = broken("")
+    assert told.returncode == 1 and told.stdout == "", told
+    assert told.stderr.startswith("asupervisor: asupervisor is broken: "), told.stderr
+    assert "__init__.py is missing" in told.stderr
+    quiet = broken("2>&-")
+    assert quiet.returncode == 1, quiet
+    assert quiet.stdout == "" and quiet.stderr == "", quiet
+
+
 def test_log_of_an_app_whose_record_is_damaged_says_why(
     env: dict[str, str], state_dir: Path
 ) -> None:

@@ -198,7 +198,10 @@ def test_a_missing_program_fails_with_one_line_on_stderr(
     done = cli(env, "run", *wait, "--", str(program))
     assert done.returncode == 1
     handle = done.stdout.splitlines()[0]
-    cause = f"no-such-program/0: cannot start '{program}': No such file or directory"
+    cause = (
+        f"no-such-program/0 exited with code 127: cannot start '{program}': "
+        "No such file or directory"
+    )
     errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
     assert errors == [f"Error: {handle} FAILED: {cause}"], done.stderr
     assert done.stderr.endswith(errors[0] + "\n")  # the last line, after any transitions

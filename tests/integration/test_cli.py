@@ -856,6 +856,10 @@ def _cancel_asking_on_a_pty(env: dict[str, str], typed: bytes | None) -> tuple[i
                 chunk = os.read(proc.stderr.fileno(), 65536)
                 assert chunk, f"stderr closed before the question; got {err!r}"
                 err += chunk
+            # input() writes the question, then reads: a SIGINT between the two is taken
+            # only once the read returns (CPython runs the handler between bytecodes), so
+            # the signal comes once it reads, as a person's Ctrl-C does.
+            time.sleep(0.5)
             proc.send_signal(signal.SIGINT)
         err += proc.stderr.read()
         proc.stderr.close()

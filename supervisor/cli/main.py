@@ -317,7 +317,8 @@ def log(
     """Print an app's output: every replica, one ROLE's, or one ROLE/K's.
 
     TorchX's HANDLE/ROLE[/K] in one argument works too. Lines are printed
-    as written. With several replicas each line starts with `role/k | `.
+    as written. Unless ROLE/K names one replica, each line starts with
+    `role/k | `, an app of one replica too (as TorchX's `role/k `).
     T is an ISO-8601 datetime (naive means local time), epoch seconds, or a
     duration ago: 30s, 10m, 2h, 1d, 1h30m.
     """

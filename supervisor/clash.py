@@ -75,7 +75,12 @@ def check_entry() -> None:
     problem = diagnose(package)
     if problem is None or problem is _MIXED:
         return  # mixed but working: ``warn_if_mixed`` said so when ``supervisor`` was imported
-    print(f"asupervisor: {problem}", file=sys.stderr)
+    # A stderr closed at start (``2>&-``) is None, and ``print(file=None)`` writes to
+    # stdout, into what a script reads (``h=$(asupervisor run ...)``): the message goes
+    # nowhere then, as the CLI's ``render.std_stream`` has it (not imported: this runs
+    # when the package around it is broken).
+    if sys.stderr is not None:
+        print(f"asupervisor: {problem}", file=sys.stderr)
     raise SystemExit(1)
 
 

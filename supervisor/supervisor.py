@@ -1227,9 +1227,9 @@ class Supervisor:
     async def hold(self, handle: str) -> None:
         """Keep a pending app from starting until ``release`` (Slurm: ``scontrol hold``).
 
-        Its state stays PENDING with the scheduler's reason (JobHeldUser). A
-        backend that cannot hold (local, docker) raises ``SpecError``; an app
-        nobody recorded raises ``UnknownAppError``.
+        Its state stays PENDING with the scheduler's reason (JobHeldUser). An
+        app nobody recorded raises ``UnknownAppError``, on any backend; a
+        backend that cannot hold (local, docker) raises ``SpecError``.
         """
         self._check_loop()
         await self._hold(handle, release=False)
@@ -1242,7 +1242,16 @@ class Supervisor:
     async def _hold(self, handle: str, *, release: bool) -> None:
         parsed = parse_handle(handle)
         impl = await self._loaded(parsed.backend)
-        if not await impl.hold(parsed, release=release):
+        try:
+            held = await impl.hold(parsed, release=release)
+        except SpecError:
+            # A backend that cannot hold refuses without looking: an app nobody recorded
+            # is unknown there too, as every other verb says (the CLI's exit 1, not 2).
+            # Looked up only here, so a hold that works costs no extra describe.
+            if handle not in self._actors and await self._describe_recorded(parsed) is None:
+                raise UnknownAppError(f"no app {handle}") from None
+            raise
+        if not held:
             raise UnknownAppError(f"no app {handle}")
 
     async def wait(self, handle: str, timeout: float | None = None) -> AppStatus:

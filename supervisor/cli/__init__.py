@@ -22,7 +22,7 @@ stderr, ``Error: ...``:
 
     0    success; ``run``/``status``/``describe``: the app SUCCEEDED or has not ended
     1    the app FAILED (a launch failure too), no such app, the backend failed,
-         or a backend's extra is not installed
+         a backend's extra is not installed, or a cancel by filter was answered no
     2    usage error: unknown option, bad value, malformed handle, invalid app or run options
     3    the app was CANCELLED
     4    the app's state is UNKNOWN (its supervising process vanished)

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from supervisor.cli.errors import UsageFailure
+from supervisor.cli.errors import CliError, UsageFailure
 from supervisor.cli.render import state_text
 from supervisor.cluster import ClusterInfo, ClusterJob
 from supervisor.status import ListAppResponse
@@ -101,7 +101,9 @@ def print_matches(out: Console, apps: Sequence[ListAppResponse]) -> None:
 def confirm_cancel(count: int, yes: bool) -> None:
     """Ask before cancelling; ``--yes`` skips it, and without a terminal it is refused (exit 2).
 
-    A "no" aborts with exit 1 (click's ``Aborted!``), nothing cancelled.
+    A "no", or no answer (end of input), is ``Error: nothing cancelled: ...`` and exit 1,
+    one ``Error:`` line as for every non-zero exit (click's own abort printed
+    ``Aborted!``); Ctrl-C at the question is an interruption (130), as elsewhere.
     """
     if yes:
         return
@@ -111,4 +113,14 @@ def confirm_cancel(count: int, yes: bool) -> None:
             "to ask on; pass --yes"
         )
     noun = "app" if count == 1 else "apps"
-    click.confirm(f"Cancel these {count} {noun}?", abort=True, err=True)
+    try:
+        confirmed = click.confirm(f"Cancel these {count} {noun}?", err=True)
+    except click.Abort as exc:
+        click.echo(err=True)  # the question's line ends, as an answer would end it
+        # click turns both Ctrl-C and end of input into Abort; what it caught stays
+        # the context.
+        if isinstance(exc.__context__, KeyboardInterrupt):
+            raise KeyboardInterrupt from None
+        raise CliError("nothing cancelled: no answer") from None
+    if not confirmed:
+        raise CliError("nothing cancelled: the answer was no")

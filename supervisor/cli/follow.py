@@ -45,7 +45,9 @@ async def follow_logs(
 
     With ``prefix`` each line starts ``role/k | `` and a last line without
     its newline gets one, so replicas never share a line. With ``as_json``
-    each line is a JSON object ``{"role", "replica_id", "line"}``.
+    each line is a JSON object ``{"role", "replica_id", "line"}``, the line
+    without its ending (``\\n`` or ``\\r\\n``): one record is one line, as the
+    text output shows it.
     """
     labels = [
         replica_prefix(role, k, index, color) if prefix else ""
@@ -85,7 +87,8 @@ async def _one(
     )
     async for line in lines:
         if as_json:
-            out.write(json.dumps({"role": role, "replica_id": k, "line": line}) + "\n")
+            text = line.removesuffix("\n").removesuffix("\r") if line.endswith("\n") else line
+            out.write(json.dumps({"role": role, "replica_id": k, "line": text}) + "\n")
         elif prefix and not line.endswith("\n"):
             out.write(f"{label}{line}\n")
         else:

@@ -296,7 +296,12 @@ def _with_replicas(handle: str, found: DescribeAppResponse) -> DescribeAppRespon
     type=click.Choice([s.value for s in Stream]),
     help="which output [default: combined, both interleaved]",
 )
-@click.option("--json", "as_json", is_flag=True, help='one {"role","replica_id","line"} per line')
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help='one {"role","replica_id","line"} per line, "line" without its line ending',
+)
 @click.pass_context
 def log(
     ctx: click.Context,
@@ -312,7 +317,8 @@ def log(
     """Print an app's output: every replica, one ROLE's, or one ROLE/K's.
 
     TorchX's HANDLE/ROLE[/K] in one argument works too. Lines are printed
-    as written. With several replicas each line starts with `role/k | `.
+    as written. Unless ROLE/K names one replica, each line starts with
+    `role/k | `, an app of one replica too (as TorchX's `role/k `).
     T is an ISO-8601 datetime (naive means local time), epoch seconds, or a
     duration ago: 30s, 10m, 2h, 1d, 1h30m.
     """
@@ -372,7 +378,8 @@ def cancel(
     (--session, default your user name) that have not ended, never another
     session's, nor a job asupervisor did not launch. They are listed, then
     cancelled once you confirm (--yes: without asking; with no terminal to ask
-    on it refuses, exit 2). A "no" exits 1, nothing cancelled.
+    on it refuses, exit 2). A "no" cancels nothing and exits 1 (`Error: nothing
+    cancelled: ...`).
     """
     filtered = bool(states or partition is not None or every)
     if handle is not None and filtered:

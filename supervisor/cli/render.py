@@ -23,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from supervisor.errorfile import ErrorReport, parse_error_file
+from supervisor.fsm.app import describe_exit
 from supervisor.specs import AppDef, Role
 from supervisor.states import AppState, ReplicaState
 from supervisor.status import (
@@ -30,6 +31,7 @@ from supervisor.status import (
     AppTimes,
     DescribeAppResponse,
     ListAppResponse,
+    ReplicaStatus,
     Transition,
 )
 
@@ -127,9 +129,26 @@ def failure_line(handle: str, status: AppStatus) -> str:
         failed = [r for rs in status.roles for r in rs.replicas if r.state.name == "FAILED"]
         first = failed[0] if failed else None
         if first is not None:
-            reason = parse_error_file(first.structured_error_msg).headline or first.msg
+            reason = parse_error_file(first.structured_error_msg).headline or _exit_reason(first)
     reason = reason or status.msg
     return f"{handle} {status.state.name}" + (f": {reason}" if reason else "")
+
+
+def _exit_reason(replica: ReplicaStatus) -> str:
+    """``trainer/1 exited with code 3: why``: the replica's exit and its backend's reason,
+    as its transition says them.
+
+    Its ``msg`` alone is the backend's reason where it gave one, without the code: a
+    Slurm replica's is always one ("trainer/1: Slurm state FAILED"), so its failure
+    line never said how it exited where a local or Docker one did.
+    """
+    if replica.exit_code is None and replica.signal is None:
+        return replica.msg
+    name = f"{replica.role}/{replica.id}"
+    exited = f"{name} {describe_exit(replica.exit_code, replica.signal)}"
+    if not replica.msg or replica.msg.startswith(exited):
+        return replica.msg or exited
+    return f"{exited}: {replica.msg.removeprefix(f'{name}: ')}"
 
 
 def _iso(at: float | None) -> str | None:

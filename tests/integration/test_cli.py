@@ -198,7 +198,10 @@ def test_a_missing_program_fails_with_one_line_on_stderr(
     done = cli(env, "run", *wait, "--", str(program))
     assert done.returncode == 1
     handle = done.stdout.splitlines()[0]
-    cause = f"no-such-program/0: cannot start '{program}': No such file or directory"
+    cause = (
+        f"no-such-program/0 exited with code 127: cannot start '{program}': "
+        "No such file or directory"
+    )
     errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
     assert errors == [f"Error: {handle} FAILED: {cause}"], done.stderr
     assert done.stderr.endswith(errors[0] + "\n")  # the last line, after any transitions
@@ -257,6 +260,34 @@ def test_a_command_with_stdout_closed_writes_nowhere_and_exits_as_usual(
     assert "Traceback" not in done.stderr and "Error" not in done.stderr, done.stderr
     (latest,) = cli_json(env, "list")[:1]
     assert latest["state"] == "SUCCEEDED", latest
+
+
+def test_a_broken_install_explained_with_stderr_closed_writes_nothing_to_stdout(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """The explanation of a ``supervisor`` package that is not ours (here: its
+    ``__init__.py`` deleted, as uninstalling supervisord does) went to stdout when stderr
+    was closed at start: ``print(file=None)`` writes to stdout, into what a script reads."""
+    package = tmp_path / "supervisor"
+    (package / "cli").mkdir(parents=True)
+    for name in ("__main__.py", "clash.py", "cli/__init__.py"):
+        shutil.copy(ROOT / "supervisor" / name, package / name)
+    bare = {**env, "PYTHONPATH": str(tmp_path)}
+
+    def broken(redirect: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["sh", "-c", f'exec "$@" {redirect}', "sh", sys.executable, "-m", "supervisor",
+             "list"],
+            env=bare, cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT, check=False,
+        )  # fmt: skip
+
+    told = broken("")
+    assert told.returncode == 1 and told.stdout == "", told
+    assert told.stderr.startswith("asupervisor: asupervisor is broken: "), told.stderr
+    assert "__init__.py is missing" in told.stderr
+    quiet = broken("2>&-")
+    assert quiet.returncode == 1, quiet
+    assert quiet.stdout == "" and quiet.stderr == "", quiet
 
 
 def test_log_of_an_app_whose_record_is_damaged_says_why(
@@ -323,7 +354,7 @@ def test_log_filters(env: dict[str, str]) -> None:
         json.loads(line) for line in log("sh/1", "--json", "--streams", "stdout").splitlines()
     ]
     assert records == [
-        {"role": "sh", "replica_id": 1, "line": "out 1\n"},
+        {"role": "sh", "replica_id": 1, "line": "out 1"},
         {"role": "sh", "replica_id": 1, "line": "no newline"},
     ]
     bad = cli(env, "log", handle, "sh/7")
@@ -335,6 +366,29 @@ def test_log_filters(env: dict[str, str]) -> None:
     assert bad.returncode == 2 and "no role 'nope'" in bad.stderr
     missing = cli(env, "log", f"{handle}x/sh/0")
     assert missing.returncode == 1 and f"no app {handle}x/sh/0" in missing.stderr
+
+
+def test_log_json_gives_each_line_without_its_ending(env: dict[str, str]) -> None:
+    """Each record's "line" kept the ``\\n`` (or ``\\r\\n``) that ended it, where the text
+    output shows one line per line; whatever else the line holds stays, a lone or inner
+    ``\\r`` too."""
+    script = r"printf 'one\ntwo\r\nbar\rfoo\n  spaced  \n\n\tlast\r'"
+    done = cli(env, "run", "--", "sh", "-c", script)
+    assert done.returncode == 0, done.stderr
+    handle = done.stdout.strip()
+    shown = cli(env, "log", handle, "--json")
+    assert shown.returncode == 0, shown.stderr
+    lines = [json.loads(record)["line"] for record in shown.stdout.splitlines()]
+    assert lines == ["one", "two", "bar\rfoo", "  spaced  ", "", "\tlast\r"]
+    # The text output, as written (a newline after the last line), one line per record;
+    # bytes, as text mode would read each \\r as a newline.
+    text = subprocess.run(
+        [*CLI, "log", handle], env=env, capture_output=True, timeout=TIMEOUT, check=True
+    ).stdout
+    assert text == b"".join(
+        b"sh/0 | " + line + b"\n"
+        for line in (b"one", b"two\r", b"bar\rfoo", b"  spaced  ", b"", b"\tlast\r")
+    )
 
 
 # ------------------------------------------------------ a second process
@@ -779,3 +833,75 @@ def test_every_command_with_a_backend_takes_torchx_s_and_scheduler(env: dict[str
             done = cli(env, *args, flag, "nosuch")
             assert done.returncode == 2, (args, flag, done.stderr)
             assert "nosuch" in done.stderr and "No such option" not in done.stderr, done.stderr
+
+
+def _cancel_asking_on_a_pty(env: dict[str, str], typed: bytes | None) -> tuple[int, str]:
+    """``cancel --all`` with a terminal on stdin: ``typed`` is the answer, or None for
+    Ctrl-C (SIGINT, as the terminal sends it) once the question is on stderr."""
+    main, child = pty.openpty()
+    try:
+        if typed is not None:
+            os.write(main, typed)
+        proc = subprocess.Popen(
+            [*AS_FROM_A_SHELL, "--session", "asker", "cancel", "--all"],
+            env=env, stdin=child, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        assert proc.stderr is not None
+        err = b""
+        if typed is None:
+            deadline = time.monotonic() + TIMEOUT
+            while b"[y/N]" not in err:
+                ready, _, _ = select.select([proc.stderr], [], [], deadline - time.monotonic())
+                assert ready, f"no question within {TIMEOUT} s; got {err!r}"
+                chunk = os.read(proc.stderr.fileno(), 65536)
+                assert chunk, f"stderr closed before the question; got {err!r}"
+                err += chunk
+            # input() writes the question, then reads: a SIGINT between the two is taken
+            # only once the read returns (CPython runs the handler between bytecodes), so
+            # the signal comes once it reads, as a person's Ctrl-C does.
+            time.sleep(0.5)
+            proc.send_signal(signal.SIGINT)
+        err += proc.stderr.read()
+        proc.stderr.close()
+        return proc.wait(TIMEOUT), err.decode()
+    finally:
+        os.close(child)
+        os.close(main)
+
+
+def test_cancel_all_answered_no_says_nothing_was_cancelled(
+    env: dict[str, str], background: Any
+) -> None:
+    """A "no" printed click's ``Aborted!``, not the one ``Error:`` line every non-zero
+    exit comes with; Ctrl-C at the question did too, and exited 1, not 130."""
+    run = background("--session", "asker", "run", "--wait", "--", "sh", "-c", "exec sleep 30")
+    handle = run.read_line()
+    wait_for_state(env, handle, "RUNNING")
+    for typed, code, last in (
+        (b"n\n", 1, "Error: nothing cancelled: the answer was no"),
+        (b"\x04", 1, "Error: nothing cancelled: no answer"),  # Ctrl-D: end of input
+        (None, 130, "Error: interrupted (SIGINT)"),
+    ):
+        returncode, err = _cancel_asking_on_a_pty(env, typed)
+        assert returncode == code, err
+        assert handle in err and "Cancel these 1 app? [y/N]" in err, err
+        assert err.endswith(f"{last}\n") and err.count("Error:") == 1, err
+        assert "Aborted!" not in err and "cancel requested" not in err, err
+        assert cli_json(env, "status", handle)["state"] == "RUNNING"
+    returncode, err = _cancel_asking_on_a_pty(env, b"y\n")
+    assert returncode == 0 and f"cancel requested: {handle}" in err, err
+    assert run.wait() == 3, run.stderr()
+
+
+def test_hold_of_an_app_nobody_recorded_is_no_such_app(env: dict[str, str]) -> None:
+    """The local backend refused before looking: exit 2 "cannot hold" for a handle that
+    names no app, where `hold`'s help (and every other command) says exit 1."""
+    for verb in ("hold", "release"):
+        missing = cli(env, verb, "local://me/nope-0")
+        assert missing.returncode == 1, missing.stderr
+        assert one_error_line(missing) == "Error: no app local://me/nope-0"
+    handle = cli(env, "run", "--", "true").stdout.strip()
+    for verb in ("hold", "release"):
+        refused = cli(env, verb, handle)
+        assert refused.returncode == 2, refused.stderr
+        assert "the local backend cannot" in refused.stderr and "(slurm can)" in refused.stderr

@@ -19,7 +19,16 @@ from typing import Any
 import anyio
 import pytest
 
-from supervisor import AppDef, AppState, AppStatus, Role, SpecError, SubmitError, Supervisor
+from supervisor import (
+    AppDef,
+    AppState,
+    AppStatus,
+    Role,
+    SpecError,
+    SubmitError,
+    Supervisor,
+    UnknownAppError,
+)
 from supervisor.specs import parse_handle
 
 from .slurm_cluster import ensure_cluster, until
@@ -240,8 +249,8 @@ async def test_hold_and_release_through_the_supervisor(
         assert still is not None and still.state is AppState.PENDING
         await sv.release(second)
         assert (await sv.wait(second, timeout=120)).state is AppState.SUCCEEDED
-        with pytest.raises(SpecError, match="cannot hold"):
-            await sv.hold("local://svc/x-1")
+        with pytest.raises(UnknownAppError, match="no app local://svc/x-1"):
+            await sv.hold("local://svc/x-1")  # no such app, before "cannot hold"
 
 
 def test_hold_and_release_have_help_and_exit_codes(state_dir: Path) -> None:
@@ -251,6 +260,9 @@ def test_hold_and_release_have_help_and_exit_codes(state_dir: Path) -> None:
     unknown = _cli(state_dir, "hold", "slurm://svc/none-1")
     assert unknown.returncode == 1 and "no app slurm://svc/none-1" in unknown.stderr
     local = _cli(state_dir, "release", "local://svc/none-1")
+    assert local.returncode == 1 and "no app local://svc/none-1" in local.stderr
+    ended = _cli(state_dir, "run", "--", "true").stdout.strip()
+    local = _cli(state_dir, "release", ended)
     assert local.returncode == 2 and "cannot release" in local.stderr
 
 

@@ -9,6 +9,9 @@ import sys
 import pytest
 from rich.console import Console
 
+from supervisor.backends.slurm.poller import JobView
+from supervisor.backends.slurm.records import JobRecord
+from supervisor.backends.slurm.translate import ViewTranslator
 from supervisor.cli.render import (
     console,
     failure_line,
@@ -19,6 +22,8 @@ from supervisor.cli.render import (
     transition_text,
     use_color,
 )
+from supervisor.events import ReplicaEvent
+from supervisor.fsm.app import AppFSM, RoleSpec
 from supervisor.states import AppState, ReplicaState
 from supervisor.status import AppStatus, AppTimes, ReplicaStatus, RoleStatus, Transition
 
@@ -61,6 +66,43 @@ def test_the_failure_line_names_the_root_cause() -> None:
     assert failure_line("local://s/a", status) == "local://s/a FAILED: w/1: cannot start 'x': gone"
     cancelled = AppStatus(AppState.CANCELLED)
     assert failure_line("local://s/a", cancelled) == "local://s/a CANCELLED"
+
+
+def _slurm_failure(*records: JobRecord) -> AppStatus:
+    """An app's status as the Slurm backend builds it: its job's records through the
+    backend's translator and the app's FSM. (Records by hand: a job that failed with a
+    given code or signal, seen by one poll.)"""
+    translator = ViewTranslator(10, [("trainer", 0)])
+    fsm = AppFSM([RoleSpec("trainer", 1)])
+    running = JobRecord(10, 10, 0, "RUNNING", nodes="n1")
+    for record in (running, *records):
+        for event in translator.events(JobView(10, (record,), "queue")):
+            assert isinstance(event, ReplicaEvent)
+            fsm.apply(event)
+    return fsm.snapshot()
+
+
+def test_a_slurm_failure_line_gives_the_exit_code_as_local_and_docker_ones_do() -> None:
+    """A Slurm replica's msg is its Slurm state, which the line gave alone: "trainer/0:
+    Slurm state FAILED", where a local one says "trainer/0 exited with code 3"."""
+    failed = _slurm_failure(JobRecord(10, 10, 0, "FAILED", exit_code=3, nodes="n1"))
+    assert failure_line("slurm://s/a", failed) == (
+        "slurm://s/a FAILED: trainer/0 exited with code 3: Slurm state FAILED"
+    )
+    assert failure_line("slurm://s/a", failed).removeprefix("slurm://s/a FAILED: ") == failed.msg
+    killed = _slurm_failure(
+        JobRecord(10, 10, 0, "TIMEOUT", reason="TimeLimit", signal=15, nodes="n1")
+    )
+    assert failure_line("slurm://s/a", killed) == (
+        "slurm://s/a FAILED: trainer/0 killed by SIGTERM: Slurm state TIMEOUT (TimeLimit)"
+    )
+    # Said once where the replica's msg already says it, and nothing made up without a code.
+    local = ReplicaStatus(0, ReplicaState.FAILED, "w", exit_code=3, msg="w/0 exited with code 3")
+    status = AppStatus(AppState.FAILED, roles=[RoleStatus("w", [local])])
+    assert failure_line("local://s/a", status) == "local://s/a FAILED: w/0 exited with code 3"
+    lost = ReplicaStatus(0, ReplicaState.FAILED, "w", msg="w/0: its exit status is lost")
+    status = AppStatus(AppState.FAILED, roles=[RoleStatus("w", [lost])])
+    assert failure_line("local://s/a", status) == "local://s/a FAILED: w/0: its exit status is lost"
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import math
+import os
 import re
 import time
 from bisect import bisect_right
@@ -322,6 +323,7 @@ async def _follow(query: _Query) -> AsyncGenerator[str, None]:
     dated = _Dater(query) if query.since is not None or query.until is not None else None
     splitter = LineSplitter(MAX_LINE_BYTES)  # a huge line comes in pieces, never whole
     line_start = 0  # file offset of the first byte the splitter still holds
+    read_to = 0  # file offset where the next read starts
     watcher: _Watcher | None = None
     file: AsyncFileIO | None = None
     pace = _Pace()
@@ -338,8 +340,16 @@ async def _follow(query: _Query) -> AsyncGenerator[str, None]:
                 watcher.watch_at_start()
             if file is None:
                 file = await _open(path)
+            # This pass reads to the end the file has now, not to whatever end it has
+            # when the reads catch up: a replica writing faster than the caller took
+            # lines kept a read to the "current end" (or a follow after its end was
+            # signalled) going for as long as it wrote.
+            end: int | None = None
+            more = False  # stopped at ``end``: there may be more already
             while file is not None:
-                data = await _read(file, path)
+                want = _CHUNK if end is None else min(_CHUNK, end - read_to)
+                data = await _read(file, path, want)
+                read_to += len(data)
                 for block in splitter.feed_runs(data):
                     lines = await _select(query, dated, block, line_start)
                     line_start += len(block)
@@ -351,7 +361,12 @@ async def _follow(query: _Query) -> AsyncGenerator[str, None]:
                             await anyio.lowlevel.checkpoint()
                     if dated is not None and dated.past_until:
                         return
-                if len(data) < _CHUNK:
+                if len(data) < want:
+                    break  # the file's end
+                if end is None:  # a big backlog: one look at the size, not one per read
+                    end = await _size(file, path)
+                if read_to >= end or (not final and _is_set(query.finished_event)):
+                    more = True  # and, once the end was signalled, the size then is the end
                     break
                 unpaused = 0  # the next read is a turn
             if final:
@@ -360,6 +375,8 @@ async def _follow(query: _Query) -> AsyncGenerator[str, None]:
                     for line in await _select(query, dated, rest, line_start):
                         yield line
                 return
+            if more:
+                continue  # ask ``finished`` again, then read on without a wait
             if watcher is None:
                 watcher = _new_watcher(query)
             if await watcher.prepare():
@@ -374,6 +391,10 @@ async def _follow(query: _Query) -> AsyncGenerator[str, None]:
         if file is not None:
             with anyio.CancelScope(shield=True):
                 await file.close()
+
+
+def _is_set(event: Finished | None) -> bool:
+    return event is not None and event.is_set()
 
 
 def _new_watcher(query: _Query) -> _Watcher:
@@ -421,10 +442,18 @@ async def _open(path: Path) -> AsyncFileIO | None:
         raise BackendError(f"cannot read log {path}: {exc}", transient=False) from exc
 
 
-async def _read(file: AsyncFileIO, path: Path) -> bytes:
-    """Up to one chunk from where the last read ended; b"" at the (current) end of the file."""
+async def _read(file: AsyncFileIO, path: Path, size: int = _CHUNK) -> bytes:
+    """Up to ``size`` bytes from where the last read ended; b"" at the (current) end."""
     try:
-        return await file.read(_CHUNK)
+        return await file.read(size)
+    except OSError as exc:
+        raise BackendError(f"cannot read log {path}: {exc}", transient=False) from exc
+
+
+async def _size(file: AsyncFileIO, path: Path) -> int:
+    """The file's size now (a stat of the open file, in a worker thread)."""
+    try:
+        return (await anyio.to_thread.run_sync(os.fstat, file.fileno())).st_size
     except OSError as exc:
         raise BackendError(f"cannot read log {path}: {exc}", transient=False) from exc
 

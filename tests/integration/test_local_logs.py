@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from pathlib import Path
 from typing import Any
@@ -88,9 +89,9 @@ async def test_a_follower_reads_a_fast_talker_in_batches_and_a_lone_line_at_once
     reads: list[float] = []
     read = reader._read
 
-    async def counted(file: Any, path: Path) -> bytes:
+    async def counted(file: Any, path: Path, size: int = reader._CHUNK) -> bytes:
         reads.append(time.monotonic())
-        return await read(file, path)
+        return await read(file, path, size)
 
     monkeypatch.setattr(reader, "_read", counted)
     code = (
@@ -255,3 +256,68 @@ async def test_a_follow_of_a_quiet_replica_ends_soon_after_until(state_dir: Path
         assert got == ["hello\n"]
         assert time.monotonic() - started < 10
         await sv.cancel(handle)
+
+
+# A replica that writes about 10 MB/s for as long as it runs, read by a caller that
+# takes about 2 MB/s (a slow client): each read finds more than the last one left.
+_FAST_TALKER = (
+    "import sys, time\nblock = ('q' * 99 + '\\n') * 10_000\n"
+    "while True:\n    sys.stdout.write(block); sys.stdout.flush(); time.sleep(0.1)\n"
+)
+
+
+async def _backlog(sv: Supervisor, handle: str) -> None:
+    """Until the talker wrote a few reads' worth (read here at full speed): every
+    read of a slow caller's then finds a full chunk."""
+    seen = 0
+    with anyio.fail_after(30):
+        async with aclosing(sv.log_iter(handle, "t", should_tail=True)) as lines:
+            async for line in lines:
+                seen += len(line)
+                if seen > 3 << 20:
+                    break
+
+
+async def _read_slowly(lines: AsyncGenerator[str, None]) -> int:
+    """Lines taken at about 2 MB/s; every one must be the talker's whole line."""
+    count = 0
+    async with aclosing(lines):
+        async for line in lines:
+            assert line.strip("q") in ("\n", ""), line  # whole, or the last line cut short
+            count += 1
+            if count % 200 == 0:
+                await anyio.sleep(0.01)
+    return count
+
+
+async def test_a_read_to_the_current_end_ends_while_the_replica_outruns_its_caller(
+    state_dir: Path,
+) -> None:
+    """``should_tail=False`` stops at the end the file had: it read on to whatever end
+    the file had when the reads caught up, never, while the replica wrote faster."""
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app(py_role("t", _FAST_TALKER)), "local")
+        await _backlog(sv, handle)
+        with anyio.fail_after(30):  # a few seconds' reading
+            await _read_slowly(sv.log_iter(handle, "t", streams="stdout"))
+        status = sv.status(handle)
+        assert status is not None and status.state is AppState.RUNNING
+        await sv.cancel(handle)
+
+
+async def test_a_follow_ends_after_begin_shutdown_while_the_replica_outruns_it(
+    state_dir: Path,
+) -> None:
+    """After ``begin_shutdown`` a follow gives the lines already there, then ends: it
+    followed on for as long as the replica wrote faster than its caller read."""
+    async with Supervisor(session="svc") as sv:
+        handle = await sv.submit(app(py_role("t", _FAST_TALKER)), "local")
+        await _backlog(sv, handle)
+        follow = sv.log_iter(handle, "t", should_tail=True, streams="stdout")
+        first = await anext(follow)
+        sv.begin_shutdown()
+        with anyio.fail_after(30):
+            await _read_slowly(follow)
+        assert first == "q" * 99 + "\n"
+        status = sv.status(handle)
+        assert status is not None and status.state is AppState.RUNNING

@@ -642,9 +642,9 @@ async def test_a_follow_on_a_shared_watch_watches_before_its_first_read(
     log = await _written(sink, tmp_path, ("stdout", b"first\n", 1.0))
     real_read, reads = reader._read, 0
 
-    async def read_then_write(file: Any, path: Path) -> bytes:
+    async def read_then_write(file: Any, path: Path, size: int = reader._CHUNK) -> bytes:
         nonlocal reads
-        data = await real_read(file, path)
+        data = await real_read(file, path, size)
         reads += 1
         if reads == 1:
             sink.write(log, "stdout", b"right after\n", 2.0)

@@ -10,14 +10,20 @@ Local processes and containers follow the same rules, written once here:
   it answers the stop); a stop that came while the attempt was starting ends
   the new attempt at once.
 
+A cancel asked refuses every start from then on (``refuse_starts`` marks each
+replica stopped at once, before its stop comes): a start checks ``stopped`` just
+before it asks for the attempt's process or container, and answers the stop
+itself when it finds it set.
+
 A runtime says how to end and start one attempt (``end_attempt``,
-``start_attempt``) and whether one runs (``attempt_running``); the rest is here.
+``start_attempt``), whether one runs (``attempt_running``) and where its
+replicas are kept (``replica_slots``); the rest is here.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from functools import partial
 from typing import Protocol
 
@@ -80,6 +86,10 @@ class ReplicaRuntime(AppRuntime):
     def replica_slot(self, key: ReplicaKey) -> ReplicaSlot: ...
 
     @abc.abstractmethod
+    def replica_slots(self) -> Iterable[ReplicaSlot]:
+        """Every replica's slot."""
+
+    @abc.abstractmethod
     def attempt_running(self, key: ReplicaKey) -> bool:
         """An attempt of the replica runs now (its exit is not reported yet)."""
 
@@ -91,7 +101,18 @@ class ReplicaRuntime(AppRuntime):
     @abc.abstractmethod
     async def start_attempt(self, key: ReplicaKey) -> None:
         """Start the replica's ``slot.attempt``; it reports its start (or its failure to
-        start) itself. Called with the slot's lock held."""
+        start) itself. Called with the slot's lock held. When it finds the slot
+        ``stopped`` just before it asks for the attempt's process or container, it
+        starts nothing and answers the stop (an ``Exited`` without a code)."""
+
+    def refuse_starts(self) -> None:
+        # Every start checks ``stopped`` just before it asks for the process or container
+        # (``start_attempt``), and a restart before it moves on (``_restart_one``): marked
+        # now, a cancel asked wins over a restart that had not yet started its attempt,
+        # which the stop, some turns of the loop later, did not. Each one not started
+        # answers its stop.
+        for slot in self.replica_slots():
+            slot.stopped = True
 
     async def stop(self, keys: Sequence[ReplicaKey], reason: str) -> None:
         await each([partial(self._stop_one, key) for key in keys])

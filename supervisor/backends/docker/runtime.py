@@ -21,7 +21,7 @@ import math
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -545,10 +545,20 @@ class DockerRuntime(ReplicaRuntime):
                 return str(item.get("Id") or item.get("ID") or "") or None
         return None
 
-    async def _start_container(self, key: ReplicaKey, slot: _Slot) -> None:
+    async def _start_container(self, key: ReplicaKey, slot: _Slot) -> bool:
+        """Start the slot's container; False when a stop was decided before the start
+        (nothing starts, and whoever decided it answers it).
+
+        Checked here, after the last wait before the engine's ``start``: a stop, or a
+        cancel's ``refuse_starts``, that came during the create or the mark found nothing
+        running, and a start after it would run the container's code after ``cancel``
+        returned (killed at once by the restart, or, if short, ended first).
+        """
         cid = slot.cid
         assert cid is not None
         await anyio.to_thread.run_sync(self._mark_attempt, slot)
+        if slot.stopped:
+            return False
         slot.running = True
         slot.exited = anyio.Event()
         # Made before the start: a container may die before ``start`` returns, and
@@ -564,7 +574,7 @@ class DockerRuntime(ReplicaRuntime):
             slot.running = False
             copy.done.set()
             self._report_failed_start(key, slot, str(e))
-            return
+            return True
         self._tasks.start_soon(self._copy_logs, key, cid, copy, True)
         if not slot.started_sent:
             # The engine's time of the start, not when this loop got to the answer (late
@@ -573,6 +583,7 @@ class DockerRuntime(ReplicaRuntime):
             at = await self._start_time(cid)
             if slot.cid == cid:  # not a later attempt's (this one ended meanwhile)
                 self._send_started(key, slot, at)
+        return True
 
     async def _start_time(self, cid: str) -> float | None:
         """When the engine says ``cid`` started; None when it cannot say (gone, unreachable)."""
@@ -918,6 +929,9 @@ class DockerRuntime(ReplicaRuntime):
     def replica_slot(self, key: ReplicaKey) -> _Slot:
         return self._slots[key]
 
+    def replica_slots(self) -> Iterable[_Slot]:
+        return self._slots.values()
+
     def attempt_running(self, key: ReplicaKey) -> bool:
         return self._slots[key].running
 
@@ -939,7 +953,11 @@ class DockerRuntime(ReplicaRuntime):
             self._report_failed_start(key, slot, str(e))
             return
         self._by_cid[slot.cid] = key
-        await self._start_container(key, slot)
+        if not await self._start_container(key, slot):
+            # A stop came while the old container went or this one was made: it found
+            # nothing running and left its answer to this restart. The container made
+            # goes with the app's others.
+            self.emit(Exited(role=key[0], replica_id=key[1], attempt=slot.attempt, exit_code=None))
 
     # ----------------------------------------------------------------- cancel
     async def _watch_cancel(self) -> None:

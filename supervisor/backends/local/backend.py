@@ -15,7 +15,7 @@ import functools
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -716,6 +716,9 @@ class LocalRuntime(ReplicaRuntime):
     def replica_slot(self, key: ReplicaKey) -> _Slot:
         return self._slots[key]
 
+    def replica_slots(self) -> Iterable[_Slot]:
+        return self._slots.values()
+
     def attempt_running(self, key: ReplicaKey) -> bool:
         # Until its exit is told, not merely until it exited: between the two its output
         # is flushed and its error file read, and a stop then made up an exit of its own
@@ -819,14 +822,6 @@ class LocalRuntime(ReplicaRuntime):
         self.store.discard_spare()
         if self.cancel_asked:
             self._backend.cancel_requests.withdraw(self.request.session, self.request.app_id)
-
-    def refuse_starts(self) -> None:
-        # Every start checks ``stopped`` just before it asks the reaper (``_spawn_counted``),
-        # and a restart before it moves on (``ReplicaRuntime._restart_one``): marked now, a
-        # cancel asked wins over a restart that had not yet sent its spawn, which the stop,
-        # some turns of the loop later, did not. Each one not started answers its stop.
-        for slot in self._slots.values():
-            slot.stopped = True
 
     def kill_all(self) -> None:
         for slot in self._slots.values():

@@ -43,7 +43,7 @@ from supervisor.backends.docker.engine import Engine
 from supervisor.observe.records import LOGGER_NAME
 
 from .docker_engines import IMAGE, EngineUnderTest
-from .test_local_restart_cancel import _StateAtCancel
+from .test_local_restart_cancel import _StateAtCancel, assert_cancelled_end
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.docker]
 
@@ -133,13 +133,7 @@ async def test_a_cancel_during_a_restarts_container_start_starts_nothing_and_end
                 if at_cancel is None or at_cancel is ReplicaState.RUNNING:
                     break  # past the window: the attempt had started, or ended, first
                 unstarted += 1
-                assert app_state is AppState.CANCELLED, where
-                # Its zero exit is work done only when it ran, from a start asked before the
-                # cancel (which cannot be taken back).
-                allowed = {ReplicaState.CANCELLED}
-                if began is not None:
-                    allowed.add(ReplicaState.SUCCEEDED)
-                assert replica in allowed, where
+                assert_cancelled_end(where, app_state, replica, ran=began is not None)
         finally:
             logger.removeHandler(seen)
     assert unstarted, "no cancel came while the new attempt was not yet seen to start"

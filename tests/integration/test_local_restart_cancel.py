@@ -70,6 +70,14 @@ class _StateAtCancel(logging.Handler):
             self.state = status.roles[0].replicas[0].state
 
 
+def assert_cancelled_end(where: str, app: AppState, replica: ReplicaState, *, ran: bool) -> None:
+    """The app ended CANCELLED; the replica too, unless its attempt ran (from a start
+    already under way, which cannot be taken back): then its zero exit is work done."""
+    assert app is AppState.CANCELLED, where
+    allowed = {ReplicaState.CANCELLED} | ({ReplicaState.SUCCEEDED} if ran else set())
+    assert replica in allowed, where
+
+
 async def _trial(
     sv: Supervisor, seen: _StateAtCancel, turns: int, mark: Path, token: str
 ) -> tuple[ReplicaState | None, float, AppState, ReplicaState]:
@@ -120,13 +128,7 @@ async def test_a_cancel_during_a_restarts_spawn_starts_nothing_and_ends_cancelle
                     if at_cancel is None or at_cancel is ReplicaState.RUNNING:
                         break  # past the window: the attempt had started, or ended, first
                     unstarted += 1
-                    assert app_state is AppState.CANCELLED, where
-                    # Its zero exit is work done only when its code began before the cancel
-                    # (a spawn already under way, which cannot be taken back).
-                    allowed = {ReplicaState.CANCELLED}
-                    if began is not None:
-                        allowed.add(ReplicaState.SUCCEEDED)
-                    assert replica in allowed, where
+                    assert_cancelled_end(where, app_state, replica, ran=began is not None)
             finally:
                 logger.removeHandler(seen)
         assert unstarted, "no cancel came while the new attempt was not yet seen to start"
